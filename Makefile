@@ -1,0 +1,41 @@
+# s3lanes developer targets. Everything runs from a project virtualenv in .venv.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup run test check lint typecheck contracts bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test,dev,bench]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+## Quick start 1: run the gateway with an embedded SeaweedFS backend.
+run: $(STAMP)
+	$(BIN)/s3lanes serve
+
+## Quick start 2: the whole test suite (starts its own SeaweedFS).
+test: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+check: lint typecheck contracts
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway clients tests loadtests
+	$(BIN)/ruff format --check gateway clients tests loadtests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+contracts: $(STAMP)
+	$(BIN)/lint-imports
+
+bench: $(STAMP)
+	$(BIN)/python -m loadtests.bench_proxy $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,179 @@
+"""``s3lanes``: the command line. Loads config, installs uvloop, wires the pieces and runs them."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway import __version__
+from gateway.clock import SystemClock
+from gateway.config import Config, Credential, load_config
+from gateway.errors import ConfigError
+from gateway.http.app import build_app, start_listeners
+from gateway.runtime.backend import Backend
+
+log = logging.getLogger("s3lanes")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="s3lanes", description="S3 gateway for GPU training clusters.")
+    p.add_argument("--version", action="version", version=f"s3lanes {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the gateway")
+    serve.add_argument("--config", type=Path, help="TOML configuration file")
+    serve.add_argument("--listen", help="HTTP listener host:port (default 127.0.0.1:9000; '' disables)")
+    serve.add_argument("--https-listen", help="HTTPS listener host:port (needs --tls-cert and --tls-key)")
+    serve.add_argument("--tls-cert", help="PEM certificate chain for the HTTPS listener")
+    serve.add_argument("--tls-key", help="PEM private key for the HTTPS listener")
+    serve.add_argument("--backend-endpoint", help="S3 endpoint URL of the backend (default: embedded SeaweedFS)")
+    serve.add_argument("--backend-region", help="region the backend expects in signatures")
+    serve.add_argument("--state-dir", help="where the gateway keeps its state (embedded backend data, spool)")
+    serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
+    serve.add_argument(
+        "--ready-file", type=Path, help="write the bound endpoints as JSON to this file once serving (for scripts)"
+    )
+    return p
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    server: dict[str, Any] = {}
+    backend: dict[str, Any] = {}
+    for flag, key in (
+        ("listen", "listen"),
+        ("https_listen", "https_listen"),
+        ("tls_cert", "tls_cert"),
+        ("tls_key", "tls_key"),
+        ("state_dir", "state_dir"),
+        ("log_level", "log_level"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            server[key] = value
+    if args.backend_endpoint is not None:
+        backend["endpoint"] = args.backend_endpoint
+    if args.backend_region is not None:
+        backend["region"] = args.backend_region
+    return {"server": server, "backend": backend}
+
+
+def embedded_credentials(state_dir: Path) -> tuple[Credential, ...]:
+    """The key pair of the embedded backend: made once, kept (mode 0600) so restarts keep working clients."""
+    path = state_dir / "embedded-credentials.json"
+    if path.exists():
+        doc = json.loads(path.read_text())
+    else:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        doc = {"access_key": "s3lanes-" + secrets.token_hex(6), "secret_key": secrets.token_urlsafe(30)}
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    return (Credential(doc["access_key"], doc["secret_key"], doc["access_key"], doc["secret_key"]),)
+
+
+async def serve(cfg: Config, ready_file: Path | None) -> int:
+    clock = SystemClock()
+    weed = None
+    endpoint = cfg.backend.endpoint
+    if endpoint is None:
+        from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+
+        if not cfg.credentials:
+            cfg = cfg.with_credentials(embedded_credentials(cfg.server.state_dir))
+        identities = tuple(
+            SeaweedIdentity(name=f"user{i}", access_key=c.backend_access_key, secret_key=c.backend_secret_key)
+            for i, c in enumerate(cfg.credentials)
+        )
+        weed = SeaweedProcess(
+            SeaweedOptions(
+                state_dir=cfg.server.state_dir / "seaweedfs",
+                identities=identities,
+                s3_port=cfg.embedded.s3_port,
+                startup_timeout_s=cfg.embedded.startup_timeout_s,
+            )
+        )
+        log.info("starting embedded SeaweedFS in %s", cfg.server.state_dir / "seaweedfs")
+        await weed.astart()
+        endpoint = weed.endpoint_url
+        log.info("embedded SeaweedFS ready at %s (pid %s)", endpoint, weed.pid)
+
+    backend = Backend(cfg.backend, endpoint, clock)
+    app = build_app(cfg, backend, clock)
+    runner = None
+    try:
+        runner, urls = await start_listeners(cfg, app)
+        _banner(cfg, urls, endpoint, embedded=weed is not None)
+        if ready_file is not None:
+            tmp = ready_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"endpoints": urls, "backend": endpoint, "pid": os.getpid()}))
+            os.replace(tmp, ready_file)
+
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        waiters = [asyncio.ensure_future(stop.wait())]
+        if weed is not None:
+            waiters.append(asyncio.ensure_future(weed.wait_exit()))
+        done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        code = 0
+        if not stop.is_set():
+            log.error("the embedded SeaweedFS exited unexpectedly; shutting down (logs in %s)", weed and weed.log_dir)
+            code = 1
+        log.info("shutting down")
+        return code
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        if weed is not None:
+            await weed.astop()
+
+
+def _banner(cfg: Config, urls: list[str], backend: str, *, embedded: bool) -> None:
+    lines = [f"s3lanes {__version__} serving S3 on " + ", ".join(urls), f"backend: {backend}"]
+    if embedded:
+        c = cfg.credentials[0]
+        lines += [
+            "embedded SeaweedFS backend; use these credentials:",
+            f"  AWS_ACCESS_KEY_ID={c.access_key}",
+            f"  AWS_SECRET_ACCESS_KEY={c.secret_key}",
+            f"  e.g. aws --endpoint-url {urls[0]} s3 mb s3://demo",
+        ]
+    print("\n".join(lines), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, overrides=_overrides(args))
+    except ConfigError as exc:
+        print(f"s3lanes: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=cfg.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        import uvloop
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it anyway
+        runner = asyncio.run
+    return int(runner(serve(cfg, args.ready_file)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""Configuration: frozen dataclasses, parsed and validated once at start.
+
+Sources, later ones winning: built-in defaults < TOML file (``--config``) < environment (``S3LANES_*``) < CLI flags.
+Every problem found is collected and reported together in one :class:`~gateway.errors.ConfigError`, so a user
+fixes a config file in one round instead of one error per start.
+
+Environment overrides use ``S3LANES_<SECTION>_<KEY>`` for scalar settings (``S3LANES_BACKEND_ENDPOINT``,
+``S3LANES_SERVER_LISTEN``...) and ``S3LANES_CREDENTIALS`` for the key table, a comma-separated list of
+``access_key:secret_key[:backend_access_key:backend_secret_key]``. Containers get their secrets this way.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from gateway.errors import ConfigError
+
+Addressing = Literal["path", "virtual"]
+
+DEFAULT_HTTP_LISTEN = "127.0.0.1:9000"
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    listen: Listen | None = field(default_factory=lambda: Listen("127.0.0.1", 9000))
+    https_listen: Listen | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # Virtual-hosted-style requests: Host "bucket.<domain>" for any of these domains.
+    domains: tuple[str, ...] = ("localhost",)
+    max_skew_s: float = 900.0
+    # Largest request header section and URL we accept (S3 answers 400 beyond these).
+    max_header_bytes: int = 8 * 1024
+    max_url_bytes: int = 8 * 1024
+    state_dir: Path = Path(".s3lanes")
+    log_level: str = "INFO"
+    # Seconds in-flight requests get to finish on shutdown.
+    shutdown_grace_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    """An existing S3-compatible store. ``endpoint=None`` means: start the embedded SeaweedFS."""
+
+    endpoint: str | None = None
+    region: str = "us-east-1"
+    addressing: Addressing = "path"
+    verify_tls: bool = True
+    ca_file: Path | None = None
+    pool_size: int = 256
+    connect_timeout_s: float = 5.0
+    # Longest silence tolerated between two reads of a backend response (headers or body).
+    read_timeout_s: float = 60.0
+
+    @property
+    def embedded(self) -> bool:
+        return self.endpoint is None
+
+
+@dataclass(frozen=True, slots=True)
+class Credential:
+    """A gateway key pair and the backend identity its requests are re-signed as (same pair by default)."""
+
+    access_key: str
+    secret_key: str
+    backend_access_key: str
+    backend_secret_key: str
+
+    def __repr__(self) -> str:  # never print secrets
+        return f"Credential(access_key={self.access_key!r}, backend_access_key={self.backend_access_key!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedConfig:
+    s3_port: int = 0
+    startup_timeout_s: float = 120.0
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    credentials: tuple[Credential, ...] = ()
+    embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
+
+    def with_credentials(self, creds: tuple[Credential, ...]) -> Config:
+        return replace(self, credentials=creds)
+
+
+# --- parsing -----------------------------------------------------------------------------------------------
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def add(self, where: str, what: str) -> None:
+        self.items.append(f"{where}: {what}")
+
+
+def parse_listen(value: str) -> Listen:
+    """``host:port``, ``[v6]:port`` or ``:port`` (loopback). Raises ValueError with a readable message."""
+    value = value.strip()
+    if value.startswith("["):
+        host, sep, port_s = value[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"expected [ipv6]:port, got {value!r}")
+    else:
+        host, sep, port_s = value.rpartition(":")
+        if not sep:
+            raise ValueError(f"expected host:port, got {value!r}")
+        host = host or "127.0.0.1"
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"port must be a number, got {port_s!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range: {port}")
+    return Listen(host, port)
+
+
+_BOOL_TRUE = {"1", "true", "yes", "on"}
+_BOOL_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(kind: str, value: Any, where: str, problems: _Problems) -> Any:
+    """Turn a TOML or environment value into the declared kind; record a problem and return None if it can't."""
+    try:
+        if kind == "str":
+            if not isinstance(value, str):
+                raise ValueError("expected a string")
+            return value
+        if kind == "opt_str":
+            if not isinstance(value, str):
+                raise ValueError("expected a string")
+            return value or None
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ValueError("expected a whole number")
+            return int(value)
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError("expected a number")
+            out = float(value)
+            if out != out or out < 0:
+                raise ValueError("expected a non-negative number")
+            return out
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.lower() in _BOOL_TRUE | _BOOL_FALSE:
+                return value.lower() in _BOOL_TRUE
+            raise ValueError("expected true or false")
+        if kind == "listen":
+            if value in ("", None, False):
+                return None
+            return parse_listen(str(value))
+        if kind == "path":
+            return Path(os.path.expanduser(str(value))) if value else None
+        if kind == "str_list":
+            if isinstance(value, str):
+                return tuple(v.strip() for v in value.split(",") if v.strip())
+            if isinstance(value, list) and all(isinstance(v, str) for v in value):
+                return tuple(value)
+            raise ValueError("expected a list of strings")
+    except (TypeError, ValueError) as exc:
+        problems.add(where, f"{exc} (got {value!r})")
+        return None
+    raise AssertionError(kind)
+
+
+# section -> key -> kind
+_SCHEMA: dict[str, dict[str, str]] = {
+    "server": {
+        "listen": "listen",
+        "https_listen": "listen",
+        "tls_cert": "path",
+        "tls_key": "path",
+        "domains": "str_list",
+        "max_skew_s": "float",
+        "max_header_bytes": "int",
+        "max_url_bytes": "int",
+        "state_dir": "path",
+        "log_level": "str",
+        "shutdown_grace_s": "float",
+    },
+    "backend": {
+        "endpoint": "opt_str",
+        "region": "str",
+        "addressing": "str",
+        "verify_tls": "bool",
+        "ca_file": "path",
+        "pool_size": "int",
+        "connect_timeout_s": "float",
+        "read_timeout_s": "float",
+    },
+    "embedded": {"s3_port": "int", "startup_timeout_s": "float"},
+}
+
+_NULLABLE = {"listen", "https_listen", "tls_cert", "tls_key", "endpoint", "ca_file"}
+
+
+def _section_values(
+    name: str, raw: Mapping[str, Any], source: str, problems: _Problems
+) -> dict[str, Any]:
+    schema = _SCHEMA[name]
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        kind = schema.get(key)
+        if kind is None:
+            known = ", ".join(sorted(schema))
+            problems.add(f"{source} [{name}].{key}", f"unknown setting (known: {known})")
+            continue
+        coerced = _coerce(kind, value, f"{source} [{name}].{key}", problems)
+        if coerced is not None or key in _NULLABLE:
+            out[key] = coerced
+    return out
+
+
+def _parse_credential_table(raw: Any, source: str, problems: _Problems) -> list[Credential]:
+    creds: list[Credential] = []
+    if not isinstance(raw, list):
+        problems.add(source, "[[credentials]] must be an array of tables")
+        return creds
+    for i, item in enumerate(raw):
+        where = f"{source} credentials[{i}]"
+        if not isinstance(item, dict):
+            problems.add(where, "expected a table with access_key and secret_key")
+            continue
+        unknown = set(item) - {"access_key", "secret_key", "backend_access_key", "backend_secret_key"}
+        if unknown:
+            problems.add(where, f"unknown keys {sorted(unknown)}")
+        ak, sk = item.get("access_key"), item.get("secret_key")
+        if not isinstance(ak, str) or not ak or not isinstance(sk, str) or not sk:
+            problems.add(where, "access_key and secret_key are required non-empty strings")
+            continue
+        bak = item.get("backend_access_key", ak)
+        bsk = item.get("backend_secret_key", sk)
+        if not isinstance(bak, str) or not isinstance(bsk, str):
+            problems.add(where, "backend_access_key and backend_secret_key must be strings")
+            continue
+        creds.append(Credential(ak, sk, bak, bsk))
+    return creds
+
+
+def parse_credentials_env(value: str, problems: _Problems | None = None) -> list[Credential]:
+    problems = problems or _Problems()
+    creds = []
+    for i, item in enumerate(v for v in value.split(",") if v.strip()):
+        parts = item.strip().split(":")
+        if len(parts) == 2 and all(parts):
+            creds.append(Credential(parts[0], parts[1], parts[0], parts[1]))
+        elif len(parts) == 4 and all(parts):
+            creds.append(Credential(*parts))
+        else:
+            problems.add(
+                f"S3LANES_CREDENTIALS item {i}",
+                "expected access_key:secret_key or access_key:secret_key:backend_access_key:backend_secret_key",
+            )
+    return creds
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Config:
+    """Build and validate the configuration. ``overrides`` are CLI flags as {section: {key: value}}."""
+    env = os.environ if env is None else env
+    problems = _Problems()
+    sections: dict[str, dict[str, Any]] = {name: {} for name in _SCHEMA}
+    creds: list[Credential] = []
+
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError([f"{path}: no such file"]) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
+        src = str(path)
+        for key, value in doc.items():
+            if key in _SCHEMA:
+                if not isinstance(value, dict):
+                    problems.add(src, f"[{key}] must be a table")
+                    continue
+                sections[key].update(_section_values(key, value, src, problems))
+            elif key == "credentials":
+                creds.extend(_parse_credential_table(value, src, problems))
+            else:
+                problems.add(src, f"unknown section [{key}] (known: {', '.join([*_SCHEMA, 'credentials'])})")
+
+    for name, schema in _SCHEMA.items():
+        for key in schema:
+            env_name = f"S3LANES_{name.upper()}_{key.upper()}"
+            if env_name in env:
+                sections[name].update(_section_values(name, {key: env[env_name]}, "environment", problems))
+    if env.get("S3LANES_CREDENTIALS"):
+        creds = parse_credentials_env(env["S3LANES_CREDENTIALS"], problems)
+
+    for name, values in (overrides or {}).items():
+        sections[name].update(_section_values(name, values, "command line", problems))
+
+    cfg = Config(
+        server=_build(ServerConfig, sections["server"], "server", problems),
+        backend=_build(BackendConfig, sections["backend"], "backend", problems),
+        credentials=tuple(creds),
+        embedded=_build(EmbeddedConfig, sections["embedded"], "embedded", problems),
+    )
+    _validate(cfg, problems)
+    if problems.items:
+        raise ConfigError(problems.items)
+    return cfg
+
+
+def _build(cls: Any, values: dict[str, Any], name: str, problems: _Problems) -> Any:
+    try:
+        return cls(**values)
+    except TypeError as exc:  # pragma: no cover - schema and dataclasses out of step is a bug
+        problems.add(f"[{name}]", str(exc))
+        return cls()
+
+
+def _validate(cfg: Config, problems: _Problems) -> None:
+    s, b = cfg.server, cfg.backend
+    if s.listen is None and s.https_listen is None:
+        problems.add("[server]", "no listener: set listen and/or https_listen")
+    if s.https_listen is not None and (s.tls_cert is None or s.tls_key is None):
+        problems.add("[server]", "https_listen needs tls_cert and tls_key")
+    for name in ("tls_cert", "tls_key"):
+        p = getattr(s, name)
+        if p is not None and not p.is_file():
+            problems.add(f"[server].{name}", f"no such file: {p}")
+    if s.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        problems.add("[server].log_level", f"expected DEBUG, INFO, WARNING or ERROR, got {s.log_level!r}")
+    if s.max_skew_s <= 0:
+        problems.add("[server].max_skew_s", "must be positive")
+    for d in s.domains:
+        if not d or d.startswith(".") or "/" in d:
+            problems.add("[server].domains", f"not a host name: {d!r}")
+    if b.endpoint is not None:
+        parts = urlsplit(b.endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problems.add("[backend].endpoint", f"expected http(s)://host[:port], got {b.endpoint!r}")
+        elif parts.path not in ("", "/") or parts.query:
+            problems.add("[backend].endpoint", "must not carry a path or query")
+        if not cfg.credentials:
+            problems.add("[credentials]", "an external backend needs at least one credential (or S3LANES_CREDENTIALS)")
+    if b.addressing not in ("path", "virtual"):
+        problems.add("[backend].addressing", f"expected 'path' or 'virtual', got {b.addressing!r}")
+    if b.pool_size < 1:
+        problems.add("[backend].pool_size", "must be at least 1")
+    if b.connect_timeout_s <= 0 or b.read_timeout_s <= 0:
+        problems.add("[backend]", "timeouts must be positive")
+    if b.ca_file is not None and not b.ca_file.is_file():
+        problems.add("[backend].ca_file", f"no such file: {b.ca_file}")
+    seen: set[str] = set()
+    for c in cfg.credentials:
+        if c.access_key in seen:
+            problems.add("[credentials]", f"access key {c.access_key!r} appears twice")
+        seen.add(c.access_key)
+    if not 0 <= cfg.embedded.s3_port <= 65535:
+        problems.add("[embedded].s3_port", "out of range")

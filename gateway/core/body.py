@@ -1,0 +1,73 @@
+"""The upload body pipeline: decode, verify, and decide which bytes may be forwarded yet. Pure; no I/O.
+
+Theory of operation: an upload is verified as it streams (payload SHA-256, Content-MD5, x-amz-checksum-*,
+aws-chunked framing and chunk signatures), but the verdict is only known at the end of the body. The
+gateway must store nothing when the verdict is negative, not even a partial object, yet it must not buffer
+whole objects. The trick is the hold-back: the last piece of decoded payload is never released before
+:meth:`UploadBody.finish` has verified everything. The backend request carries an exact Content-Length, so
+the backend cannot complete the object while one byte is missing; when verification fails the shell aborts
+the backend connection and the backend discards the incomplete upload.
+
+Memory: at most one piece (one socket read) is held back. Bodies of zero length have nothing to hold back,
+which is why the shell reads small bodies whole and sends them only after ``finish()``.
+"""
+
+from __future__ import annotations
+
+from gateway.core.checksums import BodyVerifier
+from gateway.core.chunked import AwsChunkedDecoder
+from gateway.errors import IncompleteBody
+
+
+class UploadBody:
+    """Feed it the raw request body; it hands back decoded bytes that are safe to forward."""
+
+    __slots__ = ("_decoder", "_expected_bytes", "_finished", "_held", "_seen_bytes", "_verifier")
+
+    def __init__(
+        self,
+        *,
+        verifier: BodyVerifier,
+        decoder: AwsChunkedDecoder | None,
+        expected_bytes: int,
+    ) -> None:
+        self._verifier = verifier
+        self._decoder = decoder
+        self._expected_bytes = expected_bytes
+        self._held: bytes = b""
+        self._seen_bytes = 0
+        self._finished = False
+
+    @property
+    def expected_bytes(self) -> int:
+        """Decoded payload length, which is what the backend request's Content-Length will say."""
+        return self._expected_bytes
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        if self._finished:
+            raise AssertionError("feed() after finish()")
+        pieces = self._decoder.feed(raw) if self._decoder is not None else [raw]
+        out: list[bytes] = []
+        for piece in pieces:
+            if not piece:
+                continue
+            self._seen_bytes += len(piece)
+            if self._seen_bytes > self._expected_bytes:
+                raise IncompleteBody("The request body is longer than its declared length.")
+            self._verifier.update(piece)
+            if self._held:
+                out.append(self._held)
+            self._held = piece
+        return out
+
+    def finish(self) -> bytes:
+        """At the end of the raw body: verify everything; return the held-back tail to forward last."""
+        self._finished = True
+        trailers = self._decoder.finish() if self._decoder is not None else {}
+        if self._seen_bytes != self._expected_bytes:
+            raise IncompleteBody(
+                f"Received {self._seen_bytes} of the {self._expected_bytes} declared bytes."
+            )
+        self._verifier.finish(trailers)
+        held, self._held = self._held, b""
+        return held

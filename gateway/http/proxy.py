@@ -1,0 +1,349 @@
+"""The S3 surface: authenticate every request, stream it to the backend, stream the answer back.
+
+Per request: parse the target (bucket, key, operation) -> verify SigV4 (header or presigned) -> answer
+``Expect: 100-continue`` ourselves once the signature is good (never the backend's job: SeaweedFS gets the
+empty-body case wrong) -> run the body through :class:`~gateway.core.body.UploadBody` (decode aws-chunked,
+verify digests, hold back the tail) -> re-sign and send to the backend -> relay status, headers and body.
+
+Bodies are never read whole except small ones (<= ``SMALL_BODY_BYTES``), which are verified completely before
+the backend sees a byte: with nothing to hold back, that is the only way a bad small upload stores nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from aiohttp.http import HttpVersion11
+
+from gateway.clock import Clock
+from gateway.config import Config, Credential
+from gateway.core.body import UploadBody
+from gateway.core.checksums import BodyVerifier
+from gateway.core.chunked import AwsChunkedDecoder
+from gateway.core.s3request import S3Target, parse_target, split_target
+from gateway.core.sigv4 import (
+    EMPTY_SHA256,
+    STREAMING_SIGNED,
+    STREAMING_SIGNED_TRAILER,
+    STREAMING_UNSIGNED_TRAILER,
+    UNSIGNED_PAYLOAD,
+    AuthInfo,
+    ChunkSignatureChain,
+    RequestView,
+    Verified,
+    parse_auth,
+    verify,
+)
+from gateway.errors import (
+    AccessDenied,
+    IncompleteBody,
+    InternalError,
+    InvalidAccessKeyId,
+    InvalidArgument,
+    MissingContentLength,
+    RequestHeaderSectionTooLarge,
+    S3Error,
+    XAmzContentSHA256Mismatch,
+)
+from gateway.http.s3xml import error_xml
+from gateway.runtime.backend import Backend
+
+log = logging.getLogger("s3lanes.http")
+
+# Bodies up to this size are read and verified whole before anything is sent to the backend.
+SMALL_BODY_BYTES = 256 * 1024
+# Socket reads are handed on as they come; aiohttp's StreamReader bounds what it buffers (backpressure).
+STREAMING_MODES = frozenset({STREAMING_SIGNED, STREAMING_SIGNED_TRAILER, STREAMING_UNSIGNED_TRAILER})
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Request headers the gateway re-creates or consumes itself.
+_DROP_REQUEST = _HOP_BY_HOP | {
+    "host",
+    "authorization",
+    "expect",
+    "x-amz-date",
+    "x-amz-content-sha256",
+    "x-amz-decoded-content-length",
+    "x-amz-trailer",
+    "x-amz-security-token",
+    "content-length",
+}
+_DROP_RESPONSE = _HOP_BY_HOP | {"content-length"}
+
+CTX_KEY = "s3lanes.ctx"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    request_id: str
+    target: S3Target
+    view: RequestView
+    auth: AuthInfo
+    verified: Verified
+    credential: Credential
+
+
+def new_request_id() -> str:
+    return secrets.token_hex(8).upper()
+
+
+def lower_headers(request: web.Request) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in request.headers.items():
+        key = name.lower()
+        out[key] = f"{out[key]},{value}" if key in out else value
+    return out
+
+
+class S3Proxy:
+    """The request handler. One instance per application; holds no per-request state."""
+
+    def __init__(self, cfg: Config, backend: Backend, clock: Clock) -> None:
+        self._cfg = cfg
+        self._backend = backend
+        self._clock = clock
+        self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
+
+    # -- authentication ----------------------------------------------------------------------------------
+
+    def authenticate(self, request: web.Request) -> RequestContext:
+        existing = request.get(CTX_KEY)
+        if isinstance(existing, RequestContext):
+            return existing
+        raw_path, raw_query = split_target(request.raw_path)
+        if len(request.raw_path) > self._cfg.server.max_url_bytes:
+            raise InvalidArgument("The request URL is too long.")
+        headers = lower_headers(request)
+        if sum(len(k) + len(v) + 4 for k, v in headers.items()) > self._cfg.server.max_header_bytes:
+            raise RequestHeaderSectionTooLarge()
+        target = parse_target(request.method, raw_path, raw_query, headers, self._cfg.server.domains)
+        view = RequestView(request.method, raw_path, raw_query, headers)
+        auth = parse_auth(view)
+        if auth is None:
+            raise AccessDenied("Anonymous requests are not accepted by this gateway.")
+        cred = self._creds.get(auth.access_key)
+        if cred is None:
+            raise InvalidAccessKeyId(AWSAccessKeyId=auth.access_key)
+        verified = verify(view, auth, cred.secret_key, self._clock.wall(), max_skew_s=self._cfg.server.max_skew_s)
+        ctx = RequestContext(request.get("s3lanes.rid") or new_request_id(), target, view, auth, verified, cred)
+        request[CTX_KEY] = ctx
+        return ctx
+
+    async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
+        """Answer ``Expect: 100-continue`` only once the signature checks out, else the final error."""
+        request["s3lanes.rid"] = new_request_id()
+        if request.headers.get("Expect", "").lower() != "100-continue":
+            return web.Response(status=417, text="Unsupported Expect value")
+        try:
+            self.authenticate(request)
+        except S3Error as err:
+            return self.error_response(request, err, request["s3lanes.rid"])
+        if request.version == HttpVersion11:
+            await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            request.writer.output_size = 0
+        return None
+
+    # -- the handler ---------------------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        rid = request.get("s3lanes.rid") or new_request_id()
+        request["s3lanes.rid"] = rid
+        try:
+            ctx = self.authenticate(request)
+            return await self._proxy(request, ctx)
+        except S3Error as err:
+            return self.error_response(request, err, rid)
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            raise
+        except Exception:
+            log.exception("internal error on %s %s", request.method, request.raw_path)
+            return self.error_response(request, InternalError(), rid)
+
+    def error_response(self, request: web.Request, err: S3Error, rid: str) -> web.Response:
+        resource = split_target(request.raw_path)[0]
+        body = b"" if request.method == "HEAD" else error_xml(err, resource=resource, request_id=rid)
+        resp = web.Response(status=err.status, body=body, content_type="application/xml")
+        resp.headers["x-amz-request-id"] = rid
+        if err.retry_after_s is not None:
+            resp.headers["Retry-After"] = str(err.retry_after_s)
+        if request.body_exists and not request.content.is_eof():
+            # The body was not consumed: close instead of reading the rest of a rejected upload.
+            resp.force_close()
+        if err.status >= 500:
+            log.warning("%s %s -> %d %s: %s", request.method, resource, err.status, err.code, err.message)
+        return resp
+
+    def _upload_body(self, request: web.Request, ctx: RequestContext) -> UploadBody | None:
+        h = ctx.view.headers
+        payload_hash = ctx.auth.payload_hash
+        if not request.body_exists:
+            if payload_hash not in (UNSIGNED_PAYLOAD, EMPTY_SHA256) and payload_hash not in STREAMING_MODES:
+                raise XAmzContentSHA256Mismatch(
+                    ClientComputedContentSHA256=payload_hash, S3ComputedContentSHA256=EMPTY_SHA256
+                )
+            if payload_hash not in STREAMING_MODES:
+                return None
+        decoder: AwsChunkedDecoder | None = None
+        if payload_hash in STREAMING_MODES:
+            decoded = h.get("x-amz-decoded-content-length")
+            if decoded is None:
+                raise MissingContentLength("x-amz-decoded-content-length is required for aws-chunked uploads.")
+            try:
+                expected = int(decoded)
+            except ValueError:
+                raise InvalidArgument("x-amz-decoded-content-length is not a number.") from None
+            if expected < 0:
+                raise InvalidArgument("x-amz-decoded-content-length is negative.")
+            chain = (
+                ChunkSignatureChain(ctx.verified)
+                if payload_hash in (STREAMING_SIGNED, STREAMING_SIGNED_TRAILER)
+                else None
+            )
+            trailer_names = tuple(t.strip().lower() for t in h.get("x-amz-trailer", "").split(",") if t.strip())
+            decoder = AwsChunkedDecoder(chain=chain, trailer_names=trailer_names, decoded_length=expected)
+        else:
+            if request.content_length is None:
+                raise MissingContentLength()
+            expected = request.content_length
+        verifier = BodyVerifier.from_headers(h, payload_hash)
+        return UploadBody(verifier=verifier, decoder=decoder, expected_bytes=expected)
+
+    def _request_headers(self, ctx: RequestContext, upload: UploadBody | None) -> dict[str, str]:
+        h = ctx.view.headers
+        trailer_checksum = ctx.auth.payload_hash in STREAMING_MODES and "x-amz-trailer" in h
+        out: dict[str, str] = {}
+        for name, value in h.items():
+            if name in _DROP_REQUEST:
+                continue
+            if name == "content-encoding":
+                codings = [c for c in (v.strip() for v in value.split(",")) if c and c.lower() != "aws-chunked"]
+                if not codings:
+                    continue
+                value = ",".join(codings)
+            if trailer_checksum and name == "x-amz-sdk-checksum-algorithm":
+                # The value came in the trailer, which the gateway verified and does not forward.
+                continue
+            out[name] = value
+        if upload is not None:
+            out["content-length"] = str(upload.expected_bytes)
+        return out
+
+    async def _proxy(self, request: web.Request, ctx: RequestContext) -> web.StreamResponse:
+        upload = self._upload_body(request, ctx)
+        headers = self._request_headers(ctx, upload)
+        payload_hash = ctx.auth.payload_hash
+        backend_hash = payload_hash if len(payload_hash) == 64 else UNSIGNED_PAYLOAD
+        target = self._backend.target(ctx.target.bucket, ctx.target.key, ctx.view.raw_query)
+
+        body: bytes | AsyncIterator[bytes] | None = None
+        pipe: _BodyStream | None = None
+        if upload is not None:
+            if upload.expected_bytes <= SMALL_BODY_BYTES:
+                body = await _read_small(request, upload)
+            else:
+                pipe = _BodyStream(request, upload)
+                body = pipe.iterate()
+        try:
+            resp = await self._backend.request(
+                request.method, target, headers, ctx.credential, body=body, payload_hash=backend_hash
+            )
+        except S3Error:
+            if pipe is not None and pipe.failure is not None:
+                raise pipe.failure from None
+            raise
+        except Exception:
+            if pipe is not None and pipe.failure is not None:
+                raise pipe.failure from None
+            raise
+        try:
+            if pipe is not None and pipe.failure is not None:
+                raise pipe.failure
+            return await self._relay(request, resp, ctx)
+        finally:
+            resp.release()
+
+    async def _relay(
+        self, request: web.Request, resp: aiohttp.ClientResponse, ctx: RequestContext
+    ) -> web.StreamResponse:
+        out = web.StreamResponse(status=resp.status, reason=resp.reason)
+        for name, value in resp.headers.items():
+            if name.lower() not in _DROP_RESPONSE:
+                out.headers.add(name, value)
+        if resp.content_length is not None:
+            out.content_length = resp.content_length
+        if request.body_exists and not request.content.is_eof():
+            out.force_close()
+        await out.prepare(request)
+        if request.method != "HEAD" and resp.status not in (204, 304):
+            try:
+                async for chunk in resp.content.iter_any():
+                    await out.write(chunk)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                # Headers are gone already; the only honest signal left is to cut the connection.
+                log.warning("backend body failed mid-stream for %s: %r", ctx.target.key, exc)
+                if request.transport is not None:
+                    request.transport.abort()
+                resp.close()
+                return out
+        await out.write_eof()
+        return out
+
+
+async def _read_small(request: web.Request, upload: UploadBody) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        parts.extend(upload.feed(chunk))
+    parts.append(upload.finish())
+    return b"".join(parts)
+
+
+class _BodyStream:
+    """Feeds the request body through the pipeline while aiohttp's client sends what comes out."""
+
+    def __init__(self, request: web.Request, upload: UploadBody) -> None:
+        self._request = request
+        self._upload = upload
+        self.failure: S3Error | None = None
+
+    async def iterate(self) -> AsyncIterator[bytes]:
+        try:
+            content = self._request.content
+            while True:
+                try:
+                    chunk = await content.readany()
+                except aiohttp.EofStream:  # pragma: no cover - readany returns b"" at EOF
+                    break
+                if not chunk:
+                    break
+                for piece in self._upload.feed(chunk):
+                    yield piece
+            tail = self._upload.finish()
+            if tail:
+                yield tail
+        except S3Error as err:
+            self.failure = err
+            raise
+        except (aiohttp.ClientPayloadError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
+            self.failure = IncompleteBody("The client closed the connection before sending the whole body.")
+            raise self.failure from exc

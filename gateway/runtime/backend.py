@@ -1,0 +1,182 @@
+"""The connection to the S3 store behind the gateway: one pooled aiohttp client session, re-signing every request.
+
+Requests are sent byte-for-byte as the gateway decides (``yarl.URL(..., encoded=True)``, no automatic headers,
+no decompression, no redirects), so what was signed is exactly what goes on the wire. Transport failures are
+translated here into S3 errors: a backend that refuses or cannot be reached becomes 503 ServiceUnavailable,
+one that stops answering becomes 504 GatewayTimeout. Errors the backend itself answers (4xx/5xx with XML) are
+not errors at this level: they are responses, relayed to the client unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import AsyncIterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from yarl import URL
+
+from gateway.clock import Clock
+from gateway.config import BackendConfig, Credential
+from gateway.core.s3request import query_names
+from gateway.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
+from gateway.core.uri import s3_quote
+from gateway.errors import GatewayTimeout, ServiceUnavailable
+
+log = logging.getLogger("s3lanes.backend")
+
+# Query parameters that carry a presigned request's own signature; never forwarded.
+PRESIGN_PARAMS = frozenset(
+    {
+        "X-Amz-Algorithm",
+        "X-Amz-Credential",
+        "X-Amz-Date",
+        "X-Amz-Expires",
+        "X-Amz-SignedHeaders",
+        "X-Amz-Signature",
+        "X-Amz-Security-Token",
+    }
+)
+
+Body = bytes | AsyncIterable[bytes] | None
+
+
+@dataclass(frozen=True, slots=True)
+class BackendTarget:
+    url: URL
+    host: str
+    raw_path: str
+    raw_query: str
+
+
+def forward_query(raw_query: str) -> str:
+    """The client's query string without presign parameters, names and values in S3's canonical encoding."""
+    out = []
+    for part in raw_query.split("&"):
+        if not part:
+            continue
+        name, eq, value = part.partition("=")
+        dname = next(iter(query_names(name)), "")
+        if dname in PRESIGN_PARAMS:
+            continue
+        dvalue = query_names(f"x={value}").get("x", "") if eq else ""
+        enc_name = s3_quote(dname, safe="")
+        out.append(f"{enc_name}={s3_quote(dvalue, safe='')}" if eq else enc_name)
+    return "&".join(out)
+
+
+class Backend:
+    """One S3 endpoint. Not thread-safe; lives on the gateway's event loop."""
+
+    def __init__(self, cfg: BackendConfig, endpoint: str, clock: Clock) -> None:
+        self.cfg = cfg
+        self.endpoint = endpoint.rstrip("/")
+        parts = urlsplit(self.endpoint)
+        self._scheme = parts.scheme
+        self._netloc = parts.netloc
+        self._clock = clock
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        ssl_ctx: ssl.SSLContext | bool
+        if self._scheme == "https":
+            if not self.cfg.verify_tls:
+                ssl_ctx = False
+            else:
+                ssl_ctx = ssl.create_default_context(
+                    cafile=str(self.cfg.ca_file) if self.cfg.ca_file else None
+                )
+        else:
+            ssl_ctx = False
+        connector = aiohttp.TCPConnector(
+            limit=self.cfg.pool_size,
+            limit_per_host=self.cfg.pool_size,
+            ssl=ssl_ctx,
+            enable_cleanup_closed=False,
+            keepalive_timeout=30,
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=None,
+            sock_connect=self.cfg.connect_timeout_s,
+            sock_read=self.cfg.read_timeout_s,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
+            read_bufsize=256 * 1024,
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def target(self, bucket: str | None, key: str | None, raw_query: str) -> BackendTarget:
+        """Where a request for (bucket, key) goes on this backend, in canonical S3 encoding."""
+        key_path = "/" + s3_quote(key, safe="/") if key is not None else "/"
+        host = self._netloc
+        if bucket is None:
+            path = "/"
+        elif self.cfg.addressing == "virtual":
+            host = f"{bucket}.{self._netloc}"
+            path = key_path
+        else:
+            path = "/" + s3_quote(bucket, safe="") + (key_path if key is not None else "")
+        query = forward_query(raw_query)
+        url = URL(f"{self._scheme}://{host}{path}" + (f"?{query}" if query else ""), encoded=True)
+        return BackendTarget(url=url, host=host, raw_path=path, raw_query=query)
+
+    async def request(
+        self,
+        method: str,
+        target: BackendTarget,
+        headers: Mapping[str, str],
+        cred: Credential,
+        *,
+        body: Body = None,
+        payload_hash: str = UNSIGNED_PAYLOAD,
+    ) -> aiohttp.ClientResponse:
+        """Sign and send; return the response with its body unread (the caller streams and releases it).
+
+        ``headers`` have lower-case names and must not contain host, authorization or x-amz-date.
+        """
+        assert self._session is not None, "Backend.start() was not awaited"
+        out = dict(headers)
+        out["host"] = target.host
+        out.update(
+            sign_headers(
+                method,
+                target.raw_path,
+                target.raw_query,
+                out,
+                access_key=cred.backend_access_key,
+                secret_key=cred.backend_secret_key,
+                region=self.cfg.region,
+                payload_hash=payload_hash,
+                now_wall=self._clock.wall(),
+            )
+        )
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            kwargs["data"] = body
+        try:
+            return await self._session.request(
+                method, target.url, headers=out, allow_redirects=False, compress=None, **kwargs
+            )
+        except (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            log.warning("backend timeout: %s %s: %r", method, target.url, exc)
+            raise GatewayTimeout() from exc
+        except aiohttp.ClientConnectorError as exc:
+            log.warning("backend unreachable: %s %s: %r", method, target.url, exc)
+            raise ServiceUnavailable("The backend storage service is unreachable. Please retry.") from exc
+        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+            log.warning("backend connection failed: %s %s: %r", method, target.url, exc)
+            raise ServiceUnavailable("The connection to the backend storage service failed.") from exc

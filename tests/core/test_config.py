@@ -1,0 +1,122 @@
+"""Configuration: sources and precedence, and every mistake reported at once with its place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import Listen, load_config, parse_listen
+from gateway.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "s3lanes.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_need_no_file_and_mean_embedded_backend():
+    cfg = load_config(env={})
+    assert cfg.backend.embedded
+    assert cfg.server.listen == Listen("127.0.0.1", 9000)
+    assert cfg.credentials == ()
+
+
+def test_file_env_and_flags_apply_in_that_order(tmp_path: Path):
+    path = write(
+        tmp_path,
+        """
+[server]
+listen = "0.0.0.0:9100"
+log_level = "DEBUG"
+[backend]
+endpoint = "http://store:8333"
+addressing = "virtual"
+[[credentials]]
+access_key = "AK"
+secret_key = "SK"
+""",
+    )
+    cfg = load_config(
+        path,
+        env={"S3LANES_SERVER_LISTEN": "127.0.0.1:9200", "S3LANES_BACKEND_POOL_SIZE": "7"},
+        overrides={"server": {"listen": "127.0.0.1:9300"}},
+    )
+    assert cfg.server.listen == Listen("127.0.0.1", 9300)
+    assert cfg.server.log_level == "DEBUG"
+    assert cfg.backend.endpoint == "http://store:8333"
+    assert cfg.backend.addressing == "virtual"
+    assert cfg.backend.pool_size == 7
+    assert [c.access_key for c in cfg.credentials] == ["AK"]
+    assert cfg.credentials[0].backend_secret_key == "SK"
+
+
+def test_credentials_from_environment_with_backend_identity():
+    cfg = load_config(
+        env={
+            "S3LANES_BACKEND_ENDPOINT": "https://s3.internal",
+            "S3LANES_CREDENTIALS": "A:S,B:T:BB:BT",
+        }
+    )
+    a, b = cfg.credentials
+    assert (a.access_key, a.backend_access_key, a.backend_secret_key) == ("A", "A", "S")
+    assert (b.access_key, b.secret_key, b.backend_access_key, b.backend_secret_key) == ("B", "T", "BB", "BT")
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path):
+    path = write(
+        tmp_path,
+        """
+[server]
+listen = "nonsense"
+log_level = "LOUD"
+unknown_thing = 1
+[backend]
+endpoint = "ftp://x"
+pool_size = "many"
+addressing = "sideways"
+[bogus]
+""",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    text = str(info.value)
+    for needle in ("listen", "LOUD", "unknown_thing", "ftp://x", "pool_size", "sideways", "[bogus]", "credential"):
+        assert needle in text, needle
+    assert len(info.value.problems) >= 8
+
+
+def test_https_listener_needs_cert_and_key():
+    with pytest.raises(ConfigError, match="tls_cert"):
+        load_config(env={"S3LANES_SERVER_HTTPS_LISTEN": "127.0.0.1:9443"})
+
+
+def test_duplicate_access_keys_are_refused():
+    with pytest.raises(ConfigError, match="twice"):
+        load_config(env={"S3LANES_BACKEND_ENDPOINT": "http://s:1", "S3LANES_CREDENTIALS": "A:S,A:T"})
+
+
+def test_secrets_do_not_appear_in_repr():
+    cfg = load_config(env={"S3LANES_BACKEND_ENDPOINT": "http://s:1", "S3LANES_CREDENTIALS": "AK:topsecret"})
+    assert "topsecret" not in repr(cfg)
+
+
+def test_bad_toml_is_reported_with_the_file_name(tmp_path: Path):
+    path = write(tmp_path, "[server\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path, env={})
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("127.0.0.1:80", Listen("127.0.0.1", 80)), (":9000", Listen("127.0.0.1", 9000)), ("[::1]:5", Listen("::1", 5))],
+)
+def test_parse_listen(text: str, expected: Listen):
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9000", "host:port", "h:70000", "[::1]"])
+def test_parse_listen_rejects(text: str):
+    with pytest.raises(ValueError):
+        parse_listen(text)

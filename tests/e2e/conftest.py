@@ -1,0 +1,172 @@
+"""The gateway under test: a real ``s3lanes serve`` process in front of the session's SeaweedFS.
+
+It runs as a subprocess (as users run it), with an HTTP and an HTTPS listener on free loopback ports. The
+HTTPS certificate comes from a throw-away CA made by trustme; clients trust it through ``ca_bundle``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import trustme
+from botocore.config import Config as BotoConfig
+
+GATEWAY_START_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Gateway:
+    http_url: str
+    https_url: str
+    ca_bundle: str
+    access_key: str
+    secret_key: str
+    user2_access_key: str
+    user2_secret_key: str
+    backend_url: str
+    pid: int
+    log_path: Path
+
+    def client(self, *, https: bool = False, secret: str | None = None, **config: Any) -> Any:
+        """A boto3 S3 client pointed at the gateway (HTTPS makes botocore use aws-chunked uploads)."""
+        cfg = BotoConfig(
+            s3={"addressing_style": "path"},
+            retries={"max_attempts": 1, "mode": "standard"},
+            connect_timeout=5,
+            read_timeout=30,
+            **config,
+        )
+        return boto3.client(
+            "s3",
+            endpoint_url=self.https_url if https else self.http_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=secret or self.secret_key,
+            region_name="us-east-1",
+            verify=self.ca_bundle if https else None,
+            config=cfg,
+        )
+
+    def env(self) -> dict[str, str]:
+        """Environment for CLI tools (aws) talking to the gateway."""
+        env = dict(os.environ)
+        env.update(
+            AWS_ACCESS_KEY_ID=self.access_key,
+            AWS_SECRET_ACCESS_KEY=self.secret_key,
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_CA_BUNDLE=self.ca_bundle,
+            AWS_CONFIG_FILE=os.devnull,
+            AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        )
+        return env
+
+
+def start_gateway(tmp: Path, config_toml: str, *, extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], dict[str, Any], Path]:
+    cfg_path = tmp / "s3lanes.toml"
+    cfg_path.write_text(config_toml)
+    ready = tmp / "ready.json"
+    log_path = tmp / "gateway.log"
+    log_fh = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg_path), "--ready-file", str(ready), *extra_args],
+        stdout=log_fh,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + GATEWAY_START_TIMEOUT_S
+    while not ready.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"gateway did not start:\n{log_path.read_text()[-4000:]}")
+        time.sleep(0.05)
+    return proc, json.loads(ready.read_text()), log_path
+
+
+def stop_gateway(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture(scope="session")
+def tls_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    d = tmp_path_factory.mktemp("tls")
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1", "*.localhost")
+    ca_path, cert_path, key_path = d / "ca.pem", d / "cert.pem", d / "key.pem"
+    ca.cert_pem.write_to_path(str(ca_path))
+    cert.private_key_pem.write_to_path(str(key_path))
+    with open(cert_path, "wb") as fh:
+        for blob in cert.cert_chain_pems:
+            fh.write(blob.bytes())
+    return ca_path, cert_path, key_path
+
+
+@pytest.fixture(scope="session")
+def gateway(seaweed: Any, tls_ca: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("gateway")
+    ca_path, cert_path, key_path = tls_ca
+    admin, user2 = seaweed.admin, seaweed.user2
+    toml = f"""
+[server]
+listen = "127.0.0.1:0"
+https_listen = "127.0.0.1:0"
+tls_cert = "{cert_path}"
+tls_key = "{key_path}"
+domains = ["localhost"]
+state_dir = "{tmp / 'state'}"
+log_level = "INFO"
+shutdown_grace_s = 5
+
+[backend]
+endpoint = "{seaweed.endpoint_url}"
+region = "us-east-1"
+connect_timeout_s = 2
+read_timeout_s = 30
+
+[[credentials]]
+access_key = "{admin.access_key}"
+secret_key = "{admin.secret_key}"
+
+[[credentials]]
+access_key = "{user2.access_key}"
+secret_key = "{user2.secret_key}"
+"""
+    proc, ready, log_path = start_gateway(tmp, toml)
+    http_url = next(u for u in ready["endpoints"] if u.startswith("http://"))
+    https_url = next(u for u in ready["endpoints"] if u.startswith("https://")).replace("127.0.0.1", "localhost")
+    gw = Gateway(
+        http_url=http_url,
+        https_url=https_url,
+        ca_bundle=str(ca_path),
+        access_key=admin.access_key,
+        secret_key=admin.secret_key,
+        user2_access_key=user2.access_key,
+        user2_secret_key=user2.secret_key,
+        backend_url=seaweed.endpoint_url,
+        pid=proc.pid,
+        log_path=log_path,
+    )
+    try:
+        yield gw
+    finally:
+        code = stop_gateway(proc)
+        log_text = log_path.read_text(errors="replace")
+        assert code == 0, f"gateway exited with {code}:\n{log_text[-4000:]}"
+        assert "Traceback" not in log_text, f"gateway logged a traceback:\n{log_text[-8000:]}"
