@@ -34,12 +34,16 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--https-listen", help="HTTPS listener host:port (needs --tls-cert and --tls-key)")
     serve.add_argument("--tls-cert", help="PEM certificate chain for the HTTPS listener")
     serve.add_argument("--tls-key", help="PEM private key for the HTTPS listener")
-    serve.add_argument("--backend-endpoint", help="S3 endpoint URL of the backend (default: embedded SeaweedFS)")
+    serve.add_argument(
+        "--backend-endpoint", help="S3 endpoint URL of the backend (default: embedded SeaweedFS)"
+    )
     serve.add_argument("--backend-region", help="region the backend expects in signatures")
     serve.add_argument("--state-dir", help="where the gateway keeps its state (embedded backend data, spool)")
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR")
     serve.add_argument(
-        "--ready-file", type=Path, help="write the bound endpoints as JSON to this file once serving (for scripts)"
+        "--ready-file",
+        type=Path,
+        help="write the bound endpoints as JSON to this file once serving (for scripts)",
     )
     return p
 
@@ -124,15 +128,18 @@ async def serve(cfg: Config, ready_file: Path | None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        waiters = [asyncio.ensure_future(stop.wait())]
+        waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
         if weed is not None:
             waiters.append(asyncio.ensure_future(weed.wait_exit()))
-        done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        _done, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
         for task in pending:
             task.cancel()
         code = 0
         if not stop.is_set():
-            log.error("the embedded SeaweedFS exited unexpectedly; shutting down (logs in %s)", weed and weed.log_dir)
+            log.error(
+                "the embedded SeaweedFS exited unexpectedly; shutting down (logs in %s)",
+                weed and weed.log_dir,
+            )
             code = 1
         log.info("shutting down")
         return code
@@ -166,13 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=cfg.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    try:
-        import uvloop
+    import uvloop
 
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it anyway
-        runner = asyncio.run
-    return int(runner(serve(cfg, args.ready_file)))
+    return int(uvloop.run(serve(cfg, args.ready_file)))
 
 
 if __name__ == "__main__":

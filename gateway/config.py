@@ -1,6 +1,7 @@
 """Configuration: frozen dataclasses, parsed and validated once at start.
 
-Sources, later ones winning: built-in defaults < TOML file (``--config``) < environment (``S3LANES_*``) < CLI flags.
+Sources, later ones winning: built-in defaults < TOML file (``--config``) < environment (``S3LANES_*``)
+< CLI flags.
 Every problem found is collected and reported together in one :class:`~gateway.errors.ConfigError`, so a user
 fixes a config file in one round instead of one error per start.
 
@@ -139,7 +140,7 @@ _BOOL_FALSE = {"0", "false", "no", "off"}
 
 
 def _coerce(kind: str, value: Any, where: str, problems: _Problems) -> Any:
-    """Turn a TOML or environment value into the declared kind; record a problem and return None if it can't."""
+    """Turn a TOML or environment value into the declared kind; record a problem, return None if it can't."""
     try:
         if kind == "str":
             if not isinstance(value, str):
@@ -215,9 +216,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
 _NULLABLE = {"listen", "https_listen", "tls_cert", "tls_key", "endpoint", "ca_file"}
 
 
-def _section_values(
-    name: str, raw: Mapping[str, Any], source: str, problems: _Problems
-) -> dict[str, Any]:
+def _section_values(name: str, raw: Mapping[str, Any], source: str, problems: _Problems) -> dict[str, Any]:
     schema = _SCHEMA[name]
     out: dict[str, Any] = {}
     for key, value in raw.items():
@@ -270,7 +269,8 @@ def parse_credentials_env(value: str, problems: _Problems | None = None) -> list
         else:
             problems.add(
                 f"S3LANES_CREDENTIALS item {i}",
-                "expected access_key:secret_key or access_key:secret_key:backend_access_key:backend_secret_key",
+                "expected access_key:secret_key"
+                " or access_key:secret_key:backend_access_key:backend_secret_key",
             )
     return creds
 
@@ -362,7 +362,9 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         elif parts.path not in ("", "/") or parts.query:
             problems.add("[backend].endpoint", "must not carry a path or query")
         if not cfg.credentials:
-            problems.add("[credentials]", "an external backend needs at least one credential (or S3LANES_CREDENTIALS)")
+            problems.add(
+                "[credentials]", "an external backend needs at least one credential (or S3LANES_CREDENTIALS)"
+            )
     if b.addressing not in ("path", "virtual"):
         problems.add("[backend].addressing", f"expected 'path' or 'virtual', got {b.addressing!r}")
     if b.pool_size < 1:

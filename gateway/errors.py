@@ -1,4 +1,4 @@
-"""The gateway's exception tree. Every error a client can see is an :class:`S3Error` with S3's code and status.
+"""The gateway's exception tree. Every error a client sees is an :class:`S3Error` with S3's code and status.
 
 ::
 
@@ -101,7 +101,9 @@ class XAmzContentSHA256Mismatch(BodyError):
 
 class BadDigest(BodyError):
     code = "BadDigest"
-    default_message = "The Content-MD5 or checksum value that you specified did not match what the server received."
+    default_message = (
+        "The Content-MD5 or checksum value that you specified did not match what the server received."
+    )
 
 
 class InvalidDigest(BodyError):
@@ -122,7 +124,8 @@ class InvalidChunkSizeError(BodyError):
 class MalformedTrailerError(BodyError):
     code = "MalformedTrailerError"
     default_message = (
-        "The request contained trailing data that was not well-formed or did not conform to our published schema."
+        "The request contained trailing data that was not well-formed "
+        "or did not conform to our published schema."
     )
 
 
@@ -137,12 +140,18 @@ AuthorizationQueryParametersError = _error(
 MissingContentLength = _error("MissingContentLength", 411, "You must provide the Content-Length HTTP header.")
 MissingSecurityHeader = _error("MissingSecurityHeader", 400, "Your request is missing a required header.")
 InvalidBucketName = _error("InvalidBucketName", 400, "The specified bucket is not valid.")
-MethodNotAllowed = _error("MethodNotAllowed", 405, "The specified method is not allowed against this resource.")
-EntityTooLarge = _error("EntityTooLarge", 400, "Your proposed upload exceeds the maximum allowed object size.")
+MethodNotAllowed = _error(
+    "MethodNotAllowed", 405, "The specified method is not allowed against this resource."
+)
+EntityTooLarge = _error(
+    "EntityTooLarge", 400, "Your proposed upload exceeds the maximum allowed object size."
+)
 RequestHeaderSectionTooLarge = _error(
     "RequestHeaderSectionTooLarge", 400, "Your request header section exceeds the maximum allowed size."
 )
-NotImplementedS3 = _error("NotImplemented", 501, "A header you provided implies functionality that is not implemented.")
+NotImplementedS3 = _error(
+    "NotImplemented", 501, "A header you provided implies functionality that is not implemented."
+)
 InternalError = _error("InternalError", 500, "We encountered an internal error. Please try again.")
 
 

@@ -65,9 +65,7 @@ class UploadBody:
         self._finished = True
         trailers = self._decoder.finish() if self._decoder is not None else {}
         if self._seen_bytes != self._expected_bytes:
-            raise IncompleteBody(
-                f"Received {self._seen_bytes} of the {self._expected_bytes} declared bytes."
-            )
+            raise IncompleteBody(f"Received {self._seen_bytes} of the {self._expected_bytes} declared bytes.")
         self._verifier.finish(trailers)
         held, self._held = self._held, b""
         return held

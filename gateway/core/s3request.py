@@ -104,7 +104,9 @@ def parse_target(
             key_raw = ""
     key = unquote(key_raw, errors="strict") if key_raw else None
     if bucket is not None and not _BUCKET_RE.match(bucket):
-        raise InvalidBucketName(f"The specified bucket is not valid: {bucket[:80]!r}", BucketName=bucket[:255])
+        raise InvalidBucketName(
+            f"The specified bucket is not valid: {bucket[:80]!r}", BucketName=bucket[:255]
+        )
     q = query_names(raw_query)
     return S3Target(bucket, key, operation_name(method, bucket, key, q, headers), host_bucket is not None)
 

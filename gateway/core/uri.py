@@ -1,4 +1,4 @@
-"""S3's URI encoding: every byte percent-encoded except the unreserved set ``A-Za-z0-9-._~`` (and '/' in paths)."""
+"""S3's URI encoding: every byte percent-encoded but the unreserved ``A-Za-z0-9-._~`` (and '/' in paths)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,11 @@ async def start_listeners(cfg: Config, app: web.Application) -> tuple[web.AppRun
     ctx = tls_context(cfg)
     if ctx is not None and cfg.server.https_listen is not None:
         tls_site = web.TCPSite(
-            runner, cfg.server.https_listen.host, cfg.server.https_listen.port, ssl_context=ctx, reuse_address=True
+            runner,
+            cfg.server.https_listen.host,
+            cfg.server.https_listen.port,
+            ssl_context=ctx,
+            reuse_address=True,
         )
         await tls_site.start()
         urls.append(_bound_url(tls_site, "https"))

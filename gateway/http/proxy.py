@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -142,8 +142,12 @@ class S3Proxy:
         cred = self._creds.get(auth.access_key)
         if cred is None:
             raise InvalidAccessKeyId(AWSAccessKeyId=auth.access_key)
-        verified = verify(view, auth, cred.secret_key, self._clock.wall(), max_skew_s=self._cfg.server.max_skew_s)
-        ctx = RequestContext(request.get("s3lanes.rid") or new_request_id(), target, view, auth, verified, cred)
+        verified = verify(
+            view, auth, cred.secret_key, self._clock.wall(), max_skew_s=self._cfg.server.max_skew_s
+        )
+        ctx = RequestContext(
+            request.get("s3lanes.rid") or new_request_id(), target, view, auth, verified, cred
+        )
         request[CTX_KEY] = ctx
         return ctx
 
@@ -205,7 +209,9 @@ class S3Proxy:
         if payload_hash in STREAMING_MODES:
             decoded = h.get("x-amz-decoded-content-length")
             if decoded is None:
-                raise MissingContentLength("x-amz-decoded-content-length is required for aws-chunked uploads.")
+                raise MissingContentLength(
+                    "x-amz-decoded-content-length is required for aws-chunked uploads."
+                )
             try:
                 expected = int(decoded)
             except ValueError:
@@ -217,7 +223,9 @@ class S3Proxy:
                 if payload_hash in (STREAMING_SIGNED, STREAMING_SIGNED_TRAILER)
                 else None
             )
-            trailer_names = tuple(t.strip().lower() for t in h.get("x-amz-trailer", "").split(",") if t.strip())
+            trailer_names = tuple(
+                t.strip().lower() for t in h.get("x-amz-trailer", "").split(",") if t.strip()
+            )
             decoder = AwsChunkedDecoder(chain=chain, trailer_names=trailer_names, decoded_length=expected)
         else:
             if request.content_length is None:
@@ -234,7 +242,9 @@ class S3Proxy:
             if name in _DROP_REQUEST:
                 continue
             if name == "content-encoding":
-                codings = [c for c in (v.strip() for v in value.split(",")) if c and c.lower() != "aws-chunked"]
+                codings = [
+                    c for c in (v.strip() for v in value.split(",")) if c and c.lower() != "aws-chunked"
+                ]
                 if not codings:
                     continue
                 value = ",".join(codings)
@@ -296,7 +306,7 @@ class S3Proxy:
             try:
                 async for chunk in resp.content.iter_any():
                     await out.write(chunk)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 # Headers are gone already; the only honest signal left is to cut the connection.
                 log.warning("backend body failed mid-stream for %s: %r", ctx.target.key, exc)
                 if request.transport is not None:

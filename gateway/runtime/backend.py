@@ -1,4 +1,4 @@
-"""The connection to the S3 store behind the gateway: one pooled aiohttp client session, re-signing every request.
+"""The connection to the S3 store behind the gateway: one pooled aiohttp session, re-signing every request.
 
 Requests are sent byte-for-byte as the gateway decides (``yarl.URL(..., encoded=True)``, no automatic headers,
 no decompression, no redirects), so what was signed is exactly what goes on the wire. Transport failures are
@@ -9,7 +9,6 @@ not errors at this level: they are responses, relayed to the client unchanged.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 from collections.abc import AsyncIterable, Mapping
@@ -171,7 +170,7 @@ class Backend:
             return await self._session.request(
                 method, target.url, headers=out, allow_redirects=False, compress=None, **kwargs
             )
-        except (TimeoutError, asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             log.warning("backend timeout: %s %s: %r", method, target.url, exc)
             raise GatewayTimeout() from exc
         except aiohttp.ClientConnectorError as exc:

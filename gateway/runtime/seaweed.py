@@ -17,14 +17,15 @@ Readiness, in order, each probe bounded by a short timeout:
 3. every bucket of :attr:`SeaweedOptions.buckets` answers a *signed* ``HEAD /bucket`` with 200. weed
    creates them asynchronously after S3 is up. An anonymous HEAD cannot tell "missing" from "forbidden"
    (both 403), and asking the filer directly would not show what S3 itself sees, so we sign the HEAD
-   (a minimal SigV4 for an empty-body request, :func:`_signed_head`; the runtime must not depend on boto3).
+   with the gateway's own signer (``gateway.core.sigv4.sign_headers``; the runtime must not need boto3).
 
 weed is started in its own session (``start_new_session``): a Ctrl-C in the terminal reaches the gateway
 only, and the gateway stops weed in order (SIGTERM, wait, SIGKILL after a timeout). It is *not* tied to our
-lifetime by PR_SET_PDEATHSIG (that fires when the spawning *thread* exits, which breaks :meth:`astart`);
-instead ``state_dir/weed.pid`` records it, and a start refuses to run next to a live weed on the same state
-directory. This module is not a general process supervisor: it restarts nothing. :meth:`wait_exit` only
-reports a death so that the caller can take the process down loudly.
+lifetime by PR_SET_PDEATHSIG (that fires when the spawning *thread* exits, and callers may well start weed
+from a worker thread); instead ``state_dir/run/weed.pid`` records it, and a start refuses to run beside a
+live weed on the same state directory (a gateway killed with -9 leaves its weed running). This module is
+not a general process supervisor: it restarts nothing. :meth:`wait_exit` only reports a death so that the
+caller can take the process down loudly.
 
 Measured on the 2-core dev machine with SeaweedFS 4.48: S3 answers about 1 s after the spawn, SIGTERM to
 exit takes about 4 s.
@@ -35,8 +36,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hashlib
-import hmac
 import http.client
 import ipaddress
 import json
@@ -49,12 +48,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
 
+from gateway.core.sigv4 import EMPTY_SHA256, sign_headers
 from gateway.errors import GatewayError
 
 log = logging.getLogger(__name__)
@@ -66,18 +66,37 @@ PROBE_TIMEOUT_S = 2.0  # one readiness probe; weed on loopback answers in millis
 POLL_INTERVAL_S = 0.1  # between readiness rounds; start-up takes about 1 s, so 0.1 s costs nothing
 KILL_WAIT_S = 5.0  # after SIGKILL the kernel reaps at once; this only guards against a stuck D-state
 LOG_TAIL_LINES = 40
+LOG_TAIL_READ_BYTES = 256 * 1024
 PORT_ATTEMPTS = 2  # the brief window between choosing ports and weed binding them can be lost once
+# weed's convention for gRPC ports. Its embedded maintenance worker dials the admin server at
+# admin.port + 10000 whatever -admin.port.grpc says (4.48; it warns "connection refused" every few seconds
+# otherwise), so that one pair keeps the convention.
+GRPC_PORT_OFFSET = 10000
+OFFSET_PAIR_ATTEMPTS = 50  # ephemeral ports are 32768-60999 here: about 4 in 5 have room for +10000
 
-# Environment variables weed reads as fallbacks for flags or credentials (``-bucket`` falls back to
-# S3_BUCKET; AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY add an identity). Dropped so that the command line
-# and s3.json alone decide what runs.
+# Environment variables weed reads as fallbacks for flags or credentials: ``-bucket`` falls back to
+# S3_BUCKET, and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY add an admin identity *beside* -s3.config (seen
+# with 4.48). Dropped so that the command line and s3.json alone decide what runs and who may call it.
 _SCRUBBED_ENV_PREFIXES = ("AWS_", "S3_")
 # Printed by weed when a port it was told to use is taken (4.48: "Port allocation failed: port N for S3
 # (specified by flag s3.port) is not available"); older releases die with the Go error text.
-_PORT_COLLISION_RE = re.compile(r"Port allocation failed|address already in use|is not available", re.I)
+_PORT_COLLISION_RE = re.compile(r"Port allocation failed|address already in use", re.I)
+# glog's E/F prefixes (E1202 17:23:51.002931 ...), Go's flag package and panics.
+_ERROR_LINE_RE = re.compile(r"^[EF]\d{4} |flag provided but not defined|invalid value|panic:|fatal", re.I)
 _BUCKET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 # AF_UNIX paths are limited to 108 bytes including the NUL; leave weed its /tmp default beyond that.
 _MAX_SOCKET_PATH_BYTES = 100
+# weed 4.48 also makes one unix socket per gRPC server, /tmp/seaweedfs-<component>-grpc-<port>.sock, with
+# no flag to move it (TMPDIR is ignored). A graceful stop removes most, never the admin one, and SIGKILL
+# none: we remove ours once weed is gone. A stale one does not stop a later weed from starting.
+_WEED_GRPC_SOCKET_DIR = Path("/tmp")
+_WEED_GRPC_SOCKET_OWNERS = {
+    "master": "master_grpc",
+    "volume": "volume_grpc",
+    "filer": "filer_grpc",
+    "s3": "s3_grpc",
+    "admin": "admin_grpc",
+}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -197,7 +216,8 @@ def validate_options(opts: SeaweedOptions) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class SeaweedPorts:
     """One TCP port per weed listener. ``debug`` and ``s3_debug`` only listen with ``-debug``; they are set
-    so that a weed run with extra flags still never falls back to its shared default 6060."""
+    so that a weed run with extra flags still never falls back to its shared default 6060.
+    ``admin_grpc`` must be ``admin + GRPC_PORT_OFFSET`` (see there)."""
 
     master: int
     master_grpc: int
@@ -215,10 +235,6 @@ class SeaweedPorts:
 
     def as_tuple(self) -> tuple[int, ...]:
         return tuple(getattr(self, f.name) for f in fields(self))
-
-
-PORT_COUNT = len(fields(SeaweedPorts))
-_S3_INDEX = [f.name for f in fields(SeaweedPorts)].index("s3")
 
 
 def s3_config(identities: Sequence[SeaweedIdentity]) -> dict[str, Any]:
@@ -242,9 +258,10 @@ def build_command(opts: SeaweedOptions, ports: SeaweedPorts, *, weed_binary: str
     argv = [
         weed_binary,
         # Global (logging) flags go before the sub-command. Without -logdir weed logs to /tmp/weed.* and
-        # re-points the machine-wide /tmp/weed.INFO symlink. Logs go to files only; stderr keeps ERROR and up.
+        # re-points the machine-wide /tmp/weed.INFO symlink. glog's files rotate but are flushed lazily (a
+        # weed that dies early leaves them empty); its default copy to stderr (our weed.out) is immediate
+        # and small: about 50 lines for a start, 900 requests and a stop with 4.48 at -v=0.
         f"-logdir={opts.log_dir}",
-        "-alsologtostderr=false",
         "mini",
         f"-dir={opts.data_dir}",
         f"-ip={ip}",
@@ -312,35 +329,65 @@ def find_weed_binary() -> str:
 
 
 def choose_ports(ip: str, s3_port: int = 0) -> SeaweedPorts:
-    """Free ports on ``ip``, distinct from each other. With ``s3_port`` set, that port is checked to be free
-    now (raising :class:`SeaweedError` if not) rather than discovered taken by weed later."""
+    """Free ports on ``ip``, distinct from each other, with ``admin_grpc == admin + GRPC_PORT_OFFSET``.
+    With ``s3_port`` set, that port is checked to be free now (raising :class:`SeaweedError` if not)
+    rather than discovered taken by weed later."""
     family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
-    with contextlib.ExitStack() as stack:
-        chosen: list[int] = []
-        # All sockets stay bound until every port is chosen, so the kernel cannot hand one out twice.
-        for index in range(PORT_COUNT):
-            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-            wanted = s3_port if index == _S3_INDEX else 0
+    # Every socket stays bound until all ports are chosen, so the kernel cannot hand one out twice.
+    with contextlib.ExitStack() as held:
+
+        def bind(port: int) -> int:
+            sock = socket.socket(family, socket.SOCK_STREAM)
             try:
-                sock.bind((ip, wanted))
-            except OSError as exc:
-                raise SeaweedError(f"cannot use {ip}:{wanted} for S3: {exc}") from exc
-            chosen.append(sock.getsockname()[1])
-    return SeaweedPorts(*chosen)
+                sock.bind((ip, port))
+            except BaseException:
+                sock.close()
+                raise
+            held.enter_context(sock)
+            return int(sock.getsockname()[1])
+
+        try:
+            s3 = bind(s3_port)
+        except OSError as exc:
+            raise SeaweedError(f"cannot use {ip}:{s3_port} for S3: {exc}") from exc
+        admin, admin_grpc = _bind_offset_pair(bind)
+        by_name = {"s3": s3, "admin": admin, "admin_grpc": admin_grpc}
+        for f in fields(SeaweedPorts):
+            if f.name not in by_name:
+                by_name[f.name] = bind(0)
+    return SeaweedPorts(**by_name)
 
 
-def _tail_lines(path: Path, start_offset: int = 0, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of ``path`` from byte ``start_offset`` on ('' if it does not exist)."""
+def _bind_offset_pair(bind: Callable[[int], int]) -> tuple[int, int]:
+    """Two bound ports ``p`` and ``p + GRPC_PORT_OFFSET``. A failed try leaves ``p`` bound (and so out of
+    later choices) until the caller releases everything: harmless, and simpler than unbinding."""
+    for _ in range(OFFSET_PAIR_ATTEMPTS):
+        port = bind(0)
+        if port + GRPC_PORT_OFFSET > 65535:
+            continue
+        try:
+            return port, bind(port + GRPC_PORT_OFFSET)
+        except OSError:
+            continue
+    raise SeaweedError(f"found no free port p with p+{GRPC_PORT_OFFSET} free in {OFFSET_PAIR_ATTEMPTS} tries")
+
+
+def _log_tail(path: Path, start_offset: int = 0, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``path`` from byte ``start_offset`` on, after up to ``lines // 4`` earlier
+    lines that look like errors ('' if the file does not exist). Reads at most LOG_TAIL_READ_BYTES."""
     try:
         with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            begin = max(start_offset, size - 64 * 1024)
-            f.seek(begin)
-            data = f.read()
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(start_offset, size - LOG_TAIL_READ_BYTES))
+            text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+    all_lines = text.splitlines()
+    tail = all_lines[-lines:]
+    earlier = [line for line in all_lines[:-lines] if _ERROR_LINE_RE.search(line)][: lines // 4]
+    if not earlier:
+        return "\n".join(tail)
+    return "\n".join([*earlier, "[...]", *tail])
 
 
 def _pid_is_weed_on(pid: int, data_dir: Path) -> bool:
@@ -352,49 +399,23 @@ def _pid_is_weed_on(pid: int, data_dir: Path) -> bool:
     return any(arg == f"-dir={data_dir}".encode() for arg in cmdline)
 
 
-# --------------------------------------------------------------------------------------------------------
-# A minimal SigV4 for the readiness HEAD. Deliberately tiny: an empty body, no query, three signed headers.
-
-
-def _hmac_sha256(key: bytes, msg: str) -> bytes:
-    return hmac.new(key, msg.encode(), hashlib.sha256).digest()
-
-
-def sigv4_head_headers(
-    host: str, path: str, *, access_key: str, secret_key: str, region: str, now_wall: float
+def bucket_head_headers(
+    ip: str, port: int, bucket: str, identity: SeaweedIdentity, *, now_wall: float
 ) -> dict[str, str]:
-    """Headers that sign ``HEAD path`` (no query, empty body) for service s3. Pure."""
-    amz_date = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_wall))
-    datestamp = amz_date[:8]
-    payload_hash = hashlib.sha256(b"").hexdigest()
-    signed_headers = "host;x-amz-content-sha256;x-amz-date"
-    canonical_request = "\n".join(
-        [
-            "HEAD",
-            path,
-            "",
-            f"host:{host}\nx-amz-content-sha256:{payload_hash}\nx-amz-date:{amz_date}\n",
-            signed_headers,
-            payload_hash,
-        ]
+    """Headers for a SigV4-signed ``HEAD /bucket`` (empty body) to weed's S3 port. Pure."""
+    host = endpoint_url(ip, port).removeprefix("http://")
+    signed = sign_headers(
+        "HEAD",
+        f"/{bucket}",
+        "",
+        {"host": host},
+        access_key=identity.access_key,
+        secret_key=identity.secret_key,
+        region="us-east-1",  # weed checks the signature with whatever region the scope names
+        payload_hash=EMPTY_SHA256,
+        now_wall=now_wall,
     )
-    scope = f"{datestamp}/{region}/s3/aws4_request"
-    string_to_sign = "\n".join(
-        ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical_request.encode()).hexdigest()]
-    )
-    key = ("AWS4" + secret_key).encode()
-    for part in (datestamp, region, "s3", "aws4_request"):
-        key = _hmac_sha256(key, part)
-    signature = hmac.new(key, string_to_sign.encode(), hashlib.sha256).hexdigest()
-    return {
-        "Host": host,
-        "x-amz-content-sha256": payload_hash,
-        "x-amz-date": amz_date,
-        "Authorization": (
-            f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
-            f"SignedHeaders={signed_headers}, Signature={signature}"
-        ),
-    }
+    return {"host": host, **signed}
 
 
 def _http_status(
@@ -486,23 +507,14 @@ class SeaweedProcess:
 
     @property
     def stdout_log(self) -> Path:
-        """weed's stdout and stderr (start-up banner, errors, panics); glog's files sit beside it."""
+        """weed's stdout and stderr: banner, every log line, panics. Appended to across starts; glog's own
+        (rotated) files sit beside it."""
         return self._opts.log_dir / "weed.out"
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The end of this run's stdout/stderr and of glog's INFO file (glog flushes that one lazily)."""
-        parts = []
-        out = _tail_lines(self.stdout_log, self._out_offset, lines)
-        if out.strip():
-            parts.append(f"[{self.stdout_log.name}]\n{out}")
-        # weed.INFO links to a per-process file named ...INFO.<date>-<time>.<pid>; until this run has
-        # created its own, the link still points at the previous run's file, which would mislead.
-        info = (self._opts.log_dir / "weed.INFO").resolve()
-        if self._proc is not None and info.name.endswith(f".{self._proc.pid}"):
-            info_tail = _tail_lines(info, 0, lines // 2)
-            if info_tail.strip():
-                parts.append(f"[weed.INFO]\n{info_tail}")
-        return "\n".join(parts)
+        """The end of this run's :attr:`stdout_log`, preceded by earlier error lines that the tail would
+        miss (a flag error comes first and is followed by 300 lines of usage text)."""
+        return _log_tail(self.stdout_log, self._out_offset, lines)
 
     # -- start ------------------------------------------------------------------------------------------
 
@@ -512,8 +524,9 @@ class SeaweedProcess:
         for attempt in range(1, PORT_ATTEMPTS + 1):
             self.start_attempts = attempt
             self._prepare_state_dir()
-            self._spawn(choose_ports(self._opts.ip, self._opts.s3_port))
+            ports = choose_ports(self._opts.ip, self._opts.s3_port)
             try:
+                self._spawn(ports)
                 while not self._poll_ready(time.monotonic()):
                     time.sleep(POLL_INTERVAL_S)
                 return
@@ -531,10 +544,11 @@ class SeaweedProcess:
         for attempt in range(1, PORT_ATTEMPTS + 1):
             self.start_attempts = attempt
             await asyncio.to_thread(self._prepare_state_dir)
-            # Spawning is a fork+exec (milliseconds); done here rather than in a thread so that a
-            # cancellation can never leave a child we do not know about.
-            self._spawn(choose_ports(self._opts.ip, self._opts.s3_port))
+            ports = choose_ports(self._opts.ip, self._opts.s3_port)
             try:
+                # Spawning is a fork+exec and two small page-cache writes (log header, pid file); done here
+                # rather than in a thread so that a cancellation never leaves a child we do not know about.
+                self._spawn(ports)
                 # Readiness is only observable by probing (blocking probes, hence the thread).
                 while not await asyncio.to_thread(self._poll_ready, time.monotonic()):  # noqa: ASYNC110
                     await asyncio.sleep(POLL_INTERVAL_S)
@@ -597,7 +611,7 @@ class SeaweedProcess:
         except OSError as exc:
             self._close_out()
             raise SeaweedStartError(f"cannot run {argv[0]}: {exc}") from exc
-        _write_private(opts.pid_file, f"{self._proc.pid}\n".encode())
+        _write_private(opts.pid_file, f"{self._proc.pid}\n".encode(), durable=False)
         log.info("weed started: pid %d, S3 %s, state %s", self._proc.pid, self.endpoint_url, opts.state_dir)
 
     def _poll_ready(self, now: float) -> bool:
@@ -639,17 +653,11 @@ class SeaweedProcess:
         return True
 
     def _head_bucket(self, bucket: str) -> int:
+        # An Admin identity can see every bucket; without one, the first identity is the best guess.
         ident = next((i for i in self._opts.identities if "Admin" in i.actions), self._opts.identities[0])
-        host = endpoint_url(self._opts.ip, self.ports.s3).removeprefix("http://")
-        headers = sigv4_head_headers(
-            host,
-            f"/{bucket}",
-            access_key=ident.access_key,
-            secret_key=ident.secret_key,
-            region="us-east-1",  # weed checks the signature with whatever region the scope names
-            now_wall=time.time(),
-        )
-        status, _ = _http_status(self._opts.ip, self.ports.s3, "HEAD", f"/{bucket}", headers)
+        ip, port = self._opts.ip, self.ports.s3
+        headers = bucket_head_headers(ip, port, bucket, ident, now_wall=time.time())
+        status, _ = _http_status(ip, port, "HEAD", f"/{bucket}", headers)
         return status
 
     # -- stop -------------------------------------------------------------------------------------------
@@ -680,7 +688,7 @@ class SeaweedProcess:
                 raise
             if rc is None:
                 log.warning("weed (pid %d) ignored SIGTERM for %.0f s; killing it", proc.pid, timeout_s)
-        self._kill_now()
+        await asyncio.to_thread(self._kill_now)  # file clean-up; the wait is instant by now
 
     async def wait_exit(self) -> int:
         """Wait until weed exits; its exit code (negative: killed by that signal). For supervision: a
@@ -712,7 +720,19 @@ class SeaweedProcess:
             with contextlib.suppress(OSError, ValueError):
                 if int(self._opts.pid_file.read_text().strip()) == proc.pid:
                     self._opts.pid_file.unlink()
+            self._remove_sockets()
         self._close_out()
+
+    def _remove_sockets(self) -> None:
+        """Unix sockets of the weed that just exited: ours in run/, and the /tmp ones named by our ports."""
+        paths = list(self._opts.run_dir.glob("*.sock"))
+        if self._ports is not None:
+            for component, field_name in _WEED_GRPC_SOCKET_OWNERS.items():
+                port = getattr(self._ports, field_name)
+                paths.append(_WEED_GRPC_SOCKET_DIR / f"seaweedfs-{component}-grpc-{port}.sock")
+        for path in paths:
+            with contextlib.suppress(OSError):
+                path.unlink(missing_ok=True)
 
     def _close_out(self) -> None:
         if self._out is not None:
@@ -776,17 +796,19 @@ async def _wait_child(proc: subprocess.Popen[bytes], timeout_s: float | None) ->
     return proc.wait()  # it has exited: this only reaps
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``path`` atomically with mode 0600 (it may hold secrets): tmp file, fsync, rename. The
-    directory is not fsynced: every file written this way is regenerated at each start."""
+def _write_private(path: Path, data: bytes, *, durable: bool = True) -> None:
+    """Write ``path`` atomically with mode 0600 (it may hold secrets): tmp file, fsync (unless not
+    ``durable``: the pid file only matters while this machine stays up), rename. The directory is not
+    fsynced: every file written this way is regenerated at each start."""
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             os.fchmod(f.fileno(), 0o600)  # O_CREAT's mode is masked by umask and ignored for existing files
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

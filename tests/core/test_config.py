@@ -82,7 +82,16 @@ addressing = "sideways"
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})
     text = str(info.value)
-    for needle in ("listen", "LOUD", "unknown_thing", "ftp://x", "pool_size", "sideways", "[bogus]", "credential"):
+    for needle in (
+        "listen",
+        "LOUD",
+        "unknown_thing",
+        "ftp://x",
+        "pool_size",
+        "sideways",
+        "[bogus]",
+        "credential",
+    ):
         assert needle in text, needle
     assert len(info.value.problems) >= 8
 
@@ -110,7 +119,11 @@ def test_bad_toml_is_reported_with_the_file_name(tmp_path: Path):
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("127.0.0.1:80", Listen("127.0.0.1", 80)), (":9000", Listen("127.0.0.1", 9000)), ("[::1]:5", Listen("::1", 5))],
+    [
+        ("127.0.0.1:80", Listen("127.0.0.1", 80)),
+        (":9000", Listen("127.0.0.1", 9000)),
+        ("[::1]:5", Listen("::1", 5)),
+    ],
 )
 def test_parse_listen(text: str, expected: Listen):
     assert parse_listen(text) == expected

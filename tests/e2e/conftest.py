@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,6 +22,8 @@ import boto3
 import pytest
 import trustme
 from botocore.config import Config as BotoConfig
+
+from tests.conftest import s3_client
 
 GATEWAY_START_TIMEOUT_S = 30.0
 
@@ -38,8 +41,12 @@ class Gateway:
     pid: int
     log_path: Path
 
-    def client(self, *, https: bool = False, secret: str | None = None, **config: Any) -> Any:
-        """A boto3 S3 client pointed at the gateway (HTTPS makes botocore use aws-chunked uploads)."""
+    def client(
+        self, *, https: bool = False, secret: str | None = None, access_key: str | None = None, **config: Any
+    ) -> Any:
+        """A boto3 S3 client pointed at the gateway (HTTPS makes botocore use aws-chunked uploads).
+
+        ``access_key``/``secret`` override the admin key pair (e.g. user2's, or a wrong secret)."""
         cfg = BotoConfig(
             s3={"addressing_style": "path"},
             retries={"max_attempts": 1, "mode": "standard"},
@@ -50,7 +57,7 @@ class Gateway:
         return boto3.client(
             "s3",
             endpoint_url=self.https_url if https else self.http_url,
-            aws_access_key_id=self.access_key,
+            aws_access_key_id=access_key or self.access_key,
             aws_secret_access_key=secret or self.secret_key,
             region_name="us-east-1",
             verify=self.ca_bundle if https else None,
@@ -71,18 +78,31 @@ class Gateway:
         return env
 
 
-def start_gateway(tmp: Path, config_toml: str, *, extra_args: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], dict[str, Any], Path]:
+def start_gateway(
+    tmp: Path, config_toml: str, *, extra_args: tuple[str, ...] = ()
+) -> tuple[subprocess.Popen[bytes], dict[str, Any], Path]:
     cfg_path = tmp / "s3lanes.toml"
     cfg_path.write_text(config_toml)
     ready = tmp / "ready.json"
     log_path = tmp / "gateway.log"
-    log_fh = open(log_path, "wb")  # noqa: SIM115 - lives as long as the process
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg_path), "--ready-file", str(ready), *extra_args],
-        stdout=log_fh,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
+    # The child gets its own copy of the descriptor; ours is closed at once (else a ResourceWarning).
+    with open(log_path, "wb") as log_fh:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--config",
+                str(cfg_path),
+                "--ready-file",
+                str(ready),
+                *extra_args,
+            ],
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     deadline = time.monotonic() + GATEWAY_START_TIMEOUT_S
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -119,7 +139,9 @@ def tls_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 
 @pytest.fixture(scope="session")
-def gateway(seaweed: Any, tls_ca: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+def gateway(
+    seaweed: Any, tls_ca: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
     tmp = tmp_path_factory.mktemp("gateway")
     ca_path, cert_path, key_path = tls_ca
     admin, user2 = seaweed.admin, seaweed.user2
@@ -130,7 +152,7 @@ https_listen = "127.0.0.1:0"
 tls_cert = "{cert_path}"
 tls_key = "{key_path}"
 domains = ["localhost"]
-state_dir = "{tmp / 'state'}"
+state_dir = "{tmp / "state"}"
 log_level = "INFO"
 shutdown_grace_s = 5
 
@@ -150,7 +172,9 @@ secret_key = "{user2.secret_key}"
 """
     proc, ready, log_path = start_gateway(tmp, toml)
     http_url = next(u for u in ready["endpoints"] if u.startswith("http://"))
-    https_url = next(u for u in ready["endpoints"] if u.startswith("https://")).replace("127.0.0.1", "localhost")
+    https_url = next(u for u in ready["endpoints"] if u.startswith("https://")).replace(
+        "127.0.0.1", "localhost"
+    )
     gw = Gateway(
         http_url=http_url,
         https_url=https_url,
@@ -170,3 +194,24 @@ secret_key = "{user2.secret_key}"
         log_text = log_path.read_text(errors="replace")
         assert code == 0, f"gateway exited with {code}:\n{log_text[-4000:]}"
         assert "Traceback" not in log_text, f"gateway logged a traceback:\n{log_text[-8000:]}"
+
+
+@pytest.fixture(scope="session")
+def backend(seaweed: Any) -> Iterator[Any]:
+    """A boto3 client straight to SeaweedFS (admin identity), bypassing the gateway: the ground truth for
+    "what was stored", and how tests set up and check state independently of the gateway."""
+    client = s3_client(seaweed)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def new_bucket_name() -> str:
+    return f"e2e-{secrets.token_hex(6)}"
+
+
+@pytest.fixture
+def bucket(unique_bucket: str) -> str:
+    """A fresh empty bucket, created on the backend directly (so a gateway bug cannot hide in the setup)."""
+    return unique_bucket
