@@ -45,7 +45,56 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="write the bound endpoints as JSON to this file once serving (for scripts)",
     )
+    status = sub.add_parser("status", help="show lanes, rates and queues of a running gateway")
+    status.add_argument(
+        "--url",
+        default="http://127.0.0.1:9000",
+        help="the gateway's endpoint (default http://127.0.0.1:9000)",
+    )
+    status.add_argument("--json", action="store_true", help="print the raw status document")
     return p
+
+
+def status_command(url: str, as_json: bool) -> int:
+    """Fetch /_s3lanes/status and print it as a table (admin endpoints answer loopback peers)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/_s3lanes/status", timeout=10) as resp:
+            doc = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"s3lanes status: cannot read {url}/_s3lanes/status: {exc}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(render_status(doc))
+    return 0
+
+
+def _mbps(value: Any) -> str:
+    return "-" if value is None else f"{float(value) / 1e6:.1f}"
+
+
+def render_status(doc: dict[str, Any]) -> str:
+    s = doc["scheduler"]
+    cap_kind = "configured" if s["capacity_configured"] else "estimated"
+    lines = [
+        f"s3lanes {doc['version']}  capacity {_mbps(s['capacity_bps'])} MB/s ({cap_kind})  "
+        f"reads active: {'yes' if s['reads_active'] else 'no'}  mode: {s['write_cap_mode']}  "
+        f"guard x{s['guard_multiplier']:.3g}",
+        "",
+        f"{'lane':<12}{'queued':>8}{'in flight':>10}{'rate MB/s':>11}{'limit MB/s':>12}{'reserve MB/s':>14}"
+        f"{'share':>8}{'guard':>7}",
+    ]
+    for ln in s["lanes"]:
+        lines.append(
+            f"{ln['name']:<12}{ln['queued_tickets']:>8}{ln['inflight_tickets']:>10}"
+            f"{_mbps(ln['granted_rate_bps']):>11}{_mbps(ln['limit_bps']):>12}{_mbps(ln['reservation_bps']):>14}"
+            f"{ln['achieved_share']:>8.2f}{ln['guard_multiplier']:>7.3g}"
+        )
+    return "\n".join(lines)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -165,6 +214,8 @@ def _banner(cfg: Config, urls: list[str], backend: str, *, embedded: bool) -> No
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "status":
+        return status_command(args.url, args.json)
     try:
         cfg = load_config(args.config, overrides=_overrides(args))
     except ConfigError as exc:

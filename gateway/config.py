@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from gateway.core.classify import Rule
+from gateway.core.lanes_config import LaneParams, default_lane_params, parse_lanes, parse_rules, parse_tenants
 from gateway.errors import ConfigError
 
 Addressing = Literal["path", "virtual"]
@@ -52,6 +54,8 @@ class ServerConfig:
     log_level: str = "INFO"
     # Seconds in-flight requests get to finish on shutdown.
     shutdown_grace_s: float = 30.0
+    # Serve /metrics and /_s3lanes/status to every peer, not only loopback ones.
+    admin_open: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,12 @@ class BackendConfig:
     connect_timeout_s: float = 5.0
     # Longest silence tolerated between two reads of a backend response (headers or body).
     read_timeout_s: float = 60.0
+    # What the store can deliver (bytes/s), shared by all lanes. None = estimate it online.
+    bandwidth_bps: float | None = None
+    # SO_RCVBUF of backend connections (the kernel doubles it). Reads are paced as the gateway consumes
+    # them; a small receive buffer keeps the store from pushing megabytes ahead of that pace into kernel
+    # buffers, so the lane shares hold on the wire, not only in the gateway's accounting. 0 = autotuning.
+    recv_buffer_bytes: int = 128 * 1024
 
     @property
     def embedded(self) -> bool:
@@ -93,11 +103,31 @@ class EmbeddedConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    write_cap_mode: Literal["strict", "work_conserving"] = "strict"
+    # Extra p99 latency reads may see over the idle baseline before paced lanes are cut back.
+    latency_target_s: float = 0.005
+    # Each request is charged this many bytes on top of its body (metadata operations pay only this).
+    request_cost_bytes: int = 64 * 1024
+    # Bodies are paced in chunks of this size through their lane.
+    chunk_bytes: int = 1024 * 1024
+    burst_bytes: int = 4 * 1024 * 1024
+    window_s: float = 0.1
+    inflight_bytes_max: int | None = None
+    inflight_requests_max: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
     credentials: tuple[Credential, ...] = ()
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    lanes: Mapping[str, LaneParams] = field(default_factory=default_lane_params)
+    rules: tuple[Rule, ...] = ()
+    # access key -> lanes it may ask for with the x-s3lanes-lane hint (absent: every lane)
+    tenant_lanes: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def with_credentials(self, creds: tuple[Credential, ...]) -> Config:
         return replace(self, credentials=creds)
@@ -133,6 +163,58 @@ def parse_listen(value: str) -> Listen:
     if not 0 <= port <= 65535:
         raise ValueError(f"port out of range: {port}")
     return Listen(host, port)
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+
+
+def parse_size(value: Any) -> float:
+    """``1048576``, ``"64KiB"``, ``"1.5 GB"`` -> bytes. Decimal units are powers of 1000, binary of 1024."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size")
+    if isinstance(value, int | float):
+        out = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(number) :]
+        if unit not in _SIZE_UNITS or not number:
+            raise ValueError(f"expected a size such as 512MiB or 2GB, got {value!r}")
+        out = float(number) * _SIZE_UNITS[unit]
+    if out != out or out < 0:
+        raise ValueError("a size must be a non-negative number")
+    return out
+
+
+def parse_rate(value: Any) -> float:
+    """``"60MB/s"``, ``"10GiB/s"``, ``"800M"`` or a number of bytes per second -> bytes per second."""
+    if isinstance(value, str):
+        text = value.strip()
+        for suffix in ("/s", "ps", "/sec"):
+            if text.lower().endswith(suffix):
+                text = text[: -len(suffix)]
+                break
+        return parse_size(text)
+    return parse_size(value)
 
 
 _BOOL_TRUE = {"1", "true", "yes", "on"}
@@ -173,6 +255,14 @@ def _coerce(kind: str, value: Any, where: str, problems: _Problems) -> Any:
             return parse_listen(str(value))
         if kind == "path":
             return Path(os.path.expanduser(str(value))) if value else None
+        if kind == "rate":
+            if value in ("", None):
+                return None
+            return parse_rate(value)
+        if kind == "size":
+            if value in ("", None):
+                return None
+            return int(parse_size(value))
         if kind == "str_list":
             if isinstance(value, str):
                 return tuple(v.strip() for v in value.split(",") if v.strip())
@@ -199,6 +289,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "state_dir": "path",
         "log_level": "str",
         "shutdown_grace_s": "float",
+        "admin_open": "bool",
     },
     "backend": {
         "endpoint": "opt_str",
@@ -209,11 +300,38 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "pool_size": "int",
         "connect_timeout_s": "float",
         "read_timeout_s": "float",
+        "bandwidth": "rate",
+        "recv_buffer_bytes": "size",
+    },
+    "scheduler": {
+        "write_cap_mode": "str",
+        "latency_target_ms": "float",
+        "request_cost_bytes": "size",
+        "chunk_bytes": "size",
+        "burst_bytes": "size",
+        "window_ms": "float",
+        "inflight_bytes_max": "size",
+        "inflight_requests_max": "int",
     },
     "embedded": {"s3_port": "int", "startup_timeout_s": "float"},
 }
 
-_NULLABLE = {"listen", "https_listen", "tls_cert", "tls_key", "endpoint", "ca_file"}
+_NULLABLE = {
+    "listen",
+    "https_listen",
+    "tls_cert",
+    "tls_key",
+    "endpoint",
+    "ca_file",
+    "bandwidth",
+    "inflight_bytes_max",
+}
+# Settings whose TOML name differs from the dataclass field (units in the name, as users write them).
+_RENAMES = {
+    ("backend", "bandwidth"): ("bandwidth_bps", 1.0),
+    ("scheduler", "latency_target_ms"): ("latency_target_s", 0.001),
+    ("scheduler", "window_ms"): ("window_s", 0.001),
+}
 
 
 def _section_values(name: str, raw: Mapping[str, Any], source: str, problems: _Problems) -> dict[str, Any]:
@@ -286,6 +404,10 @@ def load_config(
     problems = _Problems()
     sections: dict[str, dict[str, Any]] = {name: {} for name in _SCHEMA}
     creds: list[Credential] = []
+    lanes_raw: Mapping[str, Any] | None = None
+    rules_raw: Any = None
+    tenants_raw: Any = None
+    src = "config"
 
     if path is not None:
         try:
@@ -304,8 +426,18 @@ def load_config(
                 sections[key].update(_section_values(key, value, src, problems))
             elif key == "credentials":
                 creds.extend(_parse_credential_table(value, src, problems))
+            elif key == "lanes":
+                if isinstance(value, dict):
+                    lanes_raw = value
+                else:
+                    problems.add(src, "[lanes] must be a table of [lanes.<name>] tables")
+            elif key == "rules":
+                rules_raw = value
+            elif key == "tenants":
+                tenants_raw = value
             else:
-                problems.add(src, f"unknown section [{key}] (known: {', '.join([*_SCHEMA, 'credentials'])})")
+                known = ", ".join([*_SCHEMA, "credentials", "lanes", "rules", "tenants"])
+                problems.add(src, f"unknown section [{key}] (known: {known})")
 
     for name, schema in _SCHEMA.items():
         for key in schema:
@@ -318,11 +450,21 @@ def load_config(
     for name, values in (overrides or {}).items():
         sections[name].update(_section_values(name, values, "command line", problems))
 
+    lane_problems: list[str] = []
+    lanes = parse_lanes(lanes_raw, src, lane_problems)
+    rules = parse_rules(rules_raw, lanes, src, lane_problems) if rules_raw is not None else ()
+    tenants = parse_tenants(tenants_raw, lanes, src, lane_problems) if tenants_raw is not None else {}
+    problems.items.extend(lane_problems)
+
     cfg = Config(
+        lanes=lanes,
+        rules=rules,
+        tenant_lanes=tenants,
         server=_build(ServerConfig, sections["server"], "server", problems),
         backend=_build(BackendConfig, sections["backend"], "backend", problems),
         credentials=tuple(creds),
         embedded=_build(EmbeddedConfig, sections["embedded"], "embedded", problems),
+        scheduler=_build(SchedulerSettings, sections["scheduler"], "scheduler", problems),
     )
     _validate(cfg, problems)
     if problems.items:
@@ -331,6 +473,11 @@ def load_config(
 
 
 def _build(cls: Any, values: dict[str, Any], name: str, problems: _Problems) -> Any:
+    values = dict(values)
+    for (section, key), (field_name, scale) in _RENAMES.items():
+        if section == name and key in values:
+            raw = values.pop(key)
+            values[field_name] = raw * scale if raw is not None else None
     try:
         return cls(**values)
     except TypeError as exc:  # pragma: no cover - schema and dataclasses out of step is a bug
@@ -378,5 +525,19 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         if c.access_key in seen:
             problems.add("[credentials]", f"access key {c.access_key!r} appears twice")
         seen.add(c.access_key)
+    sch = cfg.scheduler
+    if sch.write_cap_mode not in ("strict", "work_conserving"):
+        problems.add(
+            "[scheduler].write_cap_mode",
+            f"expected 'strict' or 'work_conserving', got {sch.write_cap_mode!r}",
+        )
+    if sch.latency_target_s <= 0 or sch.window_s <= 0:
+        problems.add("[scheduler]", "latency_target_ms and window_ms must be positive")
+    if sch.chunk_bytes < 4096 or sch.request_cost_bytes < 0 or sch.burst_bytes < sch.chunk_bytes:
+        problems.add(
+            "[scheduler]", "need chunk_bytes >= 4 KiB, request_cost_bytes >= 0, burst_bytes >= chunk_bytes"
+        )
+    if b.bandwidth_bps is not None and b.bandwidth_bps <= 0:
+        problems.add("[backend].bandwidth", "must be positive")
     if not 0 <= cfg.embedded.s3_port <= 65535:
         problems.add("[embedded].s3_port", "out of range")

@@ -9,21 +9,66 @@ from aiohttp import web
 
 from gateway.clock import Clock
 from gateway.config import Config
+from gateway.core.classify import CheckpointPrefixes, Classifier
+from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig
+from gateway.http.admin import ADMIN_METRICS_PATH, METRICS_PATH, STATUS_PATH, Admin
 from gateway.http.proxy import S3Proxy
+from gateway.metrics import Metrics
 from gateway.runtime.backend import Backend
+from gateway.runtime.dispatcher import LaneDispatcher
+from gateway.runtime.lane_metrics import scheduler_collector
 
 BACKEND_KEY = web.AppKey("backend", Backend)
 PROXY_KEY = web.AppKey("proxy", S3Proxy)
+DISPATCHER_KEY = web.AppKey("dispatcher", LaneDispatcher)
+METRICS_KEY = web.AppKey("metrics", Metrics)
 
 # aiohttp's parser limits, set from config: S3 rejects header sections over 8 KiB.
 _MAX_FIELD_BYTES = 8190
 
 
+def scheduler_config(cfg: Config) -> SchedulerConfig:
+    s = cfg.scheduler
+    lanes = tuple(
+        LaneSpec(
+            name=p.name,
+            reservation=p.reservation,
+            weight=p.weight,
+            limit=p.limit,
+            limit_while_reads_active=p.limit_while_reads_active,
+            read_protected=p.read_protected,
+            paced_by_guard=p.paced_by_guard,
+            floor=p.floor,
+            max_concurrency=p.max_concurrency,
+        )
+        for p in cfg.lanes.values()
+    )
+    return SchedulerConfig(
+        lanes=lanes,
+        capacity_bps=cfg.backend.bandwidth_bps,
+        write_cap_mode=s.write_cap_mode,
+        request_cost_bytes=s.request_cost_bytes,
+        burst_bytes=s.burst_bytes,
+        window_s=s.window_s,
+        latency_target_s=s.latency_target_s,
+        inflight_bytes_max=s.inflight_bytes_max,
+        inflight_requests_max=s.inflight_requests_max,
+    )
+
+
 def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     app = web.Application(client_max_size=0, handler_args={"max_field_size": _MAX_FIELD_BYTES})
-    proxy = S3Proxy(cfg, backend, clock)
+    metrics = Metrics()
+    scheduler = Scheduler(scheduler_config(cfg), clock.monotonic())
+    dispatcher = LaneDispatcher(scheduler, clock)
+    classifier = Classifier(cfg.rules, frozenset(cfg.lanes), cfg.tenant_lanes, CheckpointPrefixes())
+    metrics.add_snapshot_collector(scheduler_collector(scheduler, clock))
+    proxy = S3Proxy(cfg, backend, clock, classifier=classifier, dispatcher=dispatcher, metrics=metrics)
+    admin = Admin(metrics, dispatcher, clock, open_to_all=cfg.server.admin_open)
     app[BACKEND_KEY] = backend
     app[PROXY_KEY] = proxy
+    app[DISPATCHER_KEY] = dispatcher
+    app[METRICS_KEY] = metrics
 
     async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
         await backend.start()
@@ -31,8 +76,26 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         await backend.close()
 
     app.cleanup_ctx.append(backend_ctx)
-    app.router.add_route("*", "/{tail:.*}", proxy.handle, expect_handler=proxy.expect_handler)
+    app.on_cleanup.append(lambda _app: _close(dispatcher))
+    app.router.add_get(STATUS_PATH, admin.status)
+    app.router.add_get(ADMIN_METRICS_PATH, admin.metrics)
+
+    async def s3_or_metrics(request: web.Request) -> web.StreamResponse:
+        # GET /metrics is also ListObjects of a bucket named "metrics": only an unsigned request is a scrape.
+        if request.method == "GET" and request.path == METRICS_PATH and not _signed(request):
+            return await admin.metrics(request)
+        return await proxy.handle(request)
+
+    app.router.add_route("*", "/{tail:.*}", s3_or_metrics, expect_handler=proxy.expect_handler)
     return app
+
+
+def _signed(request: web.Request) -> bool:
+    return "Authorization" in request.headers or "X-Amz-Signature" in request.query
+
+
+async def _close(dispatcher: LaneDispatcher) -> None:
+    dispatcher.close()
 
 
 def tls_context(cfg: Config) -> ssl.SSLContext | None:

@@ -26,6 +26,14 @@ from gateway.config import Config, Credential
 from gateway.core.body import UploadBody
 from gateway.core.checksums import BodyVerifier
 from gateway.core.chunked import AwsChunkedDecoder
+from gateway.core.classify import (
+    LANE_HINT_HEADER,
+    LANE_REASON_RESPONSE_HEADER,
+    LANE_RESPONSE_HEADER,
+    Classifier,
+    Decision,
+    RequestFacts,
+)
 from gateway.core.s3request import S3Target, parse_target, split_target
 from gateway.core.sigv4 import (
     EMPTY_SHA256,
@@ -52,7 +60,9 @@ from gateway.errors import (
     XAmzContentSHA256Mismatch,
 )
 from gateway.http.s3xml import error_xml
+from gateway.metrics import Metrics
 from gateway.runtime.backend import Backend
+from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
 
 log = logging.getLogger("s3lanes.http")
 
@@ -85,6 +95,7 @@ _DROP_REQUEST = _HOP_BY_HOP | {
     "x-amz-trailer",
     "x-amz-security-token",
     "content-length",
+    LANE_HINT_HEADER,
 }
 _DROP_RESPONSE = _HOP_BY_HOP | {"content-length"}
 
@@ -113,14 +124,32 @@ def lower_headers(request: web.Request) -> dict[str, str]:
     return out
 
 
+# Operations whose backend time-to-first-byte feeds the read-latency guard.
+_READ_OPERATIONS = frozenset({"GetObject"})
+
+
 class S3Proxy:
     """The request handler. One instance per application; holds no per-request state."""
 
-    def __init__(self, cfg: Config, backend: Backend, clock: Clock) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        backend: Backend,
+        clock: Clock,
+        *,
+        classifier: Classifier,
+        dispatcher: LaneDispatcher,
+        metrics: Metrics,
+    ) -> None:
         self._cfg = cfg
         self._backend = backend
         self._clock = clock
+        self._classifier = classifier
+        self._dispatcher = dispatcher
+        self._metrics = metrics
         self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
+        self._request_cost = cfg.scheduler.request_cost_bytes
+        self._chunk = cfg.scheduler.chunk_bytes
 
     # -- authentication ----------------------------------------------------------------------------------
 
@@ -172,14 +201,35 @@ class S3Proxy:
         request["s3lanes.rid"] = rid
         try:
             ctx = self.authenticate(request)
-            return await self._proxy(request, ctx)
         except S3Error as err:
+            self._metrics.auth_failures.labels(err.code).inc()
+            self._metrics.requests.labels("none", "unauthenticated", str(err.status)).inc()
             return self.error_response(request, err, rid)
+        facts = RequestFacts.from_request(ctx.target, ctx.view.headers, ctx.auth.access_key)
+        decision = self._classifier.classify(facts)
+        status = 500
+        try:
+            resp = await self._proxy(request, ctx, decision)
+            status = resp.status
+            if 200 <= status < 300:
+                self._classifier.note_write_completed(facts, decision)
+            return resp
+        except S3Error as err:
+            status = err.status
+            return self._lane_headers(self.error_response(request, err, rid), decision)
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             raise
         except Exception:
             log.exception("internal error on %s %s", request.method, request.raw_path)
-            return self.error_response(request, InternalError(), rid)
+            return self._lane_headers(self.error_response(request, InternalError(), rid), decision)
+        finally:
+            self._metrics.requests.labels(decision.lane, ctx.target.operation, str(status)).inc()
+
+    @staticmethod
+    def _lane_headers(resp: web.StreamResponse, decision: Decision) -> web.StreamResponse:
+        resp.headers[LANE_RESPONSE_HEADER] = decision.lane
+        resp.headers[LANE_REASON_RESPONSE_HEADER] = decision.reason
+        return resp
 
     def error_response(self, request: web.Request, err: S3Error, rid: str) -> web.Response:
         resource = split_target(request.raw_path)[0]
@@ -256,7 +306,11 @@ class S3Proxy:
             out["content-length"] = str(upload.expected_bytes)
         return out
 
-    async def _proxy(self, request: web.Request, ctx: RequestContext) -> web.StreamResponse:
+    async def _proxy(
+        self, request: web.Request, ctx: RequestContext, decision: Decision
+    ) -> web.StreamResponse:
+        lane = decision.lane
+        arrived = self._clock.monotonic()
         upload = self._upload_body(request, ctx)
         headers = self._request_headers(ctx, upload)
         payload_hash = ctx.auth.payload_hash
@@ -265,34 +319,64 @@ class S3Proxy:
 
         body: bytes | AsyncIterator[bytes] | None = None
         pipe: _BodyStream | None = None
+        cost = self._request_cost
         if upload is not None:
             if upload.expected_bytes <= SMALL_BODY_BYTES:
                 body = await _read_small(request, upload)
+                cost += len(body)
+                arrived = self._clock.monotonic()
             else:
-                pipe = _BodyStream(request, upload)
+                budget = StreamBudget(self._dispatcher, lane, self._chunk, upload.expected_bytes)
+                pipe = _BodyStream(request, upload, budget)
                 body = pipe.iterate()
+        # The request's own cost: here requests queue in their lane, in the order the scheduler picks.
+        ticket = await self._dispatcher.acquire(lane, cost)
         try:
-            resp = await self._backend.request(
-                request.method, target, headers, ctx.credential, body=body, payload_hash=backend_hash
-            )
-        except S3Error:
-            if pipe is not None and pipe.failure is not None:
-                raise pipe.failure from None
-            raise
-        except Exception:
-            if pipe is not None and pipe.failure is not None:
-                raise pipe.failure from None
-            raise
-        try:
-            if pipe is not None and pipe.failure is not None:
-                raise pipe.failure
-            return await self._relay(request, resp, ctx)
+            sent = self._clock.monotonic()
+            wait_s = sent - arrived
+            self._metrics.wait.labels(lane).observe(wait_s)
+            if isinstance(body, bytes) and body:
+                self._dispatcher.observe_delivered(lane, len(body))
+                self._metrics.bytes.labels(lane, "up").inc(len(body))
+            try:
+                resp = await self._backend.request(
+                    request.method, target, headers, ctx.credential, body=body, payload_hash=backend_hash
+                )
+            except S3Error as err:
+                if pipe is not None and pipe.failure is not None:
+                    raise pipe.failure from None
+                self._metrics.backend_errors.labels(lane, err.code).inc()
+                self._dispatcher.observe_backend(lane, err.status)
+                raise
+            except Exception:
+                if pipe is not None and pipe.failure is not None:
+                    raise pipe.failure from None
+                raise
+            finally:
+                if pipe is not None:
+                    pipe.close()
+                    if pipe.sent_bytes:
+                        self._metrics.bytes.labels(lane, "up").inc(pipe.sent_bytes)
+            try:
+                ttfb_s = self._clock.monotonic() - sent
+                self._metrics.backend_latency.labels(lane).observe(ttfb_s)
+                self._dispatcher.observe_backend(lane, resp.status)
+                if resp.status >= 500:
+                    self._metrics.backend_errors.labels(lane, str(resp.status)).inc()
+                if ctx.target.operation in _READ_OPERATIONS:
+                    self._dispatcher.observe_read(lane, wait_s, ttfb_s)
+                if pipe is not None and pipe.failure is not None:
+                    raise pipe.failure
+                return await self._relay(request, resp, ctx, decision)
+            finally:
+                resp.release()
         finally:
-            resp.release()
+            self._dispatcher.release(ticket)
 
     async def _relay(
-        self, request: web.Request, resp: aiohttp.ClientResponse, ctx: RequestContext
+        self, request: web.Request, resp: aiohttp.ClientResponse, ctx: RequestContext, decision: Decision
     ) -> web.StreamResponse:
+        lane = decision.lane
         out = web.StreamResponse(status=resp.status, reason=resp.reason)
         for name, value in resp.headers.items():
             if name.lower() not in _DROP_RESPONSE:
@@ -301,10 +385,15 @@ class S3Proxy:
             out.content_length = resp.content_length
         if request.body_exists and not request.content.is_eof():
             out.force_close()
+        self._lane_headers(out, decision)
         await out.prepare(request)
         if request.method != "HEAD" and resp.status not in (204, 304):
+            budget = StreamBudget(self._dispatcher, lane, self._chunk, resp.content_length)
+            moved = 0
             try:
                 async for chunk in resp.content.iter_any():
+                    await budget.take(len(chunk))
+                    moved += len(chunk)
                     await out.write(chunk)
             except (TimeoutError, aiohttp.ClientError) as exc:
                 # Headers are gone already; the only honest signal left is to cut the connection.
@@ -313,6 +402,10 @@ class S3Proxy:
                     request.transport.abort()
                 resp.close()
                 return out
+            finally:
+                budget.close()
+                if moved:
+                    self._metrics.bytes.labels(lane, "down").inc(moved)
         await out.write_eof()
         return out
 
@@ -331,10 +424,15 @@ async def _read_small(request: web.Request, upload: UploadBody) -> bytes:
 class _BodyStream:
     """Feeds the request body through the pipeline while aiohttp's client sends what comes out."""
 
-    def __init__(self, request: web.Request, upload: UploadBody) -> None:
+    def __init__(self, request: web.Request, upload: UploadBody, budget: StreamBudget) -> None:
         self._request = request
         self._upload = upload
+        self._budget = budget
         self.failure: S3Error | None = None
+        self.sent_bytes = 0
+
+    def close(self) -> None:
+        self._budget.close()
 
     async def iterate(self) -> AsyncIterator[bytes]:
         try:
@@ -347,9 +445,13 @@ class _BodyStream:
                 if not chunk:
                     break
                 for piece in self._upload.feed(chunk):
+                    await self._budget.take(len(piece))
+                    self.sent_bytes += len(piece)
                     yield piece
             tail = self._upload.finish()
             if tail:
+                await self._budget.take(len(tail))
+                self.sent_bytes += len(tail)
                 yield tail
         except S3Error as err:
             self.failure = err

@@ -10,6 +10,7 @@ not errors at this level: they are responses, relayed to the client unchanged.
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
 from collections.abc import AsyncIterable, Mapping
 from dataclasses import dataclass
@@ -91,7 +92,17 @@ class Backend:
                 )
         else:
             ssl_ctx = False
+        rcvbuf = self.cfg.recv_buffer_bytes
+
+        def socket_factory(addr_info: Any) -> socket.socket:
+            family, type_, proto = addr_info[0], addr_info[1], addr_info[2]
+            sock = socket.socket(family=family, type=type_, proto=proto)
+            if rcvbuf > 0:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            return sock
+
         connector = aiohttp.TCPConnector(
+            socket_factory=socket_factory,
             limit=self.cfg.pool_size,
             limit_per_host=self.cfg.pool_size,
             ssl=ssl_ctx,
@@ -109,7 +120,7 @@ class Backend:
             timeout=timeout,
             auto_decompress=False,
             skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
-            read_bufsize=256 * 1024,
+            read_bufsize=64 * 1024,
             cookie_jar=aiohttp.DummyCookieJar(),
         )
 

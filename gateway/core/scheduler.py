@@ -1,0 +1,897 @@
+"""The lane scheduler: which chunk of backend I/O goes next, and when.
+
+Theory of operation
+-------------------
+Dataset reads and checkpoint writes share one backend. The scheduler is a *virtual server* of rate ``C``
+(the backend's bandwidth, configured or estimated online) that hands out budget in chunks. Before moving
+each ~1 MiB of a body to or from the backend, a request's coroutine :meth:`Scheduler.submit`\\ s a ticket
+for that many bytes on its lane (the first ticket of a request also carries the per-request cost,
+``SchedulerConfig.request_cost_bytes``, which the shell adds; a metadata op pays only that) and waits
+until the ticket is granted. The shell keeps one timer: after every submit/complete/cancel, and when the
+timer fires, it calls :meth:`Scheduler.pull` until the answer is not a :class:`Grant`, wakes the granted
+tickets' waiters, and arms the timer for a :class:`WaitUntil`. :class:`Idle` means nothing can happen
+before the next submit or complete. Like ceph/dmclock's ``pull_request(now)``; nothing here blocks, sleeps
+or reads a clock: every method takes ``now``.
+
+**Ordering** is two-phase mClock (Gulati et al., OSDI 2010; ceph/dmclock), charged in bytes, one FIFO per
+lane and linear scans over at most a handful of lanes:
+
+1. *Reservation phase.* Each lane's reservation ``R·C`` fills a byte bucket (depth ``burst_bytes``: a lane
+   back from idle gets at most that much credit). A lane whose bucket holds its head's cost is
+   reservation-eligible; the earliest such tag wins (EDF).
+2. *Weight phase.* Otherwise, among lanes under their limit, the smallest virtual start tag wins
+   (SFQ/WF2Q+: a lane that becomes backlogged starts at ``max(its last finish, V)``, ``V`` the smallest
+   start among backlogged lanes, so a lane back from idle cannot jump ahead on stale tags, dmclock's
+   idle-return anomaly). Every grant, in either phase, advances the lane's tag by ``cost / weight``
+   (dmclock's tags count all service), so a reservation is a floor under the weighted share, not an extra:
+   see :func:`gateway.core.sched_alloc.allocate` for the fluid allocation this realises. A weight-phase
+   grant does not consume reservation budget (dmclock's ``reduce_reservation_tags``). A lane held back by
+   its limit or its concurrency does not bank weight credit: its tag is pulled up to ``V``.
+
+**Gates.** The virtual-server bucket (rate ``C``, depth ``burst_bytes``, debt allowed) is charged by every
+grant, so the total granted rate is ``C``. A weight-phase winner waits for it (nobody overtakes a waiting
+winner); a read-protected winner may borrow one bucket depth below zero, so a burst of reads goes at once
+while sustained overload still follows the weights. Reservation-phase grants only charge it, never wait
+for it: reservations sum to at most ``C``, and a lane within its reservation must not wait on the others
+(research §7.1: reads are admitted at once and charged; the others yield). A read overdraft is forgiven
+beyond what can still be in flight, so the other lanes never wait out a stale debt. Every grant also needs
+the lane's ceiling bucket (GCRA with tau ``burst_bytes``). The ceiling is, as a fraction of ``C``: the
+lane's ``limit``; in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
+(checkpoint and restore 0.30); for ``paced_by_guard`` lanes, while reads are active, times the latency
+guard's multiplier ``m``; times a SlowDown cut; and never below ``floor``. A floor is also a guarantee:
+the reservation used is ``max(reservation, floor)``. ``work_conserving`` mode drops
+``limit_while_reads_active``: writes take what reads leave, and the guard alone protects read latency.
+Reads are *active* once read-protected lanes asked for at least ``read_active_min_fraction·C`` within
+``read_active_s``, and stay active until ``read_idle_s`` have passed with no read ticket queued, in flight
+or submitted (hysteresis, like dmclock's anticipation timeout).
+
+**In-flight window.** Granted-but-not-completed bytes and tickets are bounded (``inflight_*_max``; with an
+estimated capacity and no configured byte window, ``max(4·burst, C·10 ms)``), so queueing happens here, where
+the order is chosen, not inside the store. The window applies to the winner only: a big head is never
+overtaken by smaller tickets squeezing into the remaining space. Read-protected lanes may fill the whole
+window; a paced lane, while reads are active, only its ceiling's share of it. A lane at its
+``max_concurrency`` (scaled by ``m`` for paced lanes) is not eligible.
+
+**Feedback** (:mod:`gateway.core.sched_control`), evaluated once per window ``Δ = window_s``: the latency
+guard (io.latency's rules on read ``extra`` = gateway wait + TTFB over baseline), the capacity estimator
+(iocost's ladder, only when ``capacity_bps`` is not configured), SlowDown cuts (x0.7 then CUBIC recovery),
+and the per-lane statistics behind :meth:`Scheduler.snapshot`. Rates only change at those instants, at a
+read-activity change, or on a 503; buckets are settled at the old rate first.
+
+This module is *not* the async shell (``gateway.runtime.dispatcher`` owns futures and the timer) and does
+not classify requests into lanes.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from gateway.core.sched_alloc import LaneDemand, allocate
+from gateway.core.sched_control import (
+    BASELINE_QUIET_FRACTION,
+    EPSILON_S,
+    GUARD_M_MIN,
+    CapacityEstimator,
+    LatencyGuard,
+    SlowdownCut,
+    TokenBucket,
+)
+
+WriteCapMode = Literal["strict", "work_conserving"]
+
+# A read lane granted at least this fraction of its guarantee over the last second is "self-queueing":
+# its gateway wait no longer counts towards the latency guard (see Scheduler.observe_read).
+SELF_QUEUEING_FRACTION = 0.95
+SHARE_HISTORY_WINDOWS = 10  # achieved shares and rates are reported over the last 10 windows (1 s)
+_FAST_FORWARD_WINDOWS = 100
+# With an estimated capacity and no configured window, keep ~10 ms of capacity in flight (a bandwidth-delay
+# product for a store with a few ms of TTFB): saturation then shows up as a full window, which is the
+# estimator's main evidence. A much larger window would hide it (the clients' streams never fill it).
+AUTO_WINDOW_S = 0.01  # after a longer silence, skip the empty windows instead of ticking each
+
+
+# -- configuration ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSpec:
+    """One lane's QoS parameters. Fractions are of the backend capacity ``C``."""
+
+    name: str
+    reservation: float  # guaranteed when backlogged (dataset 0.70)
+    weight: float  # share of the rest among lanes under their limit
+    limit: float | None  # always in force (None = no limit)
+    limit_while_reads_active: float | None  # only while a read-protected lane is active (strict mode)
+    read_protected: bool = False  # its activity triggers the caps; its latency is what the guard protects
+    paced_by_guard: bool = False  # the latency guard's multiplier applies
+    floor: float = 0.0  # never below this: the ceiling's lower bound and a guarantee (writes must not starve)
+    max_concurrency: int | None = None  # tickets granted but not completed at once
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a lane needs a name")
+        for label, v in (("reservation", self.reservation), ("floor", self.floor)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"lane {self.name!r}: {label} must be within [0, 1], got {v}")
+        for label, lim in (
+            ("limit", self.limit),
+            ("limit_while_reads_active", self.limit_while_reads_active),
+        ):
+            if lim is not None and not 0.0 < lim <= 1.0:
+                raise ValueError(f"lane {self.name!r}: {label} must be within (0, 1], got {lim}")
+            if lim is not None and (self.reservation > lim or self.floor > lim):
+                raise ValueError(f"lane {self.name!r}: reservation and floor must not exceed {label}")
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            raise ValueError(f"lane {self.name!r}: weight must be > 0")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"lane {self.name!r}: max_concurrency must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    lanes: tuple[LaneSpec, ...]
+    capacity_bps: float | None  # configured backend bandwidth; None = estimate online
+    initial_capacity_bps: float = 1e9  # starting estimate when not configured
+    write_cap_mode: WriteCapMode = "strict"
+    request_cost_bytes: int = 64 * 1024  # charged once per request by the shell (metadata ops: only this)
+    burst_bytes: int = 4 * 1024 * 1024  # depth of the virtual server's bucket and of every lane's buckets
+    window_s: float = 0.1  # Δ: allocation / guard / estimator period
+    read_active_s: float = 1.0  # reads become active after this much recent demand ...
+    read_idle_s: float = 2.0  # ... and the caps lift after this long without reads
+    read_active_min_fraction: float = (
+        0.01  # ... "demand" meaning at least this fraction of C over read_active_s
+    )
+    latency_target_s: float = 0.005  # extra read latency (p99) over the idle baseline
+    inflight_bytes_max: int | None = None  # backend in-flight window (granted, not completed)
+    inflight_requests_max: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.lanes:
+            raise ValueError("at least one lane")
+        names = [lane.name for lane in self.lanes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"lane names must be unique: {names}")
+        if math.fsum(_reservation(lane) for lane in self.lanes) > 1.0 + 1e-9:
+            raise ValueError("the lanes' reservations (or floors, where larger) must sum to at most 1")
+        if self.capacity_bps is not None and not self.capacity_bps > 0:
+            raise ValueError("capacity_bps must be > 0 (or None to estimate it)")
+        if not self.initial_capacity_bps > 0:
+            raise ValueError("initial_capacity_bps must be > 0")
+        if self.write_cap_mode not in ("strict", "work_conserving"):
+            raise ValueError(f"write_cap_mode must be strict or work_conserving, got {self.write_cap_mode!r}")
+        if self.request_cost_bytes < 0 or self.burst_bytes <= 0:
+            raise ValueError("request_cost_bytes must be >= 0 and burst_bytes > 0")
+        if not (self.window_s > 0 and self.read_active_s > 0 and self.read_idle_s >= 0):
+            raise ValueError("window_s and read_active_s must be > 0, read_idle_s >= 0")
+        if not 0.0 <= self.read_active_min_fraction < 1.0 or not self.latency_target_s > 0:
+            raise ValueError("read_active_min_fraction must be within [0, 1), latency_target_s > 0")
+        for label, v in (
+            ("inflight_bytes_max", self.inflight_bytes_max),
+            ("inflight_requests_max", self.inflight_requests_max),
+        ):
+            if v is not None and v < 1:
+                raise ValueError(f"{label} must be >= 1 (or None)")
+
+
+def _reservation(spec: LaneSpec) -> float:
+    """A floor is a guarantee too: the lane is served at least ``max(reservation, floor)`` when backlogged."""
+    return max(spec.reservation, spec.floor)
+
+
+def default_lanes() -> tuple[LaneSpec, ...]:
+    """The research defaults (anchors-scheduler.md §7.3); guarantees, max(reservation, floor), sum to 0.76.
+
+    Metadata is not paced by the guard: dataset loaders issue LIST and HEAD on their read path (s3fs HEADs
+    before a GET), so slowing them would add latency to the reads being protected."""
+    return (
+        LaneSpec(
+            "dataset",
+            reservation=0.70,
+            weight=7.0,
+            limit=None,
+            limit_while_reads_active=None,
+            read_protected=True,
+        ),
+        LaneSpec(
+            "checkpoint",
+            reservation=0.02,
+            weight=3.0,
+            limit=None,
+            limit_while_reads_active=0.30,
+            paced_by_guard=True,
+            floor=0.02,
+        ),
+        LaneSpec(
+            "restore",
+            reservation=0.0,
+            weight=2.0,
+            limit=None,
+            limit_while_reads_active=0.30,
+            paced_by_guard=True,
+            floor=0.02,
+        ),
+        LaneSpec(
+            "metadata",
+            reservation=0.02,
+            weight=1.0,
+            limit=None,
+            limit_while_reads_active=None,
+        ),
+    )
+
+
+# -- decisions -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Ticket ``ticket`` may move ``cost_bytes`` now; the shell must later complete (or cancel) it."""
+
+    ticket: int
+    lane: str
+    cost_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    """Nothing can be granted before ``at`` (unless a submit/complete/cancel happens first)."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    """Nothing is grantable and no time-based event is pending: wait for the next submit or complete."""
+
+
+Decision = Grant | WaitUntil | Idle
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSnapshot:
+    name: str
+    queued_tickets: int
+    queued_bytes: int
+    inflight_tickets: int
+    inflight_bytes: int
+    granted_tickets_total: int
+    granted_bytes_total: int  # cost charged at grant
+    done_bytes_total: int  # what complete() reported as used (the rest was refunded)
+    delivered_bytes_total: int  # observe_delivered
+    reservation_bps: float
+    allocation_bps: float  # the fluid allocation for the current demand (sched_alloc.allocate)
+    granted_rate_bps: float  # over the last second
+    limit_bps: float | None  # the ceiling in force (None: no limit)
+    guard_multiplier: float  # 1.0 unless the guard is pacing this lane right now
+    slowdown_fraction: float | None  # the SlowDown ceiling (fraction of C) while recovering from a 503
+    achieved_share: float  # of the bytes delivered over the last second (granted, if none delivered)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSnapshot:
+    at: float
+    capacity_bps: float
+    capacity_configured: bool
+    capacity_busy_level: int
+    reads_active: bool
+    write_cap_mode: WriteCapMode
+    inflight_bytes: int
+    inflight_tickets: int
+    inflight_bytes_max: int | None
+    guard_multiplier: float
+    read_baseline_ttfb_s: float | None
+    lanes: tuple[LaneSnapshot, ...]
+
+    def lane(self, name: str) -> LaneSnapshot:
+        for ln in self.lanes:
+            if ln.name == name:
+                return ln
+        raise KeyError(name)
+
+
+# -- internal state --------------------------------------------------------------------------------------
+
+
+class _TicketState(enum.Enum):
+    WAITING = "queued in its lane"
+    GRANTED = "granted, not yet completed"
+    FINISHED = "completed or cancelled"
+
+
+_TRANSITIONS: dict[_TicketState, frozenset[_TicketState]] = {
+    _TicketState.WAITING: frozenset({_TicketState.GRANTED, _TicketState.FINISHED}),
+    _TicketState.GRANTED: frozenset({_TicketState.FINISHED}),
+    _TicketState.FINISHED: frozenset(),
+}
+
+
+class _Ticket:
+    __slots__ = ("cost", "id", "lane", "reserved", "state")
+
+    def __init__(self, ticket_id: int, lane: _Lane, cost: int) -> None:
+        self.id = ticket_id
+        self.lane = lane
+        self.cost = cost
+        self.state = _TicketState.WAITING
+        self.reserved = False  # granted in the reservation phase (its unused part goes back to that bucket)
+
+    def to(self, new: _TicketState) -> None:
+        if new not in _TRANSITIONS[self.state]:
+            raise RuntimeError(f"ticket {self.id}: illegal transition {self.state.name} -> {new.name}")
+        self.state = new
+
+
+class _Lane:
+    __slots__ = (
+        "allocation_bps",
+        "ceiling",
+        "delivered_total",
+        "done_total",
+        "granted_bytes_total",
+        "granted_tickets_total",
+        "hist_delivered",
+        "hist_granted",
+        "index",
+        "inflight_bytes",
+        "inflight_tickets",
+        "limit_bucket",
+        "queue",
+        "queued_bytes",
+        "queued_tickets",
+        "res_bucket",
+        "slowdown",
+        "spec",
+        "vfinish",
+        "vstart",
+        "weight_norm",
+        "win_delivered",
+        "win_granted",
+        "win_submitted",
+    )
+
+    def __init__(self, spec: LaneSpec, index: int, weight_norm: float, burst: float, now: float) -> None:
+        self.spec = spec
+        self.index = index
+        self.weight_norm = weight_norm
+        self.queue: deque[_Ticket] = deque()
+        self.queued_tickets = 0
+        self.queued_bytes = 0
+        self.inflight_tickets = 0
+        self.inflight_bytes = 0
+        self.granted_tickets_total = 0
+        self.granted_bytes_total = 0
+        self.done_total = 0
+        self.delivered_total = 0
+        self.res_bucket = TokenBucket(0.0, burst, now)
+        self.limit_bucket = TokenBucket(math.inf, burst, now)
+        self.ceiling = math.inf  # fraction of C
+        self.vstart = 0.0  # virtual start tag of the head (valid while backlogged)
+        self.vfinish = 0.0  # virtual finish tag of the last grant
+        self.slowdown = SlowdownCut()
+        self.win_granted = 0
+        self.win_delivered = 0
+        self.win_submitted = 0
+        self.hist_granted: deque[int] = deque(maxlen=SHARE_HISTORY_WINDOWS)
+        self.hist_delivered: deque[int] = deque(maxlen=SHARE_HISTORY_WINDOWS)
+        self.allocation_bps = 0.0
+
+
+class Scheduler:
+    """mClock-ordered, capacity-paced grants of backend budget to lanes. Not thread-safe; see the module
+    docstring. Methods never block; times are the caller's monotonic clock, in seconds."""
+
+    def __init__(self, cfg: SchedulerConfig, now: float) -> None:
+        self._cfg = cfg
+        total_w = math.fsum(s.weight for s in cfg.lanes)
+        burst = float(cfg.burst_bytes)
+        self._lanes = tuple(_Lane(s, i, s.weight / total_w, burst, now) for i, s in enumerate(cfg.lanes))
+        self._by_name = {ln.spec.name: ln for ln in self._lanes}
+        self._read_lanes = tuple(ln for ln in self._lanes if ln.spec.read_protected)
+        self._estimator = (
+            CapacityEstimator(cfg.initial_capacity_bps, cfg.window_s) if cfg.capacity_bps is None else None
+        )
+        self._server = TokenBucket(self._capacity(), burst, now)
+        self._guard = LatencyGuard(cfg.latency_target_s, cfg.window_s, now)
+        self._tickets: dict[int, _Ticket] = {}
+        self._next_ticket = 1
+        self._queued_total = 0
+        self._inflight_tickets = 0
+        self._inflight_bytes = 0
+        self._vclock = 0.0
+        # read activity
+        self._reads_active = False
+        self._last_read_at = -math.inf
+        self._read_demand: deque[tuple[float, int]] = deque()
+        self._read_demand_bytes = 0
+        # windows and time accounting
+        self._now = now
+        self._window_start = now
+        self._next_tick = now + cfg.window_s
+        self._acct_at = now
+        self._blocked_window = False
+        self._blocked_server = False
+        self._win_window_wait_s = 0.0
+        self._win_throttled_s = 0.0
+        self._win_errors = 0
+        self._win_requests = 0
+        self._win_done = 0
+        self._delivered_seen = False
+        self._apply_rates(now)
+
+    # -- public API ---------------------------------------------------------------------------------------
+
+    def submit(self, lane: str, cost_bytes: int, now: float) -> int:
+        """Queue a ticket for ``cost_bytes`` of ``lane``'s budget; returns its id. Never blocks.
+
+        Raises ``KeyError`` for an unknown lane, ``ValueError`` for a negative cost."""
+        ln = self._by_name[lane]
+        if cost_bytes < 0:
+            raise ValueError("cost_bytes must be >= 0")
+        now = self._advance(now)
+        t = _Ticket(self._next_ticket, ln, cost_bytes)
+        self._next_ticket += 1
+        self._tickets[t.id] = t
+        if ln.queued_tickets == 0:
+            backlogged = [x.vstart for x in self._lanes if x.queued_tickets > 0]
+            v = min(backlogged) if backlogged else self._vclock
+            ln.vstart = max(ln.vfinish, v)
+        ln.queue.append(t)
+        ln.queued_tickets += 1
+        ln.queued_bytes += cost_bytes
+        ln.win_submitted += cost_bytes
+        self._queued_total += 1
+        if ln.spec.read_protected:
+            self._note_read_demand(cost_bytes, now)
+        return t.id
+
+    def pull(self, now: float) -> Grant | WaitUntil | Idle:
+        """At most one grant per call; call again until the answer is not a :class:`Grant`."""
+        now = self._advance(now)
+        self._blocked_window = self._blocked_server = False
+        if self._queued_total == 0:
+            return Idle()
+        wake = math.inf
+        candidates: list[_Lane] = []
+        held: list[_Lane] = []  # backlogged but held back by their own limit, concurrency or window share
+        for ln in self._lanes:
+            if ln.queued_tickets == 0:
+                continue
+            head = self._head(ln)
+            mc = self._max_concurrency(ln)
+            if mc is not None and ln.inflight_tickets >= mc:
+                held.append(ln)
+                continue
+            share_max = self._window_share_bytes(ln)
+            if (
+                share_max is not None
+                and ln.inflight_tickets > 0
+                and ln.inflight_bytes + head.cost > share_max
+            ):
+                held.append(ln)
+                continue
+            ready = ln.limit_bucket.ready_at(0.0, now)
+            if ready > now + EPSILON_S:
+                wake = min(wake, ready)
+                held.append(ln)
+                continue
+            candidates.append(ln)
+        if not candidates:
+            return WaitUntil(self._wake(wake)) if math.isfinite(wake) else Idle()
+        chosen = self._reservation_winner(candidates, now)
+        reserved = chosen is not None
+        if chosen is None:
+            # Weight phase: the smallest virtual start wins, and needs the capacity bucket (nobody overtakes
+            # it while it waits). Reservation-phase grants only charge that bucket: the reservations sum to
+            # at most C, and a lane within its reservation must not wait on others. A read-protected winner
+            # may borrow one bucket depth, so a burst of reads is admitted at once while sustained overload
+            # still follows the weights.
+            chosen = min(candidates, key=lambda x: x.vstart)
+            need = -self._server.depth_bytes if chosen.spec.read_protected else 0.0
+            server_ready = self._server.ready_at(need, now)
+            if server_ready > now + EPSILON_S:
+                self._blocked_server = True
+                for ln in candidates:
+                    if ln.res_bucket.rate_bps > 0:
+                        wake = min(wake, ln.res_bucket.ready_at(self._reservation_need(ln), now))
+                return WaitUntil(self._wake(min(wake, server_ready)))
+        head = self._head(chosen)
+        if self._inflight_tickets > 0:
+            win_bytes = self._window_bytes()
+            win_reqs = self._cfg.inflight_requests_max
+            if (win_bytes is not None and self._inflight_bytes + head.cost > win_bytes) or (
+                win_reqs is not None and self._inflight_tickets >= win_reqs
+            ):
+                # The winner waits for room; nobody overtakes it (a completion will pull again).
+                self._blocked_window = True
+                return Idle()
+        if not reserved:
+            for ln in held:
+                ln.vstart = max(ln.vstart, chosen.vstart)
+        return self._dispatch(chosen, head, now, reserved=reserved)
+
+    def cancel(self, ticket: int, now: float) -> None:
+        """A waiting ticket is removed; a granted one counts as completed with 0 bytes (everything it held is
+        released and its budget refunded). Unknown or finished tickets: no-op."""
+        now = self._advance(now)
+        t = self._tickets.get(ticket)
+        if t is None:
+            return
+        if t.state is _TicketState.WAITING:
+            ln = t.lane
+            t.to(_TicketState.FINISHED)
+            del self._tickets[t.id]
+            ln.queued_tickets -= 1
+            ln.queued_bytes -= t.cost
+            self._queued_total -= 1
+            if ln.queued_tickets == 0:
+                ln.vfinish = ln.vstart  # unserved: keep its place, never more
+                ln.queue.clear()
+        else:
+            self._finish(t, 0, now)
+
+    def complete(self, ticket: int, now: float, *, bytes_done: int | None = None) -> None:
+        """The granted chunk finished on the backend. ``bytes_done`` (default: the ticket's whole cost) is
+        how much of the grant was used; the rest is refunded to the lane's and the server's buckets.
+
+        Unknown or finished tickets: no-op. Completing a ticket that was never granted is a bug: raises."""
+        now = self._advance(now)
+        t = self._tickets.get(ticket)
+        if t is None:
+            return
+        if t.state is not _TicketState.GRANTED:
+            raise RuntimeError(f"ticket {ticket} was never granted; cancel() it instead")
+        self._finish(t, t.cost if bytes_done is None else max(0, bytes_done), now)
+
+    def observe_read(self, lane: str, wait_s: float, ttfb_s: float, now: float) -> None:
+        """One read request's gateway wait (submit to grant of its first ticket) and backend time to first
+        byte. Feeds the latency guard and its baseline; ignored for lanes that are not read-protected."""
+        ln = self._by_name[lane]
+        now = self._advance(now)
+        if ln.spec.read_protected:
+            if self._granted_fraction_last_s(ln, now) >= SELF_QUEUEING_FRACTION * _reservation(ln.spec):
+                # Reads already get their guarantee: time they wait now is reads queueing behind reads
+                # (demand above their share), not the other lanes' doing. Cutting the paced lanes for it
+                # would hand reads more than their guarantee and starve writes to their floor under any
+                # saturating reader; only the backend's latency inflation counts then.
+                wait_s = 0.0
+            self._guard.observe(wait_s, ttfb_s, now)
+
+    def observe_backend(self, lane: str, status: int, now: float) -> None:
+        """A backend response status on ``lane``. 503 cuts the lane's rate to 0.7 x (at most once per window),
+        then it recovers along a cubic; 503 and other 5xx count as "busy" for the capacity estimator."""
+        ln = self._by_name[lane]
+        now = self._advance(now)
+        if 500 <= status <= 599:
+            self._win_errors += 1
+        if status == 503:
+            current = ln.ceiling if math.isfinite(ln.ceiling) else self._achieved_fraction(ln, now)
+            current = max(current, ln.spec.floor)
+            if ln.slowdown.cut(current, ln.spec.floor, now, self._cfg.window_s):
+                self._apply_rates(now)
+
+    def observe_delivered(self, lane: str, nbytes: int, now: float) -> None:
+        """Bytes actually moved to or from the backend on ``lane`` (capacity estimate, achieved shares)."""
+        ln = self._by_name[lane]
+        now = self._advance(now)
+        ln.win_delivered += nbytes
+        ln.delivered_total += nbytes
+        self._delivered_seen = True
+
+    def snapshot(self, now: float) -> SchedulerSnapshot:
+        now = self._advance(now)
+        cap = self._capacity()
+        delivered = [sum(ln.hist_delivered) for ln in self._lanes]
+        basis = delivered if sum(delivered) > 0 else [sum(ln.hist_granted) for ln in self._lanes]
+        total = sum(basis)
+        span_s = max(self._cfg.window_s, len(self._lanes[0].hist_granted) * self._cfg.window_s)
+        lanes = []
+        for ln, b in zip(self._lanes, basis, strict=True):
+            paced = ln.spec.paced_by_guard and self._reads_active
+            lanes.append(
+                LaneSnapshot(
+                    name=ln.spec.name,
+                    queued_tickets=ln.queued_tickets,
+                    queued_bytes=ln.queued_bytes,
+                    inflight_tickets=ln.inflight_tickets,
+                    inflight_bytes=ln.inflight_bytes,
+                    granted_tickets_total=ln.granted_tickets_total,
+                    granted_bytes_total=ln.granted_bytes_total,
+                    done_bytes_total=ln.done_total,
+                    delivered_bytes_total=ln.delivered_total,
+                    reservation_bps=_reservation(ln.spec) * cap,
+                    allocation_bps=ln.allocation_bps,
+                    granted_rate_bps=sum(ln.hist_granted) / span_s,
+                    limit_bps=ln.ceiling * cap if math.isfinite(ln.ceiling) else None,
+                    guard_multiplier=self._guard.multiplier if paced else 1.0,
+                    slowdown_fraction=ln.slowdown.fraction(now),
+                    achieved_share=b / total if total > 0 else 0.0,
+                )
+            )
+        return SchedulerSnapshot(
+            at=now,
+            capacity_bps=cap,
+            capacity_configured=self._estimator is None,
+            capacity_busy_level=self._estimator.busy_level if self._estimator is not None else 0,
+            reads_active=self._reads_active,
+            write_cap_mode=self._cfg.write_cap_mode,
+            inflight_bytes=self._inflight_bytes,
+            inflight_tickets=self._inflight_tickets,
+            inflight_bytes_max=self._window_bytes(),
+            guard_multiplier=self._guard.multiplier,
+            read_baseline_ttfb_s=self._guard.baseline_s,
+            lanes=tuple(lanes),
+        )
+
+    @property
+    def config(self) -> SchedulerConfig:
+        return self._cfg
+
+    # -- ordering -----------------------------------------------------------------------------------------
+
+    def _head(self, ln: _Lane) -> _Ticket:
+        q = ln.queue
+        while q[0].state is not _TicketState.WAITING:
+            q.popleft()  # cancelled while waiting (lazy removal)
+        return q[0]
+
+    def _reservation_need(self, ln: _Lane) -> float:
+        return min(float(self._head(ln).cost), ln.res_bucket.depth_bytes)
+
+    def _reservation_winner(self, candidates: Iterable[_Lane], now: float) -> _Lane | None:
+        """Reservation phase: the lane with the earliest reservation tag among those whose reservation
+        bucket holds their head's cost (EDF), or None."""
+        best: _Lane | None = None
+        best_tag = math.inf
+        for ln in candidates:
+            rate = ln.res_bucket.rate_bps
+            if rate <= 0:
+                continue
+            need = self._reservation_need(ln)
+            if ln.res_bucket.ready_at(need, now) <= now + EPSILON_S:
+                tag = now - (ln.res_bucket.level_bytes - need) / rate
+                if tag < best_tag:
+                    best, best_tag = ln, tag
+        return best
+
+    def _dispatch(self, ln: _Lane, t: _Ticket, now: float, *, reserved: bool) -> Grant:
+        ln.queue.popleft()
+        t.to(_TicketState.GRANTED)
+        t.reserved = reserved
+        c = t.cost
+        ln.queued_tickets -= 1
+        ln.queued_bytes -= c
+        self._queued_total -= 1
+        ln.inflight_tickets += 1
+        ln.inflight_bytes += c
+        self._inflight_tickets += 1
+        self._inflight_bytes += c
+        self._server.take(c, now)
+        if ln.spec.read_protected:
+            # Reads never wait for capacity; their overdraft makes the other lanes yield. It is forgiven
+            # beyond what can still be in flight (the window): older excess has been delivered already, and
+            # once reads stop the others must not wait out a stale debt (work conservation).
+            win = self._window_bytes()
+            bound = max(
+                self._server.depth_bytes,
+                float(win) if win is not None else self._capacity() * self._cfg.window_s,
+            )
+            self._server.level_bytes = max(self._server.level_bytes, -bound)
+        ln.limit_bucket.take(c, now)
+        if reserved:
+            ln.res_bucket.take(c, now)
+        ln.vfinish = ln.vstart + c / ln.weight_norm
+        self._vclock = max(self._vclock, ln.vstart)
+        if ln.queued_tickets > 0:
+            ln.vstart = ln.vfinish
+        ln.granted_tickets_total += 1
+        ln.granted_bytes_total += c
+        ln.win_granted += c
+        self._win_requests += 1
+        return Grant(ticket=t.id, lane=ln.spec.name, cost_bytes=c)
+
+    def _finish(self, t: _Ticket, used: int, now: float) -> None:
+        ln = t.lane
+        t.to(_TicketState.FINISHED)
+        del self._tickets[t.id]
+        ln.inflight_tickets -= 1
+        ln.inflight_bytes -= t.cost
+        self._inflight_tickets -= 1
+        self._inflight_bytes -= t.cost
+        ln.done_total += used
+        self._win_done += used
+        unused = t.cost - used
+        if unused > 0:
+            self._server.give(unused, now)
+            ln.limit_bucket.give(unused, now)
+            if t.reserved:
+                ln.res_bucket.give(unused, now)
+        if ln.spec.read_protected:
+            self._last_read_at = max(self._last_read_at, now)
+
+    # -- gates --------------------------------------------------------------------------------------------
+
+    def _capacity(self) -> float:
+        if self._estimator is not None:
+            return self._estimator.capacity_bps
+        assert self._cfg.capacity_bps is not None
+        return self._cfg.capacity_bps
+
+    def _window_bytes(self) -> int | None:
+        cfg = self._cfg
+        if cfg.inflight_bytes_max is not None or self._estimator is None:
+            return cfg.inflight_bytes_max
+        return int(max(4 * cfg.burst_bytes, self._capacity() * AUTO_WINDOW_S))
+
+    def _guarding(self, ln: _Lane) -> bool:
+        return self._reads_active and ln.spec.paced_by_guard
+
+    def _max_concurrency(self, ln: _Lane) -> int | None:
+        mc = ln.spec.max_concurrency
+        if mc is None or not self._guarding(ln):
+            return mc
+        return max(1, int(mc * self._guard.multiplier))
+
+    def _window_share_bytes(self, ln: _Lane) -> float | None:
+        """While reads are active a paced lane may hold only its ceiling's share of the window."""
+        if not self._guarding(ln):
+            return None
+        win = self._window_bytes()
+        if win is None:
+            return None
+        return min(1.0, ln.ceiling) * win
+
+    def _ceiling_fraction(self, ln: _Lane, now: float, *, slowdown: bool = True) -> float:
+        s = ln.spec
+        f = s.limit if s.limit is not None else math.inf
+        if self._reads_active:
+            if self._cfg.write_cap_mode == "strict" and s.limit_while_reads_active is not None:
+                f = min(f, s.limit_while_reads_active)
+            if s.paced_by_guard and self._guard.multiplier < 1.0:
+                f = min(f, 1.0) * self._guard.multiplier
+        sd = ln.slowdown.fraction(now) if slowdown else None
+        if sd is not None:
+            f = min(f, sd)
+        if math.isfinite(f):
+            f = max(f, s.floor)
+        return f
+
+    def _apply_rates(self, now: float) -> None:
+        cap = self._capacity()
+        self._server.set_rate(cap, now)
+        for ln in self._lanes:
+            ln.ceiling = self._ceiling_fraction(ln, now)
+            ln.limit_bucket.set_rate(ln.ceiling * cap if math.isfinite(ln.ceiling) else math.inf, now)
+            ln.res_bucket.set_rate(_reservation(ln.spec) * cap, now)
+
+    def _wake(self, at: float) -> float:
+        """The earliest of ``at``, the next window tick (rates may change) and the end of read activity."""
+        return min(at, self._next_tick, self._deactivation_time())
+
+    # -- time ---------------------------------------------------------------------------------------------
+
+    def _advance(self, now: float) -> float:
+        """Bring windows and read activity up to ``now`` (a clock that steps back is held where it was)."""
+        now = max(now, self._now)
+        while True:
+            deact = self._deactivation_time()
+            if min(deact, self._next_tick) > now:
+                break
+            if deact <= self._next_tick:
+                self._account(deact)
+                self._set_reads_active(False, deact)
+                continue
+            tick_at = self._next_tick
+            self._account(tick_at)
+            self._tick(tick_at)
+            behind = int((now - self._next_tick) / self._cfg.window_s)
+            if behind > _FAST_FORWARD_WINDOWS:
+                # A long silence: the windows in between are empty; skip them.
+                self._next_tick += behind * self._cfg.window_s
+                self._window_start = self._next_tick - self._cfg.window_s
+                self._acct_at = max(self._acct_at, self._window_start)
+                for ln in self._lanes:
+                    ln.hist_granted.clear()
+                    ln.hist_delivered.clear()
+        self._account(now)
+        self._now = now
+        return now
+
+    def _account(self, t: float) -> None:
+        dt = t - self._acct_at
+        if dt > 0:
+            if self._blocked_window:
+                self._win_window_wait_s += dt
+            if self._blocked_server:
+                self._win_throttled_s += dt
+            self._acct_at = t
+
+    def _deactivation_time(self) -> float:
+        if not self._reads_active:
+            return math.inf
+        if any(ln.queued_tickets or ln.inflight_tickets for ln in self._read_lanes):
+            return math.inf
+        return self._last_read_at + self._cfg.read_idle_s
+
+    def _note_read_demand(self, cost: int, now: float) -> None:
+        self._last_read_at = now
+        cfg = self._cfg
+        q = self._read_demand
+        q.append((now, cost))
+        self._read_demand_bytes += cost
+        while q and q[0][0] < now - cfg.read_active_s:
+            self._read_demand_bytes -= q.popleft()[1]
+        threshold = cfg.read_active_min_fraction * self._capacity() * cfg.read_active_s
+        if not self._reads_active and self._read_demand_bytes >= threshold:
+            self._set_reads_active(True, now)
+
+    def _set_reads_active(self, active: bool, now: float) -> None:
+        if active != self._reads_active:
+            self._reads_active = active
+            self._apply_rates(now)
+
+    def _granted_fraction_last_s(self, ln: _Lane, now: float) -> float:
+        """Like :meth:`_achieved_fraction`, but over a full second even just after start (never inflated
+        by a short history), so a lane is not taken for saturated on its first few grants."""
+        span = len(ln.hist_granted) * self._cfg.window_s + (now - self._window_start)
+        granted = sum(ln.hist_granted) + ln.win_granted
+        return granted / max(span, 1.0) / self._capacity()
+
+    def _achieved_fraction(self, ln: _Lane, now: float) -> float:
+        """The lane's granted rate over the last second, as a fraction of capacity."""
+        span = len(ln.hist_granted) * self._cfg.window_s + (now - self._window_start)
+        if span <= 0:
+            return 1.0
+        return min(1.0, (sum(ln.hist_granted) + ln.win_granted) / span / self._capacity())
+
+    def _tick(self, t: float) -> None:
+        """End of a window: feedback loops, rates, allocation, statistics."""
+        cfg = self._cfg
+        cap = self._capacity()
+        for ln in self._lanes:
+            ln.hist_granted.append(ln.win_granted)
+            ln.hist_delivered.append(ln.win_delivered)
+        paced_bytes = sum(ln.win_granted for ln in self._lanes if ln.spec.paced_by_guard)
+        quiet = paced_bytes < BASELINE_QUIET_FRACTION * cap * cfg.window_s
+        all_bytes = sum(sum(ln.hist_granted) for ln in self._lanes)
+        read_bytes = sum(sum(ln.hist_granted) for ln in self._read_lanes)
+        read_share = read_bytes / all_bytes if all_bytes > 0 else 0.0
+        verdict = self._guard.tick(t, quiet=quiet, read_share=read_share, can_cut=self._reads_active)
+        if self._estimator is not None:
+            delivered = (
+                sum(ln.win_delivered for ln in self._lanes) if self._delivered_seen else self._win_done
+            )
+            self._estimator.tick(
+                t,
+                delivered_bytes=delivered,
+                window_wait_s=self._win_window_wait_s,
+                throttled_s=self._win_throttled_s,
+                errors=self._win_errors,
+                requests=self._win_requests,
+                # A miss is a capacity signal only once the guard has nothing left to cut.
+                guard_missed=verdict.missed and self._guard.multiplier <= GUARD_M_MIN,
+            )
+        for ln in self._lanes:
+            ln.slowdown.recover(t, self._ceiling_fraction(ln, t, slowdown=False))
+        self._apply_rates(t)
+        cap = self._capacity()
+        demands = [
+            LaneDemand(
+                reservation_bps=_reservation(ln.spec) * cap,
+                weight=ln.spec.weight,
+                limit_bps=ln.ceiling * cap if math.isfinite(ln.ceiling) else math.inf,
+                demand_bps=(ln.win_submitted + ln.queued_bytes) / cfg.window_s,
+            )
+            for ln in self._lanes
+        ]
+        for ln, a in zip(self._lanes, allocate(cap, demands), strict=True):
+            ln.allocation_bps = a
+            ln.win_granted = ln.win_delivered = ln.win_submitted = 0
+        self._win_window_wait_s = self._win_throttled_s = 0.0
+        self._win_errors = self._win_requests = self._win_done = 0
+        self._window_start = t
+        self._next_tick = t + cfg.window_s

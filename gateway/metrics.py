@@ -1,0 +1,101 @@
+"""Prometheus metrics: counters and histograms the shells update, gauges read from scheduler snapshots.
+
+One :class:`Metrics` per application with its own registry (no process-global state, so tests and
+several gateways in one process do not collide). Labels are bounded: lanes come from config, operations
+from the fixed S3 operation names, status codes from HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+# Latency buckets from 0.5 ms to 60 s: read latency targets are in milliseconds, checkpoint parts in seconds.
+LATENCY_BUCKETS_S = (
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "s3lanes_requests",
+            "Requests answered, by lane, S3 operation and HTTP status.",
+            ["lane", "operation", "status"],
+            registry=r,
+        )
+        self.bytes = Counter(
+            "s3lanes_lane_bytes",
+            "Body bytes moved to or from the backend, by lane and direction.",
+            ["lane", "direction"],
+            registry=r,
+        )
+        self.wait = Histogram(
+            "s3lanes_lane_wait_seconds",
+            "Time a request waited in its lane before its backend I/O started.",
+            ["lane"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.backend_latency = Histogram(
+            "s3lanes_backend_latency_seconds",
+            "Backend time to response headers, by lane.",
+            ["lane"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
+        self.backend_errors = Counter(
+            "s3lanes_backend_errors",
+            "Backend answers >= 500 and transport failures, by lane and kind.",
+            ["lane", "kind"],
+            registry=r,
+        )
+        self.auth_failures = Counter(
+            "s3lanes_auth_failures",
+            "Requests refused before reaching the backend, by S3 error code.",
+            ["code"],
+            registry=r,
+        )
+
+    def add_snapshot_collector(self, collect: Callable[[], Iterable[Metric]]) -> None:
+        self.registry.register(_FnCollector(collect))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _FnCollector(Collector):
+    def __init__(self, fn: Callable[[], Iterable[Metric]]) -> None:
+        self._fn = fn
+
+    def collect(self) -> Iterable[Metric]:
+        return self._fn()
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+
+def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)

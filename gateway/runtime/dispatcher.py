@@ -1,0 +1,189 @@
+"""The async shell around the pure lane scheduler: one timer, futures for waiters, cleanup on cancel.
+
+Theory of operation: :class:`~gateway.core.scheduler.Scheduler` decides, this class carries out. A request
+asks for budget with :meth:`LaneDispatcher.acquire` (a *ticket* for ``cost_bytes`` on its lane). The ticket is
+submitted to the scheduler and the scheduler is pulled at once; when it grants right away (the common case
+when the backend has room) the caller does not even suspend. Otherwise the caller waits on a future that a
+later pull resolves. Pulls happen after every submit/complete/cancel and when the single timer fires: the
+scheduler answers ``WaitUntil(t)`` and the dispatcher arms one ``loop.call_at`` for the earliest such time
+(never one timer per waiter: aiolimiter #73's thundering herd).
+
+A waiter that is cancelled (client disconnect, timeout) removes its ticket; a granted ticket is always
+completed in a ``finally``, so in-flight accounting returns to zero whatever happens to the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from gateway.clock import Clock
+from gateway.core.scheduler import Grant, Scheduler, WaitUntil
+
+
+class LaneDispatcher:
+    """Owns the scheduler on the event loop. Not thread-safe."""
+
+    def __init__(self, scheduler: Scheduler, clock: Clock) -> None:
+        self.scheduler = scheduler
+        self._clock = clock
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._granted: set[int] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+
+    # -- budget -------------------------------------------------------------------------------------------
+
+    async def acquire(self, lane: str, cost_bytes: int) -> int:
+        """Wait until ``cost_bytes`` of ``lane`` budget is granted; return the ticket to :meth:`release`."""
+        now = self._clock.monotonic()
+        ticket = self.scheduler.submit(lane, cost_bytes, now)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[ticket] = fut
+        self._pump()
+        if not fut.done():
+            try:
+                await fut
+            except BaseException:
+                # Cancelled while waiting (or granted in the same instant): give everything back.
+                self._waiters.pop(ticket, None)
+                self._granted.discard(ticket)
+                self.scheduler.cancel(ticket, self._clock.monotonic())
+                self._pump()
+                raise
+        return ticket
+
+    def release(self, ticket: int, bytes_done: int | None = None) -> None:
+        """The granted work finished (or was abandoned): free its in-flight share."""
+        if ticket in self._granted:
+            self._granted.discard(ticket)
+            self.scheduler.complete(ticket, self._clock.monotonic(), bytes_done=bytes_done)
+            self._pump()
+
+    @asynccontextmanager
+    async def hold(self, lane: str, cost_bytes: int) -> AsyncIterator[int]:
+        ticket = await self.acquire(lane, cost_bytes)
+        try:
+            yield ticket
+        finally:
+            self.release(ticket)
+
+    # -- feedback -----------------------------------------------------------------------------------------
+
+    def observe_read(self, lane: str, wait_s: float, ttfb_s: float) -> None:
+        self.scheduler.observe_read(lane, wait_s, ttfb_s, self._clock.monotonic())
+
+    def observe_backend(self, lane: str, status: int) -> None:
+        self.scheduler.observe_backend(lane, status, self._clock.monotonic())
+        self._pump()
+
+    def observe_delivered(self, lane: str, nbytes: int) -> None:
+        self.scheduler.observe_delivered(lane, nbytes, self._clock.monotonic())
+
+    # -- the one timer ------------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        now = self._clock.monotonic()
+        while True:
+            decision = self.scheduler.pull(now)
+            if isinstance(decision, Grant):
+                fut = self._waiters.pop(decision.ticket, None)
+                if fut is None or fut.done():
+                    # The waiter is gone (cancelled in the same tick): hand the budget straight back.
+                    self.scheduler.cancel(decision.ticket, now)
+                    continue
+                self._granted.add(decision.ticket)
+                fut.set_result(None)
+                continue
+            if isinstance(decision, WaitUntil):
+                self._arm(decision.at)
+            else:
+                self._disarm()
+            return
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None and self._timer_at is not None and self._timer_at <= at:
+            return
+        self._disarm()
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, at - self._clock.monotonic())
+        self._timer_at = at
+        self._timer = loop.call_at(loop.time() + delay, self._on_timer)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = None
+        self._timer_at = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._pump()
+
+    def close(self) -> None:
+        self._disarm()
+        for fut in self._waiters.values():
+            if not fut.done():
+                fut.cancel()
+        self._waiters.clear()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._granted)
+
+
+class StreamBudget:
+    """Charges one body stream to its lane, ``chunk_bytes`` at a time.
+
+    ``take(n)`` returns once ``n`` more bytes are covered by granted budget. Grants are requested in chunks
+    (the last one trimmed to what the stream still has to move when its length is known), so the
+    scheduler sees about one ticket per MiB, not one per socket read. At most one chunk's ticket is held at
+    a time: taking the next chunk completes the previous one, which keeps the backend in-flight accounting
+    to what is really on the wire. :meth:`close` must run in a ``finally``.
+    """
+
+    __slots__ = ("_charged", "_chunk", "_credit", "_dispatcher", "_lane", "_ticket", "_ticket_used", "_total")
+
+    def __init__(
+        self, dispatcher: LaneDispatcher, lane: str, chunk_bytes: int, total_bytes: int | None
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._lane = lane
+        self._chunk = chunk_bytes
+        self._total = total_bytes
+        self._charged = 0
+        self._credit = 0
+        self._ticket: int | None = None
+        self._ticket_used = 0
+
+    async def take(self, nbytes: int) -> None:
+        while self._credit < nbytes:
+            size = self._chunk
+            if self._total is not None:
+                size = min(size, max(self._total - self._charged, nbytes - self._credit))
+            size = max(size, 1)
+            self._finish_ticket()
+            self._ticket = await self._dispatcher.acquire(self._lane, size)
+            self._ticket_used = 0
+            self._charged += size
+            self._credit += size
+        self._credit -= nbytes
+        self._ticket_used += nbytes
+        self._dispatcher.observe_delivered(self._lane, nbytes)
+
+    def _finish_ticket(self) -> None:
+        if self._ticket is not None:
+            self._dispatcher.release(self._ticket)
+            self._ticket = None
+
+    def close(self) -> None:
+        if self._ticket is not None:
+            # Report what the last chunk really moved so unused budget is not counted as sent.
+            self._dispatcher.release(self._ticket, bytes_done=self._ticket_used)
+            self._ticket = None

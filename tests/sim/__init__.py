@@ -1,0 +1,1 @@
+"""Deterministic discrete-event simulation of the lane scheduler against a modelled backend."""
