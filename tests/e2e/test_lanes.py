@@ -1,8 +1,9 @@
 """Lanes end to end: classification reported to clients, and the 70/30 split measured on the backend's wire.
 
 The backend bandwidth is configured (40 MB/s) below what SeaweedFS on this machine can do, so the gateway is
-the bottleneck and the split is the scheduler's doing (the latency guard is relaxed there; see the config). The bytes are counted by a relay between the gateway
-and SeaweedFS (tests/e2e/relay.py), not by the gateway's own counters.
+the bottleneck and the split is the scheduler's doing (the latency guard is relaxed there; see the config).
+The bytes are counted by a relay between the gateway and SeaweedFS (tests/e2e/relay.py), not by the
+gateway's own counters.
 """
 
 from __future__ import annotations
