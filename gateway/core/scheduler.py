@@ -481,6 +481,11 @@ class Scheduler:
                 continue
             candidates.append(ln)
         if not candidates:
+            if held:
+                # Held lanes can also be released by time alone (reads going idle lifts the caps and the
+                # window share; the guard's next window changes the multiplier), not only by a complete():
+                # wake at the earliest of those instead of sleeping until an unrelated submit.
+                return WaitUntil(self._wake(wake))
             return WaitUntil(self._wake(wake)) if math.isfinite(wake) else Idle()
         chosen = self._reservation_winner(candidates, now)
         reserved = chosen is not None

@@ -217,8 +217,13 @@ class S3Proxy:
         except S3Error as err:
             status = err.status
             return self._lane_headers(self.error_response(request, err, rid), decision)
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            raise
+        except ConnectionError:  # reset, broken pipe, or aiohttp's bare "Connection lost"
+            if not _client_gone(request):
+                raise
+            # Nobody is left to answer. Raising would make aiohttp log "Error handling request" with a
+            # traceback; a returned response fails to write and aiohttp drops the connection quietly.
+            status = 499  # nginx's "client closed request", for the metrics
+            return web.Response(status=status)
         except Exception:
             log.exception("internal error on %s %s", request.method, request.raw_path)
             return self._lane_headers(self.error_response(request, InternalError(), rid), decision)
@@ -330,48 +335,50 @@ class S3Proxy:
                 pipe = _BodyStream(request, upload, budget)
                 body = pipe.iterate()
         # The request's own cost: here requests queue in their lane, in the order the scheduler picks.
+        # The request cost is a charge, not a resource: it is completed at once. Holding it for the whole
+        # exchange would count a long upload as in flight while it waits for its next chunk, and a paced
+        # lane whose window share is used up by such tickets could never be granted that chunk (a stall
+        # the store ends with a read timeout).
         ticket = await self._dispatcher.acquire(lane, cost)
+        self._dispatcher.release(ticket)
+        sent = self._clock.monotonic()
+        wait_s = sent - arrived
+        self._metrics.wait.labels(lane).observe(wait_s)
+        if isinstance(body, bytes) and body:
+            self._dispatcher.observe_delivered(lane, len(body))
+            self._metrics.bytes.labels(lane, "up").inc(len(body))
         try:
-            sent = self._clock.monotonic()
-            wait_s = sent - arrived
-            self._metrics.wait.labels(lane).observe(wait_s)
-            if isinstance(body, bytes) and body:
-                self._dispatcher.observe_delivered(lane, len(body))
-                self._metrics.bytes.labels(lane, "up").inc(len(body))
-            try:
-                resp = await self._backend.request(
-                    request.method, target, headers, ctx.credential, body=body, payload_hash=backend_hash
-                )
-            except S3Error as err:
-                if pipe is not None and pipe.failure is not None:
-                    raise pipe.failure from None
-                self._metrics.backend_errors.labels(lane, err.code).inc()
-                self._dispatcher.observe_backend(lane, err.status)
-                raise
-            except Exception:
-                if pipe is not None and pipe.failure is not None:
-                    raise pipe.failure from None
-                raise
-            finally:
-                if pipe is not None:
-                    pipe.close()
-                    if pipe.sent_bytes:
-                        self._metrics.bytes.labels(lane, "up").inc(pipe.sent_bytes)
-            try:
-                ttfb_s = self._clock.monotonic() - sent
-                self._metrics.backend_latency.labels(lane).observe(ttfb_s)
-                self._dispatcher.observe_backend(lane, resp.status)
-                if resp.status >= 500:
-                    self._metrics.backend_errors.labels(lane, str(resp.status)).inc()
-                if ctx.target.operation in _READ_OPERATIONS:
-                    self._dispatcher.observe_read(lane, wait_s, ttfb_s)
-                if pipe is not None and pipe.failure is not None:
-                    raise pipe.failure
-                return await self._relay(request, resp, ctx, decision)
-            finally:
-                resp.release()
+            resp = await self._backend.request(
+                request.method, target, headers, ctx.credential, body=body, payload_hash=backend_hash
+            )
+        except S3Error as err:
+            if pipe is not None and pipe.failure is not None:
+                raise pipe.failure from None
+            self._metrics.backend_errors.labels(lane, err.code).inc()
+            self._dispatcher.observe_backend(lane, err.status)
+            raise
+        except Exception:
+            if pipe is not None and pipe.failure is not None:
+                raise pipe.failure from None
+            raise
         finally:
-            self._dispatcher.release(ticket)
+            if pipe is not None:
+                pipe.close()
+                if pipe.sent_bytes:
+                    self._metrics.bytes.labels(lane, "up").inc(pipe.sent_bytes)
+        try:
+            ttfb_s = self._clock.monotonic() - sent
+            self._metrics.backend_latency.labels(lane).observe(ttfb_s)
+            self._dispatcher.observe_backend(lane, resp.status)
+            if resp.status >= 500:
+                self._metrics.backend_errors.labels(lane, str(resp.status)).inc()
+            if ctx.target.operation in _READ_OPERATIONS:
+                self._dispatcher.observe_read(lane, wait_s, ttfb_s)
+            if pipe is not None and pipe.failure is not None:
+                raise pipe.failure
+            return await self._relay(request, resp, ctx, decision)
+        finally:
+            resp.release()
 
     async def _relay(
         self, request: web.Request, resp: aiohttp.ClientResponse, ctx: RequestContext, decision: Decision
@@ -391,11 +398,15 @@ class S3Proxy:
             budget = StreamBudget(self._dispatcher, lane, self._chunk, resp.content_length)
             moved = 0
             try:
-                async for chunk in resp.content.iter_any():
+                # One buffered piece at a time: iter_any() joins what is buffered (a copy of every byte).
+                async for chunk, _ in resp.content.iter_chunks():
                     await budget.take(len(chunk))
                     moved += len(chunk)
                     await out.write(chunk)
-            except (TimeoutError, aiohttp.ClientError) as exc:
+            except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+                if isinstance(exc, ConnectionError) and _client_gone(request):
+                    resp.close()  # our write failed because the client went away: not the backend's doing
+                    raise
                 # Headers are gone already; the only honest signal left is to cut the connection.
                 log.warning("backend body failed mid-stream for %s: %r", ctx.target.key, exc)
                 if request.transport is not None:
@@ -408,6 +419,11 @@ class S3Proxy:
                     self._metrics.bytes.labels(lane, "down").inc(moved)
         await out.write_eof()
         return out
+
+
+def _client_gone(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 async def _read_small(request: web.Request, upload: UploadBody) -> bytes:
@@ -439,10 +455,13 @@ class _BodyStream:
             content = self._request.content
             while True:
                 try:
-                    chunk = await content.readany()
-                except aiohttp.EofStream:  # pragma: no cover - readany returns b"" at EOF
+                    # One buffered piece at a time: readany() joins what is buffered (a copy of every byte).
+                    chunk, end_of_http_chunk = await content.readchunk()
+                except aiohttp.EofStream:  # pragma: no cover - readchunk returns b"" at EOF
                     break
                 if not chunk:
+                    if end_of_http_chunk:  # a Transfer-Encoding: chunked boundary, not the end
+                        continue
                     break
                 for piece in self._upload.feed(chunk):
                     await self._budget.take(len(piece))

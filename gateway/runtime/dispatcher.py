@@ -170,7 +170,8 @@ class StreamBudget:
             size = max(size, 1)
             self._finish_ticket()
             self._ticket = await self._dispatcher.acquire(self._lane, size)
-            self._ticket_used = 0
+            # The credit left from earlier tickets is spent first: only the rest comes out of this one.
+            self._ticket_used = -self._credit
             self._charged += size
             self._credit += size
         self._credit -= nbytes
