@@ -113,6 +113,42 @@ def start_gateway(
     return proc, json.loads(ready.read_text()), log_path
 
 
+def start_plain_gateway(
+    tmp: Path, seaweed: Any, *, backend_endpoint: str, extra_toml: str = ""
+) -> tuple[subprocess.Popen[bytes], Gateway]:
+    """A second gateway (HTTP only, the admin identity) with extra config sections, for tests that need
+    settings the session gateway does not have. The caller stops it with :func:`stop_gateway`."""
+    admin = seaweed.admin
+    toml = f"""
+[server]
+listen = "127.0.0.1:0"
+state_dir = "{tmp / "state"}"
+shutdown_grace_s = 5
+
+[backend]
+endpoint = "{backend_endpoint}"
+{extra_toml}
+
+[[credentials]]
+access_key = "{admin.access_key}"
+secret_key = "{admin.secret_key}"
+"""
+    proc, ready, log_path = start_gateway(tmp, toml)
+    gw = Gateway(
+        http_url=ready["endpoints"][0],
+        https_url="",
+        ca_bundle="",
+        access_key=admin.access_key,
+        secret_key=admin.secret_key,
+        user2_access_key="",
+        user2_secret_key="",
+        backend_url=seaweed.endpoint_url,
+        pid=proc.pid,
+        log_path=log_path,
+    )
+    return proc, gw
+
+
 def stop_gateway(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.conftest import Gateway, start_gateway, stop_gateway
+from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
 from tests.e2e.s3raw import (
     EMPTY_SHA256,
     UNSIGNED_PAYLOAD,
@@ -290,42 +290,19 @@ def narrow_gateway(seaweed: Any, tmp_path_factory: pytest.TempPathFactory) -> It
     estimator that the backend is saturated, for the rest of the session. Same teardown checks as the
     session one."""
     tmp = tmp_path_factory.mktemp("narrow-gateway")
-    admin = seaweed.admin
-    toml = f"""
-[server]
-listen = "127.0.0.1:0"
-state_dir = "{tmp / "state"}"
-shutdown_grace_s = 5
-
-[backend]
-endpoint = "{seaweed.endpoint_url}"
-bandwidth = "1000000000"
-
-[scheduler]
-inflight_requests_max = {NARROW_WINDOW_TICKETS}
-
-[[credentials]]
-access_key = "{admin.access_key}"
-secret_key = "{admin.secret_key}"
-"""
-    proc, ready, log_path = start_gateway(tmp, toml)
-    gw = Gateway(
-        http_url=ready["endpoints"][0],
-        https_url="",
-        ca_bundle="",
-        access_key=admin.access_key,
-        secret_key=admin.secret_key,
-        user2_access_key="",
-        user2_secret_key="",
-        backend_url=seaweed.endpoint_url,
-        pid=proc.pid,
-        log_path=log_path,
+    proc, gw = start_plain_gateway(
+        tmp,
+        seaweed,
+        backend_endpoint=seaweed.endpoint_url,
+        extra_toml=(
+            f'bandwidth = "1000000000"\n\n[scheduler]\ninflight_requests_max = {NARROW_WINDOW_TICKETS}'
+        ),
     )
     try:
         yield gw
     finally:
         code = stop_gateway(proc)
-        text = Path(log_path).read_text(errors="replace")
+        text = gw.log_path.read_text(errors="replace")
         assert code == 0, text[-4000:]
         assert "Traceback" not in text, text[-8000:]
 

@@ -15,13 +15,12 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from tests.e2e.conftest import Gateway, start_gateway, stop_gateway
+from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
 from tests.e2e.relay import CountingRelay
 
 pytestmark = pytest.mark.e2e
@@ -38,47 +37,22 @@ def shaped_gateway(
     relay = CountingRelay(parts.hostname or "127.0.0.1", parts.port or 80)
     relay.start()
     tmp = tmp_path_factory.mktemp("lanes-gateway")
-    admin = seaweed.admin
-    toml = f"""
-[server]
-listen = "127.0.0.1:0"
-state_dir = "{tmp / "state"}"
-shutdown_grace_s = 5
-
-[backend]
-endpoint = "http://127.0.0.1:{relay.port}"
-bandwidth = "{BANDWIDTH_BPS}"
-
-[scheduler]
-# The read-latency guard is proven in simulation (tests/sim). Here, on a 2-core machine that also runs
-# SeaweedFS and eight boto3 threads, CPU contention alone inflates backend time-to-first-byte by tens of
-# milliseconds whatever order the gateway picks, and a 5 ms guard would (rightly, by its own rules) cut
-# the writes to their floor. This test pins the share split and work conservation on a real backend.
-latency_target_ms = 2000
-
-[[credentials]]
-access_key = "{admin.access_key}"
-secret_key = "{admin.secret_key}"
-"""
-    proc, ready, log_path = start_gateway(tmp, toml)
-    gw = Gateway(
-        http_url=ready["endpoints"][0],
-        https_url="",
-        ca_bundle="",
-        access_key=admin.access_key,
-        secret_key=admin.secret_key,
-        user2_access_key="",
-        user2_secret_key="",
-        backend_url=seaweed.endpoint_url,
-        pid=proc.pid,
-        log_path=log_path,
+    # [scheduler]: the read-latency guard is proven in simulation (tests/sim). Here, on a 2-core machine that
+    # also runs SeaweedFS and twelve boto3 threads, CPU contention alone inflates backend time-to-first-byte
+    # by tens of milliseconds whatever order the gateway picks, and a 5 ms guard would (rightly, by its own
+    # rules) cut the writes to their floor. This test pins the share split and work conservation.
+    proc, gw = start_plain_gateway(
+        tmp,
+        seaweed,
+        backend_endpoint=f"http://127.0.0.1:{relay.port}",
+        extra_toml=f'bandwidth = "{BANDWIDTH_BPS}"\n\n[scheduler]\nlatency_target_ms = 2000',
     )
     try:
         yield gw, relay
     finally:
         code = stop_gateway(proc)
         relay.stop()
-        text = Path(log_path).read_text(errors="replace")
+        text = gw.log_path.read_text(errors="replace")
         assert code == 0, text[-4000:]
         assert "Traceback" not in text, text[-8000:]
 
