@@ -117,6 +117,56 @@ class SchedulerSettings:
     inflight_requests_max: int | None = None
 
 
+# Commit markers: objects drained only after everything spooled before them under the same prefix is on the
+# backend. PyTorch DCP `.metadata`, DeepSpeed `latest`, Megatron `latest_checkpointed_iteration.txt`,
+# TensorFlow `checkpoint`, Hadoop/Spark `_SUCCESS`, and the COMMIT/COMMITTED convention.
+DEFAULT_COMMIT_MARKERS: tuple[str, ...] = (
+    ".metadata",
+    "COMMIT",
+    "COMMITTED",
+    "_SUCCESS",
+    "latest",
+    "latest_checkpointed_iteration.txt",
+    "checkpoint",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolConfig:
+    """The local write spool (burst buffer) for checkpoint writes. See docs/spool.md."""
+
+    enabled: bool = True
+    # Where spooled data and the journal live (local NVMe). Default: <state_dir>/spool.
+    dir: Path | None = None
+    # Bytes the spool may hold. 0 = 80% of the free space of its filesystem at start.
+    capacity_bytes: int = 0
+    # Above high_water * capacity new checkpoint writes are not spooled until usage falls below low_water.
+    high_water: float = 0.90
+    low_water: float = 0.75
+    # What a write gets while the spool is full: "write_through" (sent straight to the backend) or
+    # "slowdown" (503 SlowDown with Retry-After, for clients that should back off instead).
+    when_full: Literal["write_through", "slowdown"] = "write_through"
+    retry_after_s: int = 5
+    # Acknowledged data older than this is reported (metric, log warning) as overdue.
+    max_age_s: float = 3600.0
+    # Lanes whose writes are spooled.
+    lanes: tuple[str, ...] = ("checkpoint",)
+    # Objects uploaded to the backend at once by the drainer.
+    drain_concurrency: int = 8
+    # Backoff between failed drain attempts: base * 2^n with full jitter, capped.
+    retry_base_s: float = 0.5
+    retry_max_s: float = 30.0
+    # Globs on the last path component of a key (see DEFAULT_COMMIT_MARKERS).
+    commit_markers: tuple[str, ...] = DEFAULT_COMMIT_MARKERS
+    # A listing merged with spooled keys reads the backend's listing of the prefix whole; beyond this many
+    # backend keys the listing is refused with 503 rather than answered wrong.
+    list_merge_max_keys: int = 200_000
+    # The journal is rewritten with only live records once it grows past this.
+    journal_compact_bytes: int = 64 * 1024 * 1024
+    # Multipart uploads that were created in the spool and never completed are aborted after this long.
+    abandoned_upload_s: float = 7 * 24 * 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -124,6 +174,7 @@ class Config:
     credentials: tuple[Credential, ...] = ()
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    spool: SpoolConfig = field(default_factory=SpoolConfig)
     lanes: Mapping[str, LaneParams] = field(default_factory=default_lane_params)
     rules: tuple[Rule, ...] = ()
     # access key -> lanes it may ask for with the x-s3lanes-lane hint (absent: every lane)
@@ -314,6 +365,24 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "inflight_requests_max": "int",
     },
     "embedded": {"s3_port": "int", "startup_timeout_s": "float"},
+    "spool": {
+        "enabled": "bool",
+        "dir": "path",
+        "capacity": "size",
+        "high_water": "float",
+        "low_water": "float",
+        "when_full": "str",
+        "retry_after_s": "int",
+        "max_age_s": "float",
+        "lanes": "str_list",
+        "drain_concurrency": "int",
+        "retry_base_s": "float",
+        "retry_max_s": "float",
+        "commit_markers": "str_list",
+        "list_merge_max_keys": "int",
+        "journal_compact_bytes": "size",
+        "abandoned_upload_s": "float",
+    },
 }
 
 _NULLABLE = {
@@ -331,6 +400,7 @@ _RENAMES = {
     ("backend", "bandwidth"): ("bandwidth_bps", 1.0),
     ("scheduler", "latency_target_ms"): ("latency_target_s", 0.001),
     ("scheduler", "window_ms"): ("window_s", 0.001),
+    ("spool", "capacity"): ("capacity_bytes", 1),
 }
 
 
@@ -465,6 +535,7 @@ def load_config(
         credentials=tuple(creds),
         embedded=_build(EmbeddedConfig, sections["embedded"], "embedded", problems),
         scheduler=_build(SchedulerSettings, sections["scheduler"], "scheduler", problems),
+        spool=_build(SpoolConfig, sections["spool"], "spool", problems),
     )
     _validate(cfg, problems)
     if problems.items:
@@ -539,5 +610,24 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         )
     if b.bandwidth_bps is not None and b.bandwidth_bps <= 0:
         problems.add("[backend].bandwidth", "must be positive")
+    sp = cfg.spool
+    if not 0 < sp.low_water <= sp.high_water <= 1:
+        problems.add("[spool]", "need 0 < low_water <= high_water <= 1")
+    if sp.when_full not in ("write_through", "slowdown"):
+        problems.add("[spool].when_full", f"expected 'write_through' or 'slowdown', got {sp.when_full!r}")
+    if sp.drain_concurrency < 1:
+        problems.add("[spool].drain_concurrency", "must be at least 1")
+    if sp.retry_after_s < 1:
+        problems.add("[spool].retry_after_s", "must be at least 1")
+    if sp.retry_base_s <= 0 or sp.retry_max_s < sp.retry_base_s:
+        problems.add("[spool]", "need 0 < retry_base_s <= retry_max_s")
+    if sp.capacity_bytes < 0:
+        problems.add("[spool].capacity", "must not be negative")
+    for lane in sp.lanes:
+        if lane not in cfg.lanes:
+            problems.add("[spool].lanes", f"unknown lane {lane!r} (lanes: {', '.join(sorted(cfg.lanes))})")
+    for glob in sp.commit_markers:
+        if not glob or "/" in glob:
+            problems.add("[spool].commit_markers", f"a marker is a file-name glob without '/': {glob!r}")
     if not 0 <= cfg.embedded.s3_port <= 65535:
         problems.add("[embedded].s3_port", "out of range")

@@ -153,6 +153,37 @@ NotImplementedS3 = _error(
     "NotImplemented", 501, "A header you provided implies functionality that is not implemented."
 )
 InternalError = _error("InternalError", 500, "We encountered an internal error. Please try again.")
+NoSuchKey = _error("NoSuchKey", 404, "The specified key does not exist.")
+NoSuchBucket = _error("NoSuchBucket", 404, "The specified bucket does not exist.")
+NoSuchUpload = _error(
+    "NoSuchUpload",
+    404,
+    "The specified multipart upload does not exist. The upload ID might not be valid, or the multipart upload"
+    " might have been aborted or completed.",
+)
+PreconditionFailed = _error(
+    "PreconditionFailed", 412, "At least one of the pre-conditions you specified did not hold"
+)
+InvalidRange = _error("InvalidRange", 416, "The requested range is not satisfiable")
+InvalidPart = _error(
+    "InvalidPart",
+    400,
+    "One or more of the specified parts could not be found. The part might not have been uploaded, or the"
+    " specified entity tag might not have matched the part's entity tag.",
+)
+InvalidPartOrder = _error(
+    "InvalidPartOrder",
+    400,
+    "The list of parts was not in ascending order. Parts must be ordered by part number.",
+)
+EntityTooSmall = _error(
+    "EntityTooSmall", 400, "Your proposed upload is smaller than the minimum allowed object size."
+)
+MalformedXML = _error(
+    "MalformedXML",
+    400,
+    "The XML you provided was not well-formed or did not validate against our published schema.",
+)
 
 
 class ServiceUnavailable(S3Error):

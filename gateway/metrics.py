@@ -79,6 +79,26 @@ class Metrics:
             registry=r,
         )
 
+        self.spool_acked = Counter(
+            "s3lanes_spool_acked_bytes",
+            "Bytes acknowledged into the write spool (durable on local disk), by lane.",
+            ["lane"],
+            registry=r,
+        )
+        self.spool_write_through = Counter(
+            "s3lanes_spool_write_through",
+            "Writes of a spooled lane sent straight to the backend, by reason.",
+            ["reason"],
+            registry=r,
+        )
+
+        self.spool_durable_latency = Histogram(
+            "s3lanes_spool_ack_to_durable_seconds",
+            "Time from a spooled write's acknowledgement until the backend confirmed it.",
+            buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
+            registry=r,
+        )
+
     def add_snapshot_collector(self, collect: Callable[[], Iterable[Metric]]) -> None:
         self.registry.register(_FnCollector(collect))
 

@@ -43,6 +43,11 @@ class UploadBody:
         """Decoded payload length, which is what the backend request's Content-Length will say."""
         return self._expected_bytes
 
+    @property
+    def verified_checksum(self) -> tuple[str, str] | None:
+        """After :meth:`finish`: the ``x-amz-checksum-*`` header name and value that were verified, if any."""
+        return self._verifier.verified_checksum
+
     def feed(self, raw: bytes) -> list[bytes]:
         if self._finished:
             raise AssertionError("feed() after finish()")

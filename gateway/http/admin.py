@@ -19,10 +19,17 @@ from aiohttp import web
 
 from gateway import __version__
 from gateway.clock import Clock
+from gateway.core.s3request import query_names, split_target
+from gateway.core.sigv4 import RequestView, parse_auth, verify
+from gateway.errors import S3Error
 from gateway.metrics import CONTENT_TYPE, Metrics
 from gateway.runtime.dispatcher import LaneDispatcher
+from gateway.runtime.spool import Spool
 
 STATUS_PATH = "/_s3lanes/status"
+FLUSH_PATH = "/_s3lanes/flush"
+FLUSH_HEADER = "x-s3lanes-flush"
+MAX_FLUSH_TIMEOUT_S = 3600.0
 ADMIN_METRICS_PATH = "/_s3lanes/metrics"
 # Also served at /metrics, Prometheus' default, for unsigned requests (a signed one is ListObjects).
 METRICS_PATH = "/metrics"
@@ -40,12 +47,25 @@ def _is_loopback(request: web.Request) -> bool:
 
 class Admin:
     def __init__(
-        self, metrics: Metrics, dispatcher: LaneDispatcher, clock: Clock, *, open_to_all: bool
+        self,
+        metrics: Metrics,
+        dispatcher: LaneDispatcher,
+        clock: Clock,
+        *,
+        open_to_all: bool,
+        spool: Spool | None = None,
+        secrets: dict[str, str] | None = None,
+        max_skew_s: float = 900.0,
+        drainer_status: Any = None,
     ) -> None:
         self._metrics = metrics
         self._dispatcher = dispatcher
         self._clock = clock
         self._open = open_to_all
+        self._spool = spool
+        self._secrets = secrets or {}
+        self._max_skew_s = max_skew_s
+        self._drainer_status = drainer_status
 
     def _allowed(self, request: web.Request) -> bool:
         return self._open or _is_loopback(request)
@@ -57,11 +77,68 @@ class Admin:
 
     def status_document(self) -> dict[str, Any]:
         snap = self._dispatcher.scheduler.snapshot(self._clock.monotonic())
+        spool: dict[str, Any] = {"enabled": False}
+        if self._spool is not None:
+            spool = self._spool.status()
+            if self._drainer_status is not None:
+                spool["drain"] = self._drainer_status()
         return {
             "version": __version__,
             "scheduler": _plain(snap),
             "dispatcher": {"waiting": self._dispatcher.waiting, "in_flight": self._dispatcher.in_flight},
+            "spool": spool,
         }
+
+    def _signed_by_a_tenant(self, request: web.Request) -> bool:
+        """A SigV4 signature by any configured key pair (the flush API is a tenant operation)."""
+        raw_path, raw_query = split_target(request.raw_path)
+        headers: dict[str, str] = {}
+        for name, value in request.headers.items():
+            key = name.lower()
+            headers[key] = f"{headers[key]},{value}" if key in headers else value
+        view = RequestView(request.method, raw_path, raw_query, headers)
+        try:
+            auth = parse_auth(view)
+            if auth is None or auth.access_key not in self._secrets:
+                return False
+            verify(
+                view, auth, self._secrets[auth.access_key], self._clock.wall(), max_skew_s=self._max_skew_s
+            )
+        except S3Error:
+            return False
+        return True
+
+    async def flush(self, request: web.Request) -> web.Response:
+        """``POST /_s3lanes/flush?bucket=B&prefix=P&timeout=S``: wait until spooled data is on the backend.
+
+        200 with ``durable: true`` once everything acknowledged under bucket/prefix before the call is on the
+        backend; 504 with ``durable: false`` and what is still pending when the timeout expires first.
+        Loopback peers, or requests SigV4-signed by a configured key pair.
+        """
+        if not (self._allowed(request) or self._signed_by_a_tenant(request)):
+            return web.Response(status=403, text="flush needs a loopback peer or a SigV4-signed request\n")
+        q = query_names(split_target(request.raw_path)[1])
+        bucket = q.get("bucket", "")
+        prefix = q.get("prefix", "")
+        try:
+            timeout_s = float(q.get("timeout", "30"))
+        except ValueError:
+            timeout_s = -1.0
+        if not bucket or not 0 <= timeout_s <= MAX_FLUSH_TIMEOUT_S:
+            return web.json_response(
+                {"error": f"need bucket=<name> and 0 <= timeout <= {MAX_FLUSH_TIMEOUT_S:g} seconds"},
+                status=400,
+                headers={FLUSH_HEADER: "1"},
+            )
+        doc: dict[str, Any] = {"bucket": bucket, "prefix": prefix}
+        if self._spool is None:
+            doc.update(
+                durable=True, pending_objects=0, pending_bytes=0, oldest_pending_age_s=None, waited_s=0.0
+            )
+            return web.json_response(doc, headers={FLUSH_HEADER: "1"})
+        result = await self._spool.flush(bucket, prefix, timeout_s)
+        doc.update(_plain(result))
+        return web.json_response(doc, status=200 if result.durable else 504, headers={FLUSH_HEADER: "1"})
 
     async def status(self, request: web.Request) -> web.Response:
         if not self._allowed(request):

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import os
 import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from aiohttp import web
 
@@ -11,17 +16,25 @@ from gateway.clock import Clock
 from gateway.config import Config
 from gateway.core.classify import CheckpointPrefixes, Classifier
 from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig
-from gateway.http.admin import ADMIN_METRICS_PATH, METRICS_PATH, STATUS_PATH, Admin
+from gateway.http.admin import ADMIN_METRICS_PATH, FLUSH_PATH, METRICS_PATH, STATUS_PATH, Admin
 from gateway.http.proxy import S3Proxy
+from gateway.http.spool_front import SpoolFront
 from gateway.metrics import Metrics
 from gateway.runtime.backend import Backend
 from gateway.runtime.dispatcher import LaneDispatcher
+from gateway.runtime.drainer import Drainer
 from gateway.runtime.lane_metrics import scheduler_collector
+from gateway.runtime.spool import Spool
+from gateway.runtime.spool_metrics import spool_collector
+
+log = logging.getLogger("s3lanes.app")
 
 BACKEND_KEY = web.AppKey("backend", Backend)
 PROXY_KEY = web.AppKey("proxy", S3Proxy)
 DISPATCHER_KEY = web.AppKey("dispatcher", LaneDispatcher)
 METRICS_KEY = web.AppKey("metrics", Metrics)
+SPOOL_KEY = web.AppKey("spool", Spool)
+DRAINER_KEY = web.AppKey("drainer", Drainer)
 
 # aiohttp's parser limits, set from config: S3 rejects header sections over 8 KiB.
 _MAX_FIELD_BYTES = 8190
@@ -64,7 +77,37 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     classifier = Classifier(cfg.rules, frozenset(cfg.lanes), cfg.tenant_lanes, CheckpointPrefixes())
     metrics.add_snapshot_collector(scheduler_collector(scheduler, clock))
     proxy = S3Proxy(cfg, backend, clock, classifier=classifier, dispatcher=dispatcher, metrics=metrics)
-    admin = Admin(metrics, dispatcher, clock, open_to_all=cfg.server.admin_open)
+    spool: Spool | None = None
+    drainer: Drainer | None = None
+    if cfg.spool.enabled:
+        spool = Spool(cfg.spool, spool_dir(cfg), clock)
+        drainer = Drainer(
+            spool,
+            backend,
+            dispatcher,
+            {c.access_key: c for c in cfg.credentials},
+            cfg.spool,
+            clock,
+            metrics,
+            chunk_bytes=cfg.scheduler.chunk_bytes,
+            request_cost_bytes=cfg.scheduler.request_cost_bytes,
+            lane_names=frozenset(cfg.lanes),
+        )
+        front = SpoolFront(spool, proxy, cfg, backend, dispatcher, clock, metrics)
+        proxy.spool_front = front
+        metrics.add_snapshot_collector(spool_collector(spool, clock))
+        app[SPOOL_KEY] = spool
+        app[DRAINER_KEY] = drainer
+    admin = Admin(
+        metrics,
+        dispatcher,
+        clock,
+        open_to_all=cfg.server.admin_open,
+        spool=spool,
+        secrets={c.access_key: c.secret_key for c in cfg.credentials},
+        max_skew_s=cfg.server.max_skew_s,
+        drainer_status=drainer.status if drainer is not None else None,
+    )
     app[BACKEND_KEY] = backend
     app[PROXY_KEY] = proxy
     app[DISPATCHER_KEY] = dispatcher
@@ -72,12 +115,28 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
 
     async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
         await backend.start()
+        drain_task: asyncio.Task[None] | None = None
+        if spool is not None and drainer is not None:
+            # Recovery runs here, before the listeners open: replay, truncate, drop orphans.
+            await spool.open()
+            if proxy.spool_front is not None:
+                proxy.spool_front.remember_buckets()
+            drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
+            drain_task.add_done_callback(_crash_on_failure)
         yield
+        if drainer is not None and drain_task is not None:
+            await drainer.close()
+            drain_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drain_task
+        if spool is not None:
+            await spool.close()
         await backend.close()
 
     app.cleanup_ctx.append(backend_ctx)
     app.on_cleanup.append(lambda _app: _close(dispatcher))
     app.router.add_get(STATUS_PATH, admin.status)
+    app.router.add_post(FLUSH_PATH, admin.flush)
     app.router.add_get(ADMIN_METRICS_PATH, admin.metrics)
 
     async def s3_or_metrics(request: web.Request) -> web.StreamResponse:
@@ -88,6 +147,20 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
 
     app.router.add_route("*", "/{tail:.*}", s3_or_metrics, expect_handler=proxy.expect_handler)
     return app
+
+
+def spool_dir(cfg: Config) -> Path:
+    return cfg.spool.dir if cfg.spool.dir is not None else cfg.server.state_dir / "spool"
+
+
+def _crash_on_failure(task: asyncio.Task[None]) -> None:
+    """A background task that dies takes the process down loudly (STYLE.md 10)."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.critical("background task %s died: %r; exiting", task.get_name(), exc, exc_info=exc)
+        os._exit(70)
 
 
 def _signed(request: web.Request) -> bool:

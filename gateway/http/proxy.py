@@ -16,6 +16,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -63,6 +64,9 @@ from gateway.http.s3xml import error_xml
 from gateway.metrics import Metrics
 from gateway.runtime.backend import Backend
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
+
+if TYPE_CHECKING:
+    from gateway.http.spool_front import SpoolFront
 
 log = logging.getLogger("s3lanes.http")
 
@@ -150,6 +154,8 @@ class S3Proxy:
         self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
+        # Set by build_app when the write spool is enabled; it answers the operations it holds data for.
+        self.spool_front: SpoolFront | None = None
 
     # -- authentication ----------------------------------------------------------------------------------
 
@@ -314,6 +320,10 @@ class S3Proxy:
     async def _proxy(
         self, request: web.Request, ctx: RequestContext, decision: Decision
     ) -> web.StreamResponse:
+        if self.spool_front is not None:
+            spooled = await self.spool_front.route(request, ctx, decision)
+            if spooled is not None:
+                return spooled
         lane = decision.lane
         arrived = self._clock.monotonic()
         upload = self._upload_body(request, ctx)

@@ -13,6 +13,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +65,22 @@ class Gateway:
             verify=self.ca_bundle if https else None,
             config=cfg,
         )
+
+    def flush(self, bucket: str, prefix: str = "", timeout_s: float = 120.0) -> dict[str, Any]:
+        """Wait until what the gateway spooled under bucket/prefix is on the backend (no-op without a spool).
+
+        Tests call this before looking at the backend directly."""
+        query = urllib.parse.urlencode({"bucket": bucket, "prefix": prefix, "timeout": str(timeout_s)})
+        req = urllib.request.Request(f"{self.http_url}/_s3lanes/flush?{query}", method="POST")
+        with urllib.request.urlopen(req, timeout=timeout_s + 30) as resp:
+            doc: dict[str, Any] = json.loads(resp.read())
+        assert doc["durable"], doc
+        return doc
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.http_url}/_s3lanes/status", timeout=30) as resp:
+            doc: dict[str, Any] = json.loads(resp.read())
+        return doc
 
     def env(self) -> dict[str, str]:
         """Environment for CLI tools (aws) talking to the gateway."""
@@ -178,7 +196,21 @@ def tls_ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 def gateway(
     seaweed: Any, tls_ca: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Gateway]:
-    tmp = tmp_path_factory.mktemp("gateway")
+    """The session gateway without a write spool: every request is proxied to the backend."""
+    yield from _session_gateway(seaweed, tls_ca, tmp_path_factory.mktemp("gateway"), spool=False)
+
+
+@pytest.fixture(scope="session")
+def spool_gateway(
+    seaweed: Any, tls_ca: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """The session gateway with its write spool on (the default): checkpoint-lane writes are absorbed."""
+    yield from _session_gateway(seaweed, tls_ca, tmp_path_factory.mktemp("spool-gateway"), spool=True)
+
+
+def _session_gateway(
+    seaweed: Any, tls_ca: tuple[Path, Path, Path], tmp: Path, *, spool: bool
+) -> Iterator[Gateway]:
     ca_path, cert_path, key_path = tls_ca
     admin, user2 = seaweed.admin, seaweed.user2
     toml = f"""
@@ -197,6 +229,9 @@ endpoint = "{seaweed.endpoint_url}"
 region = "us-east-1"
 connect_timeout_s = 2
 read_timeout_s = 30
+
+[spool]
+enabled = {"true" if spool else "false"}
 
 [[credentials]]
 access_key = "{admin.access_key}"

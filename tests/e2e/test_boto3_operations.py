@@ -11,8 +11,9 @@ from __future__ import annotations
 import datetime
 import hashlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote
 
 import pytest
@@ -57,9 +58,22 @@ def scheme(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+@pytest.fixture(params=["proxied", "spooled"])
+def gw(request: pytest.FixtureRequest) -> Gateway:
+    """Every operation runs through a gateway without a spool and through one whose spool absorbs writes
+    (reads then come from the spool until the drain; tests flush before looking at the backend)."""
+    name = "gateway" if request.param == "proxied" else "spool_gateway"
+    return cast(Gateway, request.getfixturevalue(name))
+
+
 @pytest.fixture
-def s3(gateway: Gateway, scheme: str) -> Any:
-    return gateway.client(https=scheme == "https")
+def s3(gw: Gateway, scheme: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    # Set up after (and so torn down before) the test's bucket: what the spool holds for the bucket is
+    # drained before the bucket is deleted on the backend.
+    bucket = request.getfixturevalue("bucket") if "bucket" in request.fixturenames else None
+    yield gw.client(https=scheme == "https")
+    if bucket is not None:
+        gw.flush(bucket)
 
 
 def md5_etag(data: bytes) -> str:
@@ -93,7 +107,7 @@ def read(client: Any, bucket: str, key: str, **kwargs: Any) -> bytes:
 
 @pytest.mark.parametrize("size", [0, 1, 300 * KiB, 9 * MiB], ids=["0B", "1B", "300KiB", "9MiB"])
 def test_put_object_is_stored_byte_exact_with_md5_etag(
-    s3: Any, backend: Any, bucket: str, scheme: str, size: int
+    s3: Any, backend: Any, bucket: str, scheme: str, size: int, gw: Gateway
 ) -> None:
     data = os.urandom(size)
     wire = capture_requests(s3, "PutObject")
@@ -114,18 +128,21 @@ def test_put_object_is_stored_byte_exact_with_md5_etag(
     assert got["ContentLength"] == size
     assert got["ETag"] == md5_etag(data)
     # What SeaweedFS holds: the payload without framing, and no aws-chunked content-encoding.
+    gw.flush(bucket)
     direct = backend.get_object(Bucket=bucket, Key="obj.bin")
     assert direct["Body"].read() == data
     assert "aws-chunked" not in direct.get("ContentEncoding", "")
 
 
-def test_keys_needing_url_encoding_round_trip(s3: Any, backend: Any, bucket: str) -> None:
+def test_keys_needing_url_encoding_round_trip(s3: Any, backend: Any, bucket: str, gw: Gateway) -> None:
     bodies = {key: f"body of {key}".encode() + os.urandom(17) for key in AWKWARD_KEYS}
     for key, body in bodies.items():
         assert s3.put_object(Bucket=bucket, Key=key, Body=body)["ETag"] == md5_etag(body)
     for key, body in bodies.items():
         assert read(s3, bucket, key) == body, key
         assert s3.head_object(Bucket=bucket, Key=key)["ContentLength"] == len(body)
+    gw.flush(bucket)
+    for key, body in bodies.items():
         assert backend.get_object(Bucket=bucket, Key=key)["Body"].read() == body, key
     listed = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]]
     assert sorted(listed) == sorted(AWKWARD_KEYS)
@@ -309,16 +326,17 @@ def test_operations_the_gateway_does_not_model_pass_through(s3: Any, backend: An
 # --- DeleteObject / DeleteObjects -------------------------------------------------------------------------
 
 
-def test_delete_object(s3: Any, backend: Any, bucket: str) -> None:
+def test_delete_object(s3: Any, backend: Any, bucket: str, gw: Gateway) -> None:
     s3.put_object(Bucket=bucket, Key="gone soon", Body=b"x")
     resp = s3.delete_object(Bucket=bucket, Key="gone soon")
     assert resp["ResponseMetadata"]["HTTPStatusCode"] == 204
+    gw.flush(bucket)
     assert not object_exists(backend, bucket, "gone soon")
     # Deleting what is not there is not an error in S3.
     assert s3.delete_object(Bucket=bucket, Key="never existed")["ResponseMetadata"]["HTTPStatusCode"] == 204
 
 
-def test_delete_objects(s3: Any, backend: Any, bucket: str) -> None:
+def test_delete_objects(s3: Any, backend: Any, bucket: str, gw: Gateway) -> None:
     keys = ["d/1", "d/2", "unicodé ü", "keep/1", "keep/2", "plus+sign"]
     for key in keys:
         s3.put_object(Bucket=bucket, Key=key, Body=key.encode())
@@ -326,10 +344,13 @@ def test_delete_objects(s3: Any, backend: Any, bucket: str) -> None:
     resp = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in doomed]})
     assert {d["Key"] for d in resp.get("Deleted", [])} == set(doomed)
     assert not resp.get("Errors")
+    assert set(all_keys(s3, bucket)) == {"keep/1", "keep/2"}
+    gw.flush(bucket)
     assert set(all_keys(backend, bucket)) == {"keep/1", "keep/2"}
 
     quiet = s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": "keep/1"}], "Quiet": True})
     assert not quiet.get("Errors")
+    gw.flush(bucket)
     assert set(all_keys(backend, bucket)) == {"keep/2"}
 
 
@@ -454,7 +475,7 @@ def test_create_head_delete_bucket(s3: Any, backend: Any) -> None:
 # --- CopyObject ---------------------------------------------------------------------------------------------
 
 
-def test_copy_object(s3: Any, backend: Any, bucket: str) -> None:
+def test_copy_object(s3: Any, backend: Any, bucket: str, gw: Gateway) -> None:
     data = os.urandom(300 * KiB)
     src = "src dir/ü+%.bin"
     s3.put_object(
@@ -475,6 +496,7 @@ def test_copy_object(s3: Any, backend: Any, bucket: str) -> None:
         MetadataDirective="REPLACE",
         Metadata={"origin": "replaced"},
     )
+    gw.flush(bucket)
     got = backend.get_object(Bucket=bucket, Key="dst/replaced.bin")
     assert got["Body"].read() == data
     assert got["Metadata"] == {"origin": "replaced"}
@@ -483,7 +505,9 @@ def test_copy_object(s3: Any, backend: Any, bucket: str) -> None:
 # --- multipart ----------------------------------------------------------------------------------------------
 
 
-def test_multipart_upload_complete_list_parts_list_uploads(s3: Any, backend: Any, bucket: str) -> None:
+def test_multipart_upload_complete_list_parts_list_uploads(
+    s3: Any, backend: Any, bucket: str, gw: Gateway
+) -> None:
     key = "mpu/ü object.bin"
     parts = [os.urandom(5 * MiB), os.urandom(MiB + 123)]
     upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
@@ -510,6 +534,7 @@ def test_multipart_upload_complete_list_parts_list_uploads(s3: Any, backend: Any
     )
     assert done["ETag"] == multipart_etag(parts)
     assert read(s3, bucket, key) == b"".join(parts)
+    gw.flush(bucket)
     assert backend.get_object(Bucket=bucket, Key=key)["Body"].read() == b"".join(parts)
     uploads = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
     assert upload_id not in {u["UploadId"] for u in uploads}
@@ -540,7 +565,7 @@ def test_upload_part_copy(s3: Any, bucket: str) -> None:
     assert read(s3, bucket, "assembled") == source[: 5 * MiB] + tail
 
 
-def test_abort_multipart_upload(s3: Any, backend: Any, bucket: str) -> None:
+def test_abort_multipart_upload(s3: Any, backend: Any, bucket: str, gw: Gateway) -> None:
     upload_id = s3.create_multipart_upload(Bucket=bucket, Key="aborted")["UploadId"]
     s3.upload_part(Bucket=bucket, Key="aborted", UploadId=upload_id, PartNumber=1, Body=os.urandom(KiB))
     resp = s3.abort_multipart_upload(Bucket=bucket, Key="aborted", UploadId=upload_id)
@@ -550,6 +575,7 @@ def test_abort_multipart_upload(s3: Any, backend: Any, bucket: str) -> None:
     with pytest.raises(ClientError) as exc:
         s3.list_parts(Bucket=bucket, Key="aborted", UploadId=upload_id)
     assert client_error(exc.value) == ("NoSuchUpload", 404)
+    gw.flush(bucket)
     assert not object_exists(backend, bucket, "aborted")
 
 
@@ -583,7 +609,9 @@ def test_object_tagging(s3: Any, bucket: str) -> None:
     assert s3.get_object_tagging(Bucket=bucket, Key="tagged")["TagSet"] == []
 
 
-def test_user_metadata_and_standard_headers_round_trip(s3: Any, backend: Any, bucket: str) -> None:
+def test_user_metadata_and_standard_headers_round_trip(
+    s3: Any, backend: Any, bucket: str, gw: Gateway
+) -> None:
     metadata = {"color": "blue", "x-trace": "abc-123", "camelcase": "Value With Spaces"}
     s3.put_object(
         Bucket=bucket,
@@ -594,6 +622,9 @@ def test_user_metadata_and_standard_headers_round_trip(s3: Any, backend: Any, bu
         CacheControl="max-age=60",
         ContentDisposition='inline; filename="m.txt"',
     )
+    head = s3.head_object(Bucket=bucket, Key="meta")
+    assert head["Metadata"] == metadata
+    gw.flush(bucket)
     for client in (s3, backend):
         head = client.head_object(Bucket=bucket, Key="meta")
         assert head["Metadata"] == metadata

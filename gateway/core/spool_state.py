@@ -1,0 +1,673 @@
+"""The write spool's bookkeeping: what is acknowledged, in which order it must reach the backend. Pure.
+
+Theory of operation. Every change to the spool is a *record* (a dict, written to the journal by the shell).
+A record is applied here only once the journal holds it durably, in journal order, both live and on replay,
+so the state after a crash is exactly the state that was acknowledged. Records:
+
+    put      an object acknowledged (single PUT, CopyObject, or a completed multipart upload)
+    del      a DELETE acknowledged for a key that still had spooled data (a tombstone)
+    mpu      a multipart upload created in the spool;  part  one part of it;  abort  it was aborted
+    done     an entry is on the backend (the drain confirmed it)
+
+Ordering rules (what the backend ends up with equals the order of acknowledgements):
+
+* Per key, only the latest entry is live. A newer put/del *supersedes* older ones: their data is dropped
+  without being uploaded, and an upload of an older version still in flight is cancelled. A newer entry
+  of a key is not drained while an older one of the same key is still being uploaded.
+* Commit markers (``.metadata``, ``COMMIT``... by file-name glob) are drained only when no entry acknowledged
+  before them under the same directory prefix is still pending, so a manifest never reaches the backend
+  before its shards.
+* Otherwise entries drain oldest first.
+
+Lifecycle of an entry (one transition table, illegal moves raise)::
+
+    PENDING --start_upload--> UPLOADING --upload_failed--> PENDING (retry after backoff)
+                                        --upload_succeeded--> UPLOADED --(done record applied)--> gone
+    any state --superseded by a newer record of the key--> gone (an UPLOADING one is cancelled)
+
+Space: :class:`SpoolSpace` counts bytes on disk and bytes reserved by writes in progress, with high/low
+water hysteresis.
+"""
+
+from __future__ import annotations
+
+import enum
+import fnmatch
+import hashlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import EntityTooSmall, InvalidPart, InvalidPartOrder, MalformedXML
+
+MIN_PART_BYTES = 5 * 1024 * 1024
+MAX_PARTS = 10_000
+
+
+class EntryState(enum.Enum):
+    PENDING = "pending"
+    UPLOADING = "uploading"
+    UPLOADED = "uploaded"
+
+
+_TRANSITIONS: dict[EntryState, frozenset[EntryState]] = {
+    EntryState.PENDING: frozenset({EntryState.UPLOADING}),
+    EntryState.UPLOADING: frozenset({EntryState.PENDING, EntryState.UPLOADED}),
+    EntryState.UPLOADED: frozenset(),
+}
+
+
+class IllegalTransition(AssertionError):
+    pass
+
+
+@dataclass(slots=True)
+class Entry:
+    """One acknowledged operation waiting for the backend."""
+
+    seq: int
+    kind: str  # "put" or "del"
+    bucket: str
+    key: str
+    access_key: str
+    lane: str
+    acked_at: float  # wall clock
+    size: int = 0
+    etag: str = ""  # quoted
+    files: tuple[str, ...] = ()  # spool file ids, one per part
+    part_sizes: tuple[int, ...] = ()  # multipart layout of the client (empty: a single PUT)
+    part_md5s: tuple[str, ...] = ()  # hex MD5 per part (multipart only)
+    meta: tuple[tuple[str, str], ...] = ()  # headers to send with the upload (lower-case names)
+    marker: bool = False
+    state: EntryState = EntryState.PENDING
+    attempts: int = 0
+    not_before: float = 0.0  # monotonic time before which a failed upload is not retried
+    superseded: bool = False
+    last_error: str = ""
+
+    def move(self, to: EntryState) -> None:
+        if to not in _TRANSITIONS[self.state]:
+            raise IllegalTransition(f"entry {self.seq}: {self.state.value} -> {to.value}")
+        self.state = to
+
+    @property
+    def multipart(self) -> bool:
+        return bool(self.part_sizes)
+
+    @property
+    def dir_prefix(self) -> str:
+        return self.key.rpartition("/")[0] + "/" if "/" in self.key else ""
+
+
+@dataclass(frozen=True, slots=True)
+class PartFile:
+    number: int
+    file: str
+    size: int
+    md5: str  # hex
+
+    @property
+    def etag(self) -> str:
+        return f'"{self.md5}"'
+
+
+@dataclass(slots=True)
+class Upload:
+    """A multipart upload created in the spool and not yet completed or aborted."""
+
+    upload_id: str
+    seq: int
+    bucket: str
+    key: str
+    access_key: str
+    lane: str
+    created_at: float
+    meta: tuple[tuple[str, str], ...]
+    parts: dict[int, PartFile] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        return sum(p.size for p in self.parts.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What the shell must do after a record was applied."""
+
+    garbage: tuple[str, ...] = ()  # spool files no record refers to any more: unlink them
+    cancel: tuple[int, ...] = ()  # seqs of superseded uploads in flight: cancel them
+    removed: tuple[Entry, ...] = ()  # entries that left the spool (done or superseded): wake flush waiters
+
+
+def multipart_etag(part_md5s: Sequence[str]) -> str:
+    digest = hashlib.md5(b"".join(bytes.fromhex(m) for m in part_md5s), usedforsecurity=False).hexdigest()
+    return f'"{digest}-{len(part_md5s)}"'
+
+
+def _glob_regex(globs: Sequence[str]) -> re.Pattern[str] | None:
+    if not globs:
+        return None
+    return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
+
+
+def _meta_tuple(raw: Any) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(v)) for k, v in raw)
+
+
+class SpoolState:
+    """Entries, uploads and their order. Owned by the spool shell; not thread-safe."""
+
+    def __init__(self, commit_markers: Sequence[str] = ()) -> None:
+        self._markers = _glob_regex(commit_markers)
+        self.entries: dict[int, Entry] = {}  # seq -> entry, in seq order
+        self._latest: dict[tuple[str, str], Entry] = {}  # (bucket, key) -> live entry
+        self._uploading_keys: dict[tuple[str, str], int] = {}  # key -> seq being uploaded
+        self.uploads: dict[str, Upload] = {}
+        self._next_seq = 1
+        self.bytes_on_disk = 0
+
+    # -- records ---------------------------------------------------------------------------------------------
+
+    def next_seq(self) -> int:
+        seq = self._next_seq
+        self._next_seq += 1
+        return seq
+
+    def is_marker(self, key: str) -> bool:
+        return self._markers is not None and self._markers.fullmatch(key.rpartition("/")[2]) is not None
+
+    def apply(self, rec: Mapping[str, Any]) -> Applied:
+        kind = rec["t"]
+        seq = int(rec.get("seq", 0))
+        if seq >= self._next_seq:
+            self._next_seq = seq + 1
+        if kind == "put":
+            return self._apply_put(rec)
+        if kind == "del":
+            entry = Entry(
+                seq=seq,
+                kind="del",
+                bucket=rec["b"],
+                key=rec["k"],
+                access_key=rec["ak"],
+                lane=rec.get("ln", "checkpoint"),
+                acked_at=float(rec["at"]),
+            )
+            return self._add(entry)
+        if kind == "mpu":
+            self.uploads[rec["u"]] = Upload(
+                upload_id=rec["u"],
+                seq=seq,
+                bucket=rec["b"],
+                key=rec["k"],
+                access_key=rec["ak"],
+                lane=rec.get("ln", "checkpoint"),
+                created_at=float(rec["at"]),
+                meta=_meta_tuple(rec.get("m", ())),
+            )
+            return Applied()
+        if kind == "part":
+            upload = self.uploads.get(rec["u"])
+            part = PartFile(int(rec["n"]), rec["f"], int(rec["sz"]), rec["md5"])
+            if upload is None:  # aborted while the part was being written
+                return Applied(garbage=(part.file,))
+            old = upload.parts.get(part.number)
+            upload.parts[part.number] = part
+            self.bytes_on_disk += part.size
+            if old is not None:
+                self.bytes_on_disk -= old.size
+                return Applied(garbage=(old.file,))
+            return Applied()
+        if kind == "abort":
+            upload = self.uploads.pop(rec["u"], None)
+            if upload is None:
+                return Applied()
+            self.bytes_on_disk -= upload.size
+            return Applied(garbage=tuple(p.file for p in upload.parts.values()))
+        if kind == "seq":  # written by compaction: keeps seqs growing across rewrites
+            return Applied()
+        if kind == "done":
+            done = self.entries.get(int(rec["s"]))
+            if done is None:
+                return Applied()
+            self._remove(done)
+            return Applied(garbage=done.files, removed=(done,))
+        raise ValueError(f"unknown journal record type {kind!r}")
+
+    def _apply_put(self, rec: Mapping[str, Any]) -> Applied:
+        garbage: list[str] = []
+        upload_id = rec.get("u")
+        if upload_id is not None:
+            upload = self.uploads.pop(upload_id, None)
+            if upload is None:
+                raise ValueError(f"journal: completion of unknown upload {upload_id}")
+            chosen = [int(n) for n in rec["pn"]]
+            parts = [upload.parts[n] for n in chosen]
+            used = set(chosen)
+            for n, part in upload.parts.items():
+                if n not in used:
+                    garbage.append(part.file)
+                    self.bytes_on_disk -= part.size
+            files = tuple(p.file for p in parts)
+            part_sizes = tuple(p.size for p in parts)
+            part_md5s = tuple(p.md5 for p in parts)
+            size = sum(part_sizes)
+            meta = upload.meta
+            self.bytes_on_disk -= size  # counted again below, as the entry's
+        else:
+            files = tuple(rec["f"])
+            part_sizes = tuple(int(n) for n in rec.get("ps", ()))
+            part_md5s = tuple(str(m) for m in rec.get("pm", ()))
+            size = int(rec["sz"])
+            meta = _meta_tuple(rec.get("m", ()))
+        self.bytes_on_disk += size
+        entry = Entry(
+            seq=int(rec["seq"]),
+            kind="put",
+            bucket=rec["b"],
+            key=rec["k"],
+            access_key=rec["ak"],
+            lane=rec.get("ln", "checkpoint"),
+            acked_at=float(rec["at"]),
+            size=size,
+            etag=rec["etag"],
+            files=files,
+            part_sizes=part_sizes,
+            part_md5s=part_md5s,
+            meta=meta,
+            marker=self.is_marker(rec["k"]),
+        )
+        applied = self._add(entry)
+        return Applied(
+            garbage=tuple(garbage) + applied.garbage, cancel=applied.cancel, removed=applied.removed
+        )
+
+    def _add(self, entry: Entry) -> Applied:
+        ident = (entry.bucket, entry.key)
+        old = self._latest.get(ident)
+        garbage: tuple[str, ...] = ()
+        cancel: tuple[int, ...] = ()
+        removed: tuple[Entry, ...] = ()
+        if old is not None:
+            removed = (old,)
+            if old.state is EntryState.UPLOADING:
+                # Still on the wire: it stays in `entries` (its files stay) until the upload returns.
+                old.superseded = True
+                del self._latest[ident]
+                cancel = (old.seq,)
+            else:
+                self._remove(old)
+                garbage = old.files
+        self.entries[entry.seq] = entry
+        self._latest[ident] = entry
+        return Applied(garbage=garbage, cancel=cancel, removed=removed)
+
+    def _remove(self, entry: Entry) -> None:
+        self.entries.pop(entry.seq, None)
+        ident = (entry.bucket, entry.key)
+        if self._latest.get(ident) is entry:
+            del self._latest[ident]
+        if self._uploading_keys.get(ident) == entry.seq:
+            del self._uploading_keys[ident]
+        self.bytes_on_disk -= entry.size
+
+    # -- record builders (seq assigned in journal order) -----------------------------------------------------
+
+    def put_record(
+        self,
+        *,
+        bucket: str,
+        key: str,
+        file: str,
+        size: int,
+        md5: str,
+        meta: Sequence[tuple[str, str]],
+        access_key: str,
+        lane: str,
+        now_wall: float,
+    ) -> dict[str, Any]:
+        return {
+            "t": "put",
+            "seq": self.next_seq(),
+            "b": bucket,
+            "k": key,
+            "f": [file],
+            "sz": size,
+            "etag": f'"{md5}"',
+            "m": [list(kv) for kv in meta],
+            "ak": access_key,
+            "ln": lane,
+            "at": now_wall,
+        }
+
+    def delete_record(
+        self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float
+    ) -> dict[str, Any]:
+        return {
+            "t": "del",
+            "seq": self.next_seq(),
+            "b": bucket,
+            "k": key,
+            "ak": access_key,
+            "ln": lane,
+            "at": now_wall,
+        }
+
+    def create_upload_record(
+        self,
+        *,
+        upload_id: str,
+        bucket: str,
+        key: str,
+        meta: Sequence[tuple[str, str]],
+        access_key: str,
+        lane: str,
+        now_wall: float,
+    ) -> dict[str, Any]:
+        return {
+            "t": "mpu",
+            "seq": self.next_seq(),
+            "u": upload_id,
+            "b": bucket,
+            "k": key,
+            "m": [list(kv) for kv in meta],
+            "ak": access_key,
+            "ln": lane,
+            "at": now_wall,
+        }
+
+    @staticmethod
+    def part_record(*, upload_id: str, number: int, file: str, size: int, md5: str) -> dict[str, Any]:
+        return {"t": "part", "u": upload_id, "n": number, "f": file, "sz": size, "md5": md5}
+
+    @staticmethod
+    def abort_record(upload_id: str) -> dict[str, Any]:
+        return {"t": "abort", "u": upload_id}
+
+    @staticmethod
+    def done_record(seq: int) -> dict[str, Any]:
+        return {"t": "done", "s": seq}
+
+    def complete_record(
+        self, upload: Upload, requested: Sequence[tuple[int, str]], now_wall: float
+    ) -> dict[str, Any]:
+        """Validate a CompleteMultipartUpload part list the way S3 does; the put record that completes it."""
+        if not requested:
+            raise MalformedXML("The multipart upload must name at least one part.")
+        last = 0
+        parts: list[PartFile] = []
+        for number, etag in requested:
+            if number <= last:
+                raise InvalidPartOrder()
+            last = number
+            part = upload.parts.get(number)
+            if part is None or etag.strip().strip('"') != part.md5:
+                raise InvalidPart(PartNumber=str(number))
+            parts.append(part)
+        for part in parts[:-1]:
+            if part.size < MIN_PART_BYTES:
+                raise EntityTooSmall(
+                    ProposedSize=str(part.size),
+                    MinSizeAllowed=str(MIN_PART_BYTES),
+                    PartNumber=str(part.number),
+                )
+        return {
+            "t": "put",
+            "seq": self.next_seq(),
+            "u": upload.upload_id,
+            "pn": [p.number for p in parts],
+            "b": upload.bucket,
+            "k": upload.key,
+            "etag": multipart_etag([p.md5 for p in parts]),
+            "ak": upload.access_key,
+            "ln": upload.lane,
+            "at": now_wall,
+        }
+
+    # -- queries ---------------------------------------------------------------------------------------------
+
+    def lookup(self, bucket: str, key: str) -> Entry | None:
+        """The live entry of a key (a put to serve, or a tombstone), if the spool has one."""
+        return self._latest.get((bucket, key))
+
+    def has_key(self, bucket: str, key: str) -> bool:
+        """True while any entry of the key (live, or superseded but still uploading) is in the spool."""
+        ident = (bucket, key)
+        return ident in self._latest or ident in self._uploading_keys
+
+    def has_bucket_prefix(self, bucket: str, prefix: str) -> bool:
+        return any(e.bucket == bucket and e.key.startswith(prefix) for e in self._latest.values())
+
+    def live_under(self, bucket: str, prefix: str) -> Iterator[Entry]:
+        for entry in self._latest.values():
+            if entry.bucket == bucket and entry.key.startswith(prefix):
+                yield entry
+
+    def pending_under(
+        self, bucket: str, prefix: str, max_seq: int | None = None
+    ) -> tuple[int, int, float | None]:
+        """(objects, bytes, oldest acked_at) of entries not yet on the backend under bucket/prefix."""
+        count = 0
+        nbytes = 0
+        oldest: float | None = None
+        for entry in self.entries.values():
+            if max_seq is not None and entry.seq > max_seq:
+                break
+            if entry.bucket == bucket and entry.key.startswith(prefix):
+                count += 1
+                nbytes += entry.size
+                oldest = entry.acked_at if oldest is None else min(oldest, entry.acked_at)
+        return count, nbytes, oldest
+
+    @property
+    def last_seq(self) -> int:
+        return self._next_seq - 1
+
+    def oldest_acked_at(self) -> float | None:
+        for entry in self.entries.values():
+            return entry.acked_at
+        return None
+
+    def pending_by_prefix(self, depth: int = 1) -> dict[tuple[str, str], int]:
+        """Pending bytes per (bucket, first `depth` path components of the key)."""
+        out: dict[tuple[str, str], int] = {}
+        for entry in self.entries.values():
+            parts = entry.key.split("/")
+            prefix = "/".join(parts[:depth]) + "/" if len(parts) > depth else ""
+            ident = (entry.bucket, prefix)
+            out[ident] = out.get(ident, 0) + entry.size
+        return out
+
+    # -- drain -----------------------------------------------------------------------------------------------
+
+    def drainable(self, now: float, limit: int) -> list[Entry]:
+        """Up to ``limit`` entries that may start uploading now, oldest first, keeping every ordering rule."""
+        out: list[Entry] = []
+        if limit <= 0:
+            return out
+        # dir prefix -> seq of the oldest entry under it still pending or in flight, per bucket
+        earlier: list[Entry] = []
+        for entry in self.entries.values():
+            if entry.state is EntryState.PENDING and not entry.superseded and entry.not_before <= now:
+                ident = (entry.bucket, entry.key)
+                blocked = ident in self._uploading_keys
+                if not blocked and entry.marker:
+                    prefix = entry.dir_prefix
+                    blocked = any(e.bucket == entry.bucket and e.key.startswith(prefix) for e in earlier)
+                if not blocked:
+                    out.append(entry)
+                    if len(out) >= limit:
+                        break
+            earlier.append(entry)
+        return out
+
+    def next_retry_at(self, now: float) -> float | None:
+        """Earliest time a pending entry leaves its backoff (entries already past it are not timed waits)."""
+        times = [
+            e.not_before
+            for e in self.entries.values()
+            if e.state is EntryState.PENDING and not e.superseded and e.not_before > now
+        ]
+        return min(times) if times else None
+
+    def start_upload(self, entry: Entry) -> None:
+        entry.move(EntryState.UPLOADING)
+        self._uploading_keys[(entry.bucket, entry.key)] = entry.seq
+        entry.attempts += 1
+
+    def upload_failed(self, entry: Entry, retry_at: float, error: str) -> Applied:
+        """The attempt failed (or was cancelled). A superseded entry leaves the spool now."""
+        entry.move(EntryState.PENDING)
+        entry.last_error = error
+        ident = (entry.bucket, entry.key)
+        if self._uploading_keys.get(ident) == entry.seq:
+            del self._uploading_keys[ident]
+        if entry.superseded:
+            self._remove(entry)
+            return Applied(garbage=entry.files, removed=(entry,))
+        entry.not_before = retry_at
+        return Applied()
+
+    def upload_succeeded(self, entry: Entry) -> None:
+        """On the backend; the shell journals a done record (whose apply removes the entry)."""
+        entry.move(EntryState.UPLOADED)
+        ident = (entry.bucket, entry.key)
+        if self._uploading_keys.get(ident) == entry.seq:
+            del self._uploading_keys[ident]
+
+    def expired_uploads(self, now_wall: float, max_age_s: float) -> list[Upload]:
+        return [u for u in self.uploads.values() if now_wall - u.created_at > max_age_s]
+
+    # -- compaction ------------------------------------------------------------------------------------------
+
+    def snapshot_records(self) -> list[dict[str, Any]]:
+        """Records that rebuild the live state on their own (the journal is rewritten with these)."""
+        out: list[dict[str, Any]] = []
+        items: list[tuple[int, dict[str, Any]]] = []
+        for entry in self.entries.values():
+            if entry.superseded:
+                continue
+            if entry.kind == "del":
+                items.append(
+                    (
+                        entry.seq,
+                        {
+                            "t": "del",
+                            "seq": entry.seq,
+                            "b": entry.bucket,
+                            "k": entry.key,
+                            "ak": entry.access_key,
+                            "ln": entry.lane,
+                            "at": entry.acked_at,
+                        },
+                    )
+                )
+                continue
+            rec: dict[str, Any] = {
+                "t": "put",
+                "seq": entry.seq,
+                "b": entry.bucket,
+                "k": entry.key,
+                "f": list(entry.files),
+                "sz": entry.size,
+                "etag": entry.etag,
+                "m": [list(kv) for kv in entry.meta],
+                "ak": entry.access_key,
+                "ln": entry.lane,
+                "at": entry.acked_at,
+            }
+            if entry.multipart:
+                rec["ps"] = list(entry.part_sizes)
+                rec["pm"] = list(entry.part_md5s)
+            items.append((entry.seq, rec))
+        for upload in self.uploads.values():
+            items.append(
+                (
+                    upload.seq,
+                    {
+                        "t": "mpu",
+                        "seq": upload.seq,
+                        "u": upload.upload_id,
+                        "b": upload.bucket,
+                        "k": upload.key,
+                        "m": [list(kv) for kv in upload.meta],
+                        "ak": upload.access_key,
+                        "ln": upload.lane,
+                        "at": upload.created_at,
+                    },
+                )
+            )
+        items.sort(key=lambda item: item[0])
+        for _, rec in items:
+            out.append(rec)
+            if rec["t"] == "mpu":
+                for part in self.uploads[rec["u"]].parts.values():
+                    out.append(
+                        self.part_record(
+                            upload_id=rec["u"],
+                            number=part.number,
+                            file=part.file,
+                            size=part.size,
+                            md5=part.md5,
+                        )
+                    )
+        out.append({"t": "seq", "seq": self.last_seq})
+        return out
+
+    def referenced_files(self) -> set[str]:
+        files: set[str] = set()
+        for entry in self.entries.values():
+            files.update(entry.files)
+        for upload in self.uploads.values():
+            files.update(p.file for p in upload.parts.values())
+        return files
+
+
+class Admission(enum.Enum):
+    SPOOL = "spool"
+    FULL = "full"  # above high water: write-through or SlowDown, as configured
+    TOO_BIG = "too_big"  # cannot fit at all: write-through
+
+
+@dataclass(slots=True)
+class SpoolSpace:
+    """Bytes used and reserved against the spool's capacity, with high/low water hysteresis."""
+
+    capacity_bytes: int
+    high_water: float
+    low_water: float
+    used_bytes: int = 0
+    reserved_bytes: int = 0
+    full: bool = False
+
+    def _update(self) -> None:
+        level = self.used_bytes + self.reserved_bytes
+        if self.full and level < self.low_water * self.capacity_bytes:
+            self.full = False
+        elif not self.full and level > self.high_water * self.capacity_bytes:
+            self.full = True
+
+    def admit(self, nbytes: int, *, must: bool = False) -> Admission:
+        """Reserve room for a write of ``nbytes``. ``must``: parts of a spooled upload ignore high water."""
+        self._update()
+        if self.used_bytes + self.reserved_bytes + nbytes > self.capacity_bytes:
+            return Admission.TOO_BIG
+        if self.full and not must:
+            return Admission.FULL
+        self.reserved_bytes += nbytes
+        self._update()
+        return Admission.SPOOL
+
+    def release(self, reserved: int) -> None:
+        """A write finished (its bytes are now counted in ``used``) or failed: drop its reservation."""
+        self.reserved_bytes -= reserved
+        self._update()
+
+    def set_used(self, nbytes: int) -> None:
+        self.used_bytes = nbytes
+        self._update()
+
+    @property
+    def level(self) -> float:
+        return (self.used_bytes + self.reserved_bytes) / self.capacity_bytes if self.capacity_bytes else 1.0

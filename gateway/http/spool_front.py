@@ -1,0 +1,1080 @@
+"""The S3 operations the write spool answers itself, and the ordering guards around the ones it does not.
+
+:meth:`SpoolFront.route` runs for every authenticated request before it is proxied. It returns a response
+when the spool is involved, or ``None`` to let the request pass through to the backend:
+
+* PutObject, CreateMultipartUpload and the parts of a spooled upload (upload ids ``s3lanes-...``) in a
+  spooled lane are written to local disk and acknowledged once durable (``gateway.runtime.spool``).
+* GetObject/HeadObject of a spooled key are served from the spool (sendfile); a tombstone answers 404.
+* ListObjects/ListObjectsV2 over a prefix with spooled keys merge them with the backend's listing.
+* CopyObject from a spooled source copies through the gateway (into the spool, or straight to the backend).
+* DeleteObject/DeleteObjects of spooled keys write tombstones, so the delete wins over the pending upload.
+* Any other write to a key with spooled data waits until that data is on the backend first (ordering), and
+  answers 503 SlowDown if that takes too long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import secrets
+import xml.etree.ElementTree as ET
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+from xml.sax.saxutils import escape
+
+import aiohttp
+from aiohttp import web
+
+from gateway.clock import Clock
+from gateway.config import Config, Credential
+from gateway.core.body import UploadBody
+from gateway.core.classify import Decision
+from gateway.core.listing import (
+    ListEntry,
+    NotOurToken,
+    merge_page,
+    parse_backend_listing,
+    parse_list_request,
+    prefixes_to_expand,
+    render_list_xml,
+)
+from gateway.core.objectread import DEFAULT_CONTENT_TYPE, StoredObject, plan_read
+from gateway.core.s3request import query_names
+from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
+from gateway.core.uri import s3_quote
+from gateway.errors import (
+    AccessDenied,
+    IncompleteBody,
+    InvalidArgument,
+    InvalidRequest,
+    MalformedXML,
+    NoSuchBucket,
+    NoSuchKey,
+    NoSuchUpload,
+    PreconditionFailed,
+    S3Error,
+    ServiceUnavailable,
+    SlowDown,
+)
+from gateway.metrics import Metrics
+from gateway.runtime.backend import Backend
+from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
+from gateway.runtime.spool import Spool, SpoolFileWriter
+
+if TYPE_CHECKING:
+    from gateway.http.proxy import RequestContext, S3Proxy
+
+log = logging.getLogger("s3lanes.spool")
+
+WRITE_THROUGH_HEADER = "x-s3lanes-write-through"
+SOURCE_HEADER = "x-s3lanes-source"
+UPLOAD_ID_PREFIX = "s3lanes-"
+# How long a write-through operation waits for a key's spooled data to reach the backend before 503.
+KEY_CLEAR_TIMEOUT_S = 30.0
+BUCKET_CHECK_TTL_S = 30.0
+MAX_XML_BODY_BYTES = 4 * 1024 * 1024
+READ_CHUNK_BYTES = 1024 * 1024
+
+# Request headers kept with a spooled object and sent with its upload to the backend.
+_KEEP_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-encoding",
+        "content-disposition",
+        "content-language",
+        "cache-control",
+        "expires",
+        "x-amz-tagging",
+        "x-amz-storage-class",
+        "x-amz-website-redirect-location",
+        "x-amz-acl",
+        "x-amz-grant-full-control",
+        "x-amz-grant-read",
+        "x-amz-grant-read-acp",
+        "x-amz-grant-write-acp",
+        "x-amz-server-side-encryption",
+        "x-amz-server-side-encryption-aws-kms-key-id",
+        "x-amz-server-side-encryption-context",
+        "x-amz-server-side-encryption-bucket-key-enabled",
+    }
+)
+# Of those, the ones GET/HEAD show (besides Content-Type and x-amz-meta-*).
+_SERVED_HEADERS = frozenset(
+    {
+        "content-encoding",
+        "content-disposition",
+        "content-language",
+        "cache-control",
+        "expires",
+        "x-amz-website-redirect-location",
+        "x-amz-server-side-encryption",
+    }
+)
+# Requests with these cannot be answered from local disk honestly: they go to the backend.
+_WRITE_THROUGH_ONLY = (
+    "x-amz-server-side-encryption-customer-algorithm",
+    "x-amz-object-lock-mode",
+    "x-amz-object-lock-retain-until-date",
+    "x-amz-object-lock-legal-hold",
+    "if-match",
+    "if-none-match",
+)
+_TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+def upload_meta(headers: Mapping[str, str]) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    for name, value in headers.items():
+        if name.startswith("x-amz-meta-") or name in _KEEP_HEADERS:
+            if name == "content-encoding":
+                codings = [c.strip() for c in value.split(",") if c.strip() and c.strip() != "aws-chunked"]
+                if not codings:
+                    continue
+                value = ",".join(codings)
+            out.append((name, value))
+    return sorted(out)
+
+
+def stored_object(entry: Entry) -> StoredObject:
+    meta = dict(entry.meta)
+    served = tuple(
+        (k, v)
+        for k, v in entry.meta
+        if k.startswith("x-amz-meta-")
+        or k in _SERVED_HEADERS
+        or (k == "x-amz-storage-class" and v != "STANDARD")
+    )
+    tagging = meta.get("x-amz-tagging", "")
+    return StoredObject(
+        size=entry.size,
+        etag=entry.etag,
+        last_modified=entry.acked_at,
+        content_type=meta.get("content-type", DEFAULT_CONTENT_TYPE),
+        headers=served,
+        tag_count=len([t for t in tagging.split("&") if t]),
+        part_sizes=entry.part_sizes,
+    )
+
+
+def _xml(root: str, fields: list[tuple[str, str]]) -> bytes:
+    inner = "".join(f"<{k}>{escape(v)}</{k}>" for k, v in fields)
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        f"{inner}</{root}>"
+    ).encode()
+
+
+def _iso(ts: float) -> str:
+    stamp = datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{stamp}.{int(ts * 1000) % 1000:03d}Z"
+
+
+def parse_copy_source(value: str) -> tuple[str, str]:
+    """``x-amz-copy-source``: ``[/]bucket/key[?versionId=...]``, URL-encoded."""
+    raw = value.split("?", 1)[0]
+    raw = raw[1:] if raw.startswith("/") else raw
+    bucket, sep, key = raw.partition("/")
+    if not sep or not bucket or not key:
+        raise InvalidArgument("Copy Source must mention the source bucket and key: sourcebucket/sourcekey.")
+    return unquote(bucket), unquote(key)
+
+
+def _copy_conditions(headers: Mapping[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name in ("if-match", "if-none-match", "if-modified-since", "if-unmodified-since"):
+        value = headers.get("x-amz-copy-source-" + name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+class SpoolFront:
+    def __init__(
+        self,
+        spool: Spool,
+        proxy: S3Proxy,
+        cfg: Config,
+        backend: Backend,
+        dispatcher: LaneDispatcher,
+        clock: Clock,
+        metrics: Metrics,
+    ) -> None:
+        self.spool = spool
+        self._proxy = proxy
+        self._cfg = cfg
+        self._backend = backend
+        self._dispatcher = dispatcher
+        self._clock = clock
+        self._metrics = metrics
+        self._lanes = frozenset(cfg.spool.lanes)
+        self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
+        # (backend identity, bucket) -> monotonic time until which the bucket is known to be there for it
+        self._bucket_ok: dict[tuple[str, str], float] = {}
+        self._request_cost = cfg.scheduler.request_cost_bytes
+        self._chunk = cfg.scheduler.chunk_bytes
+
+    # -- routing ---------------------------------------------------------------------------------------------
+
+    async def route(
+        self, request: web.Request, ctx: RequestContext, decision: Decision
+    ) -> web.StreamResponse | None:
+        target = ctx.target
+        bucket, key, op = target.bucket, target.key, target.operation
+        if bucket is None:
+            return None
+        state = self.spool.state
+        q = query_names(ctx.view.raw_query)
+        if key is None:
+            if op in ("ListObjects", "ListObjectsV2"):
+                if state.has_bucket_prefix(bucket, q.get("prefix", "")):
+                    return await self._list(request, ctx, decision, bucket)
+            elif op == "DeleteObjects" and state.has_bucket_prefix(bucket, ""):
+                return await self._delete_objects(request, ctx, decision, bucket)
+            elif op == "ListMultipartUploads" and any(u.bucket == bucket for u in state.uploads.values()):
+                return await self._list_uploads(request, ctx, decision, bucket, q)
+            return None
+        upload_id = q.get("uploadId")
+        if upload_id is not None and upload_id.startswith(UPLOAD_ID_PREFIX):
+            return await self._spooled_upload_op(request, ctx, decision, op, upload_id, q)
+        if "versionId" in q:
+            return None
+        if op in ("GetObject", "HeadObject"):
+            entry = state.lookup(bucket, key)
+            if entry is None:
+                return None
+            if entry.kind == "del":
+                raise NoSuchKey(Key=key)
+            return await self._serve(request, ctx, decision, entry)
+        if op == "PutObject":
+            return await self._put(request, ctx, decision, bucket, key)
+        if op == "CopyObject":
+            return await self._copy(request, ctx, decision, bucket, key)
+        if op == "CreateMultipartUpload":
+            return await self._create_upload(request, ctx, decision, bucket, key)
+        if op == "DeleteObject":
+            if state.has_key(bucket, key):
+                return await self._tombstone(request, ctx, decision, bucket, key)
+            return None
+        if op in ("GetObjectTagging", "GetObjectAcl", "GetObjectAttributes") or op.startswith(
+            ("Put", "Delete", "Complete", "Restore", "Select", "UploadPart")
+        ):
+            # Not modelled by the spool: order it after the key's spooled data.
+            await self._wait_clear(bucket, key)
+        return None
+
+    def _response(
+        self, ctx: RequestContext, decision: Decision, status: int = 200, body: bytes = b""
+    ) -> web.Response:
+        resp = web.Response(status=status, body=body)
+        if body:
+            resp.content_type = "application/xml"
+        resp.headers["x-amz-request-id"] = ctx.request_id
+        resp.headers[SOURCE_HEADER] = "spool"
+        self._proxy._lane_headers(resp, decision)
+        return resp
+
+    def _spoolable(self, ctx: RequestContext, decision: Decision, bucket: str, key: str) -> bool:
+        h = ctx.view.headers
+        if self.spool.degraded is not None:
+            return False
+        if h.get(WRITE_THROUGH_HEADER, "").strip().lower() in _TRUE:
+            return False
+        if any(name in h for name in _WRITE_THROUGH_ONLY):
+            return False
+        return decision.lane in self._lanes or self.spool.state.has_key(bucket, key)
+
+    async def _wait_clear(self, bucket: str, key: str) -> None:
+        if not self.spool.state.has_key(bucket, key):
+            return
+        if not await self.spool.wait_key_clear(bucket, key, KEY_CLEAR_TIMEOUT_S):
+            raise SlowDown(
+                "Acknowledged writes of this key are still being uploaded to the backend; retry later.",
+                retry_after_s=self._cfg.spool.retry_after_s,
+            )
+
+    def _admit(self, nbytes: int, *, must: bool = False) -> Admission:
+        adm = self.spool.space.admit(nbytes, must=must)
+        if adm is Admission.FULL and self._cfg.spool.when_full == "slowdown":
+            raise SlowDown(
+                "The gateway's write spool is full; retry later.", retry_after_s=self._cfg.spool.retry_after_s
+            )
+        return adm
+
+    # -- backend helpers -------------------------------------------------------------------------------------
+
+    async def _backend_call(
+        self,
+        ctx: RequestContext,
+        lane: str,
+        method: str,
+        bucket: str | None,
+        key: str | None,
+        raw_query: str,
+        headers: dict[str, str] | None = None,
+        body: bytes | AsyncIterator[bytes] | None = None,
+    ) -> aiohttp.ClientResponse:
+        ticket = await self._dispatcher.acquire(lane, self._request_cost)
+        self._dispatcher.release(ticket)
+        target = self._backend.target(bucket, key, raw_query)
+        resp = await self._backend.request(method, target, headers or {}, ctx.credential, body=body)
+        self._dispatcher.observe_backend(lane, resp.status)
+        return resp
+
+    async def _check_bucket(self, ctx: RequestContext, bucket: str) -> None:
+        """The bucket exists and this identity may use it (HEAD bucket, cached); required before an ack."""
+        ident = (ctx.credential.backend_access_key, bucket)
+        now = self._clock.monotonic()
+        until = self._bucket_ok.get(ident)
+        if until is not None and until > now:
+            return
+        try:
+            resp = await self._backend_call(ctx, "metadata", "HEAD", bucket, None, "")
+        except ServiceUnavailable:
+            if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
+                return  # backend down, bucket known: keep absorbing writes (that is what the spool is for)
+            raise
+        except S3Error:
+            if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
+                return
+            raise
+        status = resp.status
+        resp.release()
+        if status == 200:
+            self._bucket_ok[ident] = now + BUCKET_CHECK_TTL_S
+            return
+        if status == 404:
+            raise NoSuchBucket(BucketName=bucket)
+        if status == 403:
+            raise AccessDenied()
+        if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
+            return
+        raise ServiceUnavailable(f"The backend answered {status} to a bucket check.")
+
+    def remember_buckets(self) -> None:
+        """After recovery: buckets with spooled data were checked when it was acknowledged."""
+        for entry in self.spool.state.entries.values():
+            cred = self._creds.get(entry.access_key)
+            if cred is not None:
+                self._bucket_ok.setdefault((cred.backend_access_key, entry.bucket), 0.0)
+
+    async def _authorize_read(self, ctx: RequestContext, bucket: str, writer_access_key: str) -> None:
+        writer = self._creds.get(writer_access_key)
+        if writer is not None and writer.backend_access_key == ctx.credential.backend_access_key:
+            return
+        await self._check_bucket(ctx, bucket)
+
+    # -- body intake -----------------------------------------------------------------------------------------
+
+    async def _write_body(
+        self, request: web.Request, upload: UploadBody | None, writer: SpoolFileWriter
+    ) -> str:
+        """Stream the decoded, verified request body into a spool file; return its MD5. Discards on error."""
+        await writer.open()
+        try:
+            if upload is not None:
+                content = request.content
+                try:
+                    while True:
+                        chunk, end_of_http_chunk = await content.readchunk()
+                        if not chunk:
+                            if end_of_http_chunk:
+                                continue
+                            break
+                        for piece in upload.feed(chunk):
+                            await writer.write(piece)
+                except (aiohttp.ClientPayloadError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
+                    raise IncompleteBody(
+                        "The client closed the connection before sending the whole body."
+                    ) from exc
+                tail = upload.finish()
+                if tail:
+                    await writer.write(tail)
+            return await writer.finish()
+        except BaseException:
+            await writer.discard()
+            raise
+
+    async def _read_xml_body(self, request: web.Request, ctx: RequestContext) -> bytes:
+        upload = self._proxy._upload_body(request, ctx)
+        if upload is None:
+            return b""
+        if upload.expected_bytes > MAX_XML_BODY_BYTES:
+            raise MalformedXML("The request body is too large.")
+        parts: list[bytes] = []
+        while True:
+            chunk = await request.content.readany()
+            if not chunk:
+                break
+            parts.extend(upload.feed(chunk))
+        parts.append(upload.finish())
+        return b"".join(parts)
+
+    # -- PutObject -------------------------------------------------------------------------------------------
+
+    async def _put(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, key: str
+    ) -> web.StreamResponse | None:
+        if not self._spoolable(ctx, decision, bucket, key):
+            await self._wait_clear(bucket, key)
+            return None
+        upload = self._proxy._upload_body(request, ctx)
+        size = upload.expected_bytes if upload is not None else 0
+        adm = self._admit(size)
+        if adm is not Admission.SPOOL:
+            await self._wait_clear(bucket, key)
+            return None
+        try:
+            await self._check_bucket(ctx, bucket)
+            writer = self.spool.writer(size)
+            md5 = await self._write_body(request, upload, writer)
+            rec = self.spool.state.put_record(
+                bucket=bucket,
+                key=key,
+                file=writer.file_id,
+                size=writer.size,
+                md5=md5,
+                meta=upload_meta(ctx.view.headers),
+                access_key=ctx.auth.access_key,
+                lane=decision.lane,
+                now_wall=self._clock.wall(),
+            )
+            await self._commit_or_discard(writer, rec)
+        finally:
+            self.spool.space.release(size)
+        return self._acked(ctx, decision, writer, md5, upload)
+
+    # -- GET / HEAD ------------------------------------------------------------------------------------------
+
+    async def _serve(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, entry: Entry
+    ) -> web.StreamResponse | None:
+        await self._authorize_read(ctx, entry.bucket, entry.access_key)
+        query = query_names(ctx.view.raw_query)
+        plan = plan_read(stored_object(entry), request.method, ctx.view.headers, query, self._clock.wall())
+        files: list[tuple[int, int, int]] = []  # (fd, offset in file, count)
+        if request.method == "GET" and plan.length:
+            try:
+                files = await self.spool.run_io(self._open_span, entry, plan.start, plan.length)
+            except FileNotFoundError:
+                return None  # drained and freed meanwhile: the backend has it now
+        try:
+            resp = web.StreamResponse(status=plan.status)
+            for name, value in plan.headers:
+                if name.lower() == "content-length":
+                    continue
+                resp.headers[name] = value
+            resp.content_length = plan.length if plan.status != 304 else None
+            resp.headers["x-amz-request-id"] = ctx.request_id
+            resp.headers[SOURCE_HEADER] = "spool"
+            self._proxy._lane_headers(resp, decision)
+            await resp.prepare(request)
+            for fd, offset, count in files:
+                await self._send_file(request, resp, fd, offset, count)
+            await resp.write_eof()
+            return resp
+        finally:
+            for fd, _, _ in files:
+                os.close(fd)
+
+    def _open_span(self, entry: Entry, start: int, length: int) -> list[tuple[int, int, int]]:
+        sizes = entry.part_sizes or (entry.size,)
+        out: list[tuple[int, int, int]] = []
+        pos = 0
+        end = start + length
+        try:
+            for file_id, size in zip(entry.files, sizes, strict=True):
+                lo, hi = max(start, pos), min(end, pos + size)
+                if lo < hi:
+                    out.append((os.open(self.spool.file_path(file_id), os.O_RDONLY), lo - pos, hi - lo))
+                pos += size
+        except BaseException:
+            for fd, _, _ in out:
+                os.close(fd)
+            raise
+        return out
+
+    async def _send_file(
+        self, request: web.Request, resp: web.StreamResponse, fd: int, offset: int, count: int
+    ) -> None:
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("Connection lost")
+        loop = asyncio.get_running_loop()
+        if transport.get_extra_info("sslcontext") is None:
+            fobj = os.fdopen(os.dup(fd), "rb")
+            try:
+                # Zero-copy where the loop and transport can (plain TCP); the headers went out at prepare().
+                await loop.sendfile(transport, fobj, offset, count, fallback=False)
+                return
+            except (NotImplementedError, RuntimeError, AttributeError):
+                pass
+            finally:
+                fobj.close()
+        while count > 0:
+            chunk = await self.spool.run_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)
+            if not chunk:
+                raise ConnectionResetError("spool file ended early")
+            await resp.write(chunk)
+            offset += len(chunk)
+            count -= len(chunk)
+
+    # -- listings --------------------------------------------------------------------------------------------
+
+    async def _list(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
+    ) -> web.StreamResponse | None:
+        query = query_names(ctx.view.raw_query)
+        try:
+            req = parse_list_request(query)
+        except NotOurToken:
+            return None
+        listed = await self._backend_listing(ctx, decision, bucket, req.prefix, req.delimiter)
+        if isinstance(listed, web.Response):
+            return listed
+        entries, prefixes = listed
+        spooled: list[ListEntry] = []
+        hidden: set[str] = set()
+        for entry in self.spool.state.live_under(bucket, req.prefix):
+            if entry.kind == "del":
+                hidden.add(entry.key)
+            else:
+                spooled.append(ListEntry(entry.key, entry.size, entry.etag, entry.acked_at))
+        # A backend common prefix whose keys may all be deleted in the spool: list it out key by key.
+        for prefix in prefixes_to_expand(req, prefixes, hidden):
+            expanded = await self._backend_listing(ctx, decision, bucket, prefix, "")
+            if isinstance(expanded, web.Response):
+                return expanded
+            prefixes.remove(prefix)
+            entries.extend(expanded[0])
+        result = merge_page(req, entries, prefixes, spooled, hidden)
+        return self._response(ctx, decision, body=render_list_xml(req, bucket, result))
+
+    async def _backend_listing(
+        self, ctx: RequestContext, decision: Decision, bucket: str, prefix: str, delimiter: str
+    ) -> tuple[list[ListEntry], list[str]] | web.Response:
+        """The backend's whole listing of a prefix (its order and StartAfter are not trusted: all of it)."""
+        entries: list[ListEntry] = []
+        prefixes: list[str] = []
+        token: str | None = None
+        limit = self._cfg.spool.list_merge_max_keys
+        while True:
+            params = [("list-type", "2"), ("encoding-type", "url"), ("max-keys", "1000"), ("prefix", prefix)]
+            if delimiter:
+                params.append(("delimiter", delimiter))
+            if token:
+                params.append(("continuation-token", token))
+            raw_query = "&".join(f"{k}={s3_quote(v, safe='')}" for k, v in params)
+            resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
+            try:
+                data = await resp.read()
+                status = resp.status
+            finally:
+                resp.release()
+            if status != 200:
+                out = web.Response(status=status, body=data, content_type="application/xml")
+                out.headers["x-amz-request-id"] = ctx.request_id
+                return out
+            try:
+                page = parse_backend_listing(data)
+            except ValueError as exc:
+                raise ServiceUnavailable(f"The backend's listing could not be parsed: {exc}") from exc
+            entries.extend(page.entries)
+            prefixes.extend(page.common_prefixes)
+            if len(entries) + len(prefixes) > limit:
+                raise SlowDown(
+                    f"The listing has more than {limit} keys under this prefix and cannot be merged with"
+                    " spooled writes; retry after they are uploaded."
+                )
+            if not page.is_truncated or not page.next_continuation_token:
+                return entries, prefixes
+            token = page.next_continuation_token
+
+    async def _list_uploads(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
+    ) -> web.StreamResponse:
+        """The backend's ListMultipartUploads with the spool's open uploads added (prefix honoured).
+
+        Spooled uploads are appended to the first page the backend returns (they are few and short-lived);
+        key-marker/upload-id-marker paging applies to the backend's uploads only.
+        """
+        resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, ctx.view.raw_query)
+        try:
+            data = await resp.read()
+            status = resp.status
+        finally:
+            resp.release()
+        if status != 200 or q.get("key-marker") or q.get("upload-id-marker"):
+            out = web.Response(status=status, body=data, content_type="application/xml")
+            out.headers["x-amz-request-id"] = ctx.request_id
+            return out
+        prefix = q.get("prefix", "")
+        encode = q.get("encoding-type") == "url"
+        extra = ""
+        for upload in self.spool.state.uploads.values():
+            if upload.bucket != bucket or not upload.key.startswith(prefix):
+                continue
+            key = s3_quote(upload.key, safe="/") if encode else escape(upload.key)
+            extra += (
+                f"<Upload><Key>{key}</Key><UploadId>{upload.upload_id}</UploadId>"
+                f"<Initiated>{_iso(upload.created_at)}</Initiated><StorageClass>STANDARD</StorageClass></Upload>"
+            )
+        end = data.rfind(b"</ListMultipartUploadsResult>")
+        if end < 0:
+            raise ServiceUnavailable("The backend's ListMultipartUploads answer could not be parsed.")
+        return self._response(ctx, decision, body=data[:end] + extra.encode() + data[end:])
+
+    # -- deletes ---------------------------------------------------------------------------------------------
+
+    async def _tombstone(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, key: str
+    ) -> web.StreamResponse:
+        rec = self.spool.state.delete_record(
+            bucket=bucket,
+            key=key,
+            access_key=ctx.auth.access_key,
+            lane=decision.lane,
+            now_wall=self._clock.wall(),
+        )
+        await self.spool.commit([rec])
+        return self._response(ctx, decision, status=204)
+
+    async def _delete_objects(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
+    ) -> web.StreamResponse:
+        body = await self._read_xml_body(request, ctx)
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError as exc:
+            raise MalformedXML() from exc
+        keys = [el.text or "" for el in root.iter() if el.tag.rsplit("}", 1)[-1] == "Key"]
+        state = self.spool.state
+        records = [
+            state.delete_record(
+                bucket=bucket,
+                key=k,
+                access_key=ctx.auth.access_key,
+                lane=decision.lane,
+                now_wall=self._clock.wall(),
+            )
+            for k in keys
+            if state.has_key(bucket, k)
+        ]
+        if records:
+            await self.spool.commit(records)
+        # The backend deletes what it has; the tombstones keep an upload in flight from bringing a key back.
+        headers = self._proxy._request_headers(ctx, None)
+        headers["content-length"] = str(len(body))
+        resp = await self._backend_call(
+            ctx, decision.lane, "POST", bucket, None, ctx.view.raw_query, headers, body
+        )
+        try:
+            data = await resp.read()
+            out = web.Response(status=resp.status, body=data)
+            for name in ("Content-Type", "x-amz-request-id"):
+                if name in resp.headers:
+                    out.headers[name] = resp.headers[name]
+            self._proxy._lane_headers(out, decision)
+            return out
+        finally:
+            resp.release()
+
+    # -- CopyObject ------------------------------------------------------------------------------------------
+
+    async def _copy(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, key: str
+    ) -> web.StreamResponse | None:
+        h = ctx.view.headers
+        src_bucket, src_key = parse_copy_source(h.get("x-amz-copy-source", ""))
+        src = self.spool.state.lookup(src_bucket, src_key)
+        if src is None:
+            # The source is on the backend: a server-side copy there, ordered after the destination's data.
+            await self._wait_clear(bucket, key)
+            return None
+        if src.kind == "del":
+            raise NoSuchKey(Key=src_key)
+        await self._authorize_read(ctx, src_bucket, src.access_key)
+        conditions = _copy_conditions(h)
+        if conditions:
+            plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall())
+        if h.get("x-amz-metadata-directive", "COPY").upper() == "REPLACE":
+            meta = upload_meta(h)
+        else:
+            if src_bucket == bucket and src_key == key:
+                raise InvalidRequest(
+                    "This copy request is illegal because it is trying to copy an object to itself without"
+                    " changing the object's metadata, storage class, website redirect location or"
+                    " encryption attributes."
+                )
+            meta = [(k, v) for k, v in src.meta if k != "x-amz-tagging"]
+            meta += [
+                (k, v) for k, v in upload_meta(h) if not k.startswith("x-amz-meta-") and k != "content-type"
+            ]
+        tagging = dict(src.meta).get("x-amz-tagging")
+        if h.get("x-amz-tagging-directive", "COPY").upper() == "REPLACE":
+            tagging = h.get("x-amz-tagging")
+        meta = [(k, v) for k, v in meta if k != "x-amz-tagging"]
+        if tagging:
+            meta.append(("x-amz-tagging", tagging))
+        meta.sort()
+        files = await self.spool.run_io(self._open_span, src, 0, src.size) if src.size else []
+        try:
+            if self._spoolable(ctx, decision, bucket, key) and self._admit(src.size) is Admission.SPOOL:
+                try:
+                    await self._check_bucket(ctx, bucket)
+                    writer = self.spool.writer(src.size)
+                    await writer.open()
+                    try:
+                        await self._copy_files(files, writer)
+                        md5 = await writer.finish()
+                        rec = self.spool.state.put_record(
+                            bucket=bucket,
+                            key=key,
+                            file=writer.file_id,
+                            size=writer.size,
+                            md5=md5,
+                            meta=meta,
+                            access_key=ctx.auth.access_key,
+                            lane=decision.lane,
+                            now_wall=self._clock.wall(),
+                        )
+                        await self.spool.commit([rec])
+                    except BaseException:
+                        await writer.discard()
+                        raise
+                finally:
+                    self.spool.space.release(src.size)
+                etag = f'"{md5}"'
+            else:
+                await self._wait_clear(bucket, key)
+                etag = await self._put_through(ctx, decision, bucket, key, meta, files, src.size)
+        finally:
+            for fd, _, _ in files:
+                os.close(fd)
+        body = _xml("CopyObjectResult", [("LastModified", _iso(self._clock.wall())), ("ETag", etag)])
+        return self._response(ctx, decision, body=body)
+
+    async def _put_through(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
+        meta: list[tuple[str, str]],
+        files: list[tuple[int, int, int]],
+        size: int,
+    ) -> str:
+        """PUT bytes read from spool files straight to the backend, paced through the lane."""
+        lane = decision.lane
+
+        async def body() -> AsyncIterator[bytes]:
+            budget = StreamBudget(self._dispatcher, lane, self._chunk, size)
+            try:
+                for fd, offset, count in files:
+                    while count > 0:
+                        n = min(READ_CHUNK_BYTES, count)
+                        await budget.take(n)
+                        chunk = await self.spool.run_io(os.pread, fd, n, offset)
+                        offset += len(chunk)
+                        count -= len(chunk)
+                        yield chunk
+            finally:
+                budget.close()
+
+        headers = dict(meta)
+        headers["content-length"] = str(size)
+        resp = await self._backend_call(ctx, lane, "PUT", bucket, key, "", headers, body() if size else b"")
+        try:
+            data = await resp.read()
+            if resp.status != 200:
+                raise ServiceUnavailable(
+                    f"The backend refused the copied object ({resp.status}): {data[:200]!r}"
+                )
+            return resp.headers.get("ETag", "")
+        finally:
+            resp.release()
+
+    # -- multipart in the spool ------------------------------------------------------------------------------
+
+    async def _create_upload(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, key: str
+    ) -> web.StreamResponse | None:
+        if not self._spoolable(ctx, decision, bucket, key) or self._admit(0) is not Admission.SPOOL:
+            return None
+        self.spool.space.release(0)
+        await self._check_bucket(ctx, bucket)
+        upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
+        rec = self.spool.state.create_upload_record(
+            upload_id=upload_id,
+            bucket=bucket,
+            key=key,
+            meta=upload_meta(ctx.view.headers),
+            access_key=ctx.auth.access_key,
+            lane=decision.lane,
+            now_wall=self._clock.wall(),
+        )
+        await self.spool.commit([rec])
+        body = _xml(
+            "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
+        )
+        return self._response(ctx, decision, body=body)
+
+    async def _spooled_upload_op(
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        decision: Decision,
+        op: str,
+        upload_id: str,
+        q: Mapping[str, str],
+    ) -> web.StreamResponse:
+        upload = self.spool.state.uploads.get(upload_id)
+        if upload is None or upload.bucket != ctx.target.bucket or upload.key != ctx.target.key:
+            raise NoSuchUpload(UploadId=upload_id)
+        await self._authorize_read(ctx, upload.bucket, upload.access_key)
+        if op in ("UploadPart", "UploadPartCopy"):
+            return await self._upload_part(request, ctx, decision, upload, q, copy=op == "UploadPartCopy")
+        if op == "CompleteMultipartUpload":
+            return await self._complete(request, ctx, decision, upload)
+        if op == "AbortMultipartUpload":
+            await self.spool.commit([self.spool.state.abort_record(upload_id)])
+            return self._response(ctx, decision, status=204)
+        if op == "ListParts":
+            return self._list_parts(ctx, decision, upload, q)
+        raise InvalidRequest(f"{op} is not supported on a multipart upload held by the gateway's spool.")
+
+    async def _upload_part(
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        decision: Decision,
+        upload: Upload,
+        q: Mapping[str, str],
+        *,
+        copy: bool,
+    ) -> web.StreamResponse:
+        raw_number = q.get("partNumber", "")
+        if not raw_number.isdigit() or not 1 <= int(raw_number) <= MAX_PARTS:
+            raise InvalidArgument(
+                "Part number must be an integer between 1 and 10000, inclusive.",
+                ArgumentName="partNumber",
+                ArgumentValue=raw_number[:64],
+            )
+        number = int(raw_number)
+        if copy:
+            return await self._upload_part_copy(request, ctx, decision, upload, number)
+        body = self._proxy._upload_body(request, ctx)
+        size = body.expected_bytes if body is not None else 0
+        if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+            raise SlowDown(
+                "The gateway's write spool cannot hold this part now; retry later.",
+                retry_after_s=self._cfg.spool.retry_after_s,
+            )
+        try:
+            writer = self.spool.writer(size)
+            md5 = await self._write_body(request, body, writer)
+            rec = self.spool.state.part_record(
+                upload_id=upload.upload_id, number=number, file=writer.file_id, size=writer.size, md5=md5
+            )
+            await self._commit_or_discard(writer, rec)
+        finally:
+            self.spool.space.release(size)
+        return self._acked(ctx, decision, writer, md5, body)
+
+    async def _upload_part_copy(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, upload: Upload, number: int
+    ) -> web.StreamResponse:
+        h = ctx.view.headers
+        src_bucket, src_key = parse_copy_source(h.get("x-amz-copy-source", ""))
+        read_headers = _copy_conditions(h)
+        if "x-amz-copy-source-range" in h:
+            read_headers["range"] = h["x-amz-copy-source-range"]
+        src = self.spool.state.lookup(src_bucket, src_key)
+        if src is not None and src.kind == "del":
+            raise NoSuchKey(Key=src_key)
+        writer: SpoolFileWriter
+        if src is not None:
+            await self._authorize_read(ctx, src_bucket, src.access_key)
+            plan = plan_read(stored_object(src), "GET", read_headers, {}, self._clock.wall())
+            if plan.status == 304:
+                raise PreconditionFailed()
+            size = plan.length
+            if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+                raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
+            try:
+                files = await self.spool.run_io(self._open_span, src, plan.start, plan.length) if size else []
+                writer = self.spool.writer(size)
+                await writer.open()
+                try:
+                    await self._copy_files(files, writer)
+                    md5 = await writer.finish()
+                except BaseException:
+                    await writer.discard()
+                    raise
+                finally:
+                    for fd, _, _ in files:
+                        os.close(fd)
+                await self._commit_part(upload, number, writer, md5)
+            finally:
+                self.spool.space.release(size)
+        else:
+            md5, writer = await self._part_from_backend(
+                ctx, decision, upload, number, src_bucket, src_key, read_headers
+            )
+        body = _xml("CopyPartResult", [("LastModified", _iso(self._clock.wall())), ("ETag", f'"{md5}"')])
+        return self._response(ctx, decision, body=body)
+
+    async def _part_from_backend(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        upload: Upload,
+        number: int,
+        src_bucket: str,
+        src_key: str,
+        read_headers: dict[str, str],
+    ) -> tuple[str, SpoolFileWriter]:
+        resp = await self._backend_call(ctx, decision.lane, "GET", src_bucket, src_key, "", read_headers)
+        try:
+            if resp.status == 304:
+                raise PreconditionFailed()
+            if resp.status not in (200, 206):
+                data = await resp.read()
+                if resp.status == 404:
+                    raise NoSuchKey(Key=src_key)
+                if resp.status == 412:
+                    raise PreconditionFailed()
+                if resp.status == 416:
+                    raise InvalidArgument("The x-amz-copy-source-range value is not satisfiable.")
+                raise ServiceUnavailable(
+                    f"The backend answered {resp.status} reading the copy source: {data[:200]!r}"
+                )
+            size = resp.content_length or 0
+            if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+                raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
+            try:
+                writer = self.spool.writer(size)
+                await writer.open()
+                try:
+                    budget = StreamBudget(self._dispatcher, decision.lane, self._chunk, size)
+                    try:
+                        async for chunk, _ in resp.content.iter_chunks():
+                            await budget.take(len(chunk))
+                            await writer.write(chunk)
+                    finally:
+                        budget.close()
+                    md5 = await writer.finish()
+                except BaseException:
+                    await writer.discard()
+                    raise
+                await self._commit_part(upload, number, writer, md5)
+            finally:
+                self.spool.space.release(size)
+            return md5, writer
+        finally:
+            resp.release()
+
+    def _acked(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        writer: SpoolFileWriter,
+        md5: str,
+        body: UploadBody | None,
+    ) -> web.Response:
+        self._metrics.spool_acked.labels(decision.lane).inc(writer.size)
+        resp = self._response(ctx, decision)
+        resp.headers["ETag"] = f'"{md5}"'
+        if body is not None and body.verified_checksum is not None:
+            name, value = body.verified_checksum
+            resp.headers[name] = value
+        return resp
+
+    async def _commit_or_discard(self, writer: SpoolFileWriter, rec: dict[str, Any]) -> None:
+        try:
+            await self.spool.commit([rec])
+        except BaseException:
+            await writer.discard()
+            raise
+
+    async def _copy_files(self, files: list[tuple[int, int, int]], writer: SpoolFileWriter) -> None:
+        for fd, offset, count in files:
+            while count > 0:
+                chunk = await self.spool.run_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)
+                await writer.write(chunk)
+                offset += len(chunk)
+                count -= len(chunk)
+
+    async def _commit_part(self, upload: Upload, number: int, writer: SpoolFileWriter, md5: str) -> None:
+        rec = self.spool.state.part_record(
+            upload_id=upload.upload_id, number=number, file=writer.file_id, size=writer.size, md5=md5
+        )
+        await self._commit_or_discard(writer, rec)
+
+    async def _complete(
+        self, request: web.Request, ctx: RequestContext, decision: Decision, upload: Upload
+    ) -> web.StreamResponse:
+        body = await self._read_xml_body(request, ctx)
+        try:
+            root = ET.fromstring(body)
+        except ET.ParseError as exc:
+            raise MalformedXML() from exc
+        parts: list[tuple[int, str]] = []
+        for el in root:
+            if el.tag.rsplit("}", 1)[-1] != "Part":
+                continue
+            number = etag = None
+            for child in el:
+                name = child.tag.rsplit("}", 1)[-1]
+                if name == "PartNumber":
+                    number = (child.text or "").strip()
+                elif name == "ETag":
+                    etag = (child.text or "").strip()
+            if number is None or etag is None or not number.isdigit():
+                raise MalformedXML()
+            parts.append((int(number), etag))
+        rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
+        await self.spool.commit([rec])
+        location = f"/{upload.bucket}/{s3_quote(upload.key, safe='/')}"
+        xml = _xml(
+            "CompleteMultipartUploadResult",
+            [("Location", location), ("Bucket", upload.bucket), ("Key", upload.key), ("ETag", rec["etag"])],
+        )
+        return self._response(ctx, decision, body=xml)
+
+    def _list_parts(
+        self, ctx: RequestContext, decision: Decision, upload: Upload, q: Mapping[str, str]
+    ) -> web.StreamResponse:
+        try:
+            marker = int(q.get("part-number-marker", "0") or 0)
+            max_parts = min(1000, int(q.get("max-parts", "1000") or 1000))
+        except ValueError:
+            raise InvalidArgument("part-number-marker and max-parts must be integers.") from None
+        numbers = sorted(n for n in upload.parts if n > marker)
+        page = numbers[:max_parts]
+        truncated = len(numbers) > max_parts
+        fields = [
+            ("Bucket", upload.bucket),
+            ("Key", upload.key),
+            ("UploadId", upload.upload_id),
+            ("PartNumberMarker", str(marker)),
+            ("NextPartNumberMarker", str(page[-1] if page else marker)),
+            ("MaxParts", str(max_parts)),
+            ("IsTruncated", "true" if truncated else "false"),
+        ]
+        inner = "".join(f"<{k}>{escape(v)}</{k}>" for k, v in fields)
+        for n in page:
+            part = upload.parts[n]
+            inner += (
+                f"<Part><PartNumber>{n}</PartNumber><LastModified>{_iso(upload.created_at)}</LastModified>"
+                f"<ETag>&quot;{part.md5}&quot;</ETag><Size>{part.size}</Size></Part>"
+            )
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f'<ListPartsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">{inner}'
+            "<StorageClass>STANDARD</StorageClass></ListPartsResult>"
+        ).encode()
+        return self._response(ctx, decision, body=body)

@@ -1,0 +1,352 @@
+"""The drainer: uploads spooled entries to the backend through their lane, in the order the spool allows.
+
+A single loop asks :meth:`SpoolState.drainable` for work whenever something changes (an ack, a finished
+upload, a retry time reached) and runs up to ``drain_concurrency`` uploads at once. Each upload pays its
+lane like any client request (request cost, then body bytes chunk by chunk through a
+:class:`~gateway.runtime.dispatcher.StreamBudget`), so the scheduler's read share and write cap apply to
+drains exactly as to write-through traffic.
+
+An object the client wrote in one PUT is uploaded in one PUT with Content-MD5; one the client wrote as a
+multipart upload is uploaded as a multipart upload with the client's own part boundaries, so the backend
+computes the same ETag the gateway acknowledged. The backend's ETag is checked; only after it matches is the
+entry marked done in the journal, and only then are its files freed. Failures retry with capped exponential
+backoff and jitter, forever: acknowledged data is never given up. An upload whose entry is superseded while
+in flight (overwrite or DELETE acknowledged meanwhile) is cancelled; a multipart one is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import html
+import logging
+import os
+import random
+import re
+from collections.abc import AsyncIterator, Mapping
+from xml.sax.saxutils import escape
+
+from gateway.clock import Clock
+from gateway.config import Credential, SpoolConfig
+from gateway.core.sigv4 import UNSIGNED_PAYLOAD
+from gateway.core.spool_state import Entry
+from gateway.core.uri import s3_quote
+from gateway.errors import S3Error
+from gateway.metrics import Metrics
+from gateway.runtime.backend import Backend
+from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
+from gateway.runtime.spool import Spool, SpoolWriteFailed
+
+log = logging.getLogger("s3lanes.drain")
+
+READ_CHUNK_BYTES = 1024 * 1024
+_UPLOAD_ID = re.compile(rb"<UploadId>([^<]+)</UploadId>")
+_ETAG = re.compile(rb"<ETag>([^<]+)</ETag>")
+# Headers of the original PUT that belong on the CreateMultipartUpload/PutObject of the drain.
+_AGE_WARNING_INTERVAL_S = 60.0
+
+
+class DrainError(Exception):
+    pass
+
+
+def _norm_etag(etag: str) -> str:
+    return html.unescape(etag).strip().strip('"').lower()
+
+
+class Drainer:
+    def __init__(
+        self,
+        spool: Spool,
+        backend: Backend,
+        dispatcher: LaneDispatcher,
+        credentials: Mapping[str, Credential],
+        cfg: SpoolConfig,
+        clock: Clock,
+        metrics: Metrics,
+        *,
+        chunk_bytes: int,
+        request_cost_bytes: int,
+        lane_names: frozenset[str],
+        default_lane: str = "checkpoint",
+    ) -> None:
+        self._lane_names = lane_names
+        self._spool = spool
+        self._backend = backend
+        self._dispatcher = dispatcher
+        self._creds = credentials
+        self._cfg = cfg
+        self._clock = clock
+        self._metrics = metrics
+        self._chunk = chunk_bytes
+        self._request_cost = request_cost_bytes
+        self._default_lane = default_lane
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._closing = False
+        self._last_age_warning = 0.0
+        self._rng = random.Random()
+        spool.on_cancel = self._cancel
+        self.uploads_ok = 0
+        self.uploads_failed = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def status(self) -> dict[str, object]:
+        errors = [
+            {"bucket": e.bucket, "key": e.key, "attempts": e.attempts, "error": e.last_error}
+            for e in self._spool.state.entries.values()
+            if e.last_error
+        ][:20]
+        return {
+            "in_flight": len(self._tasks),
+            "uploads_ok": self.uploads_ok,
+            "uploads_failed": self.uploads_failed,
+            "failing": errors,
+        }
+
+    async def run(self) -> None:
+        wakeup = self._spool.drain_wakeup
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), timeout=self._next_timeout())
+            wakeup.clear()
+            if self._closing:
+                return
+            self._check_age()
+            free = self._cfg.drain_concurrency - len(self._tasks)
+            for entry in self._spool.state.drainable(self._clock.monotonic(), free):
+                self._spool.state.start_upload(entry)
+                self._tasks[entry.seq] = asyncio.create_task(self._drain(entry), name=f"drain-{entry.seq}")
+
+    def _next_timeout(self) -> float:
+        now = self._clock.monotonic()
+        retry_at = self._spool.state.next_retry_at(now)
+        timeout = 5.0
+        if retry_at is not None and retry_at > now:
+            timeout = min(timeout, retry_at - now + 0.001)
+        return max(timeout, 0.001)
+
+    def _check_age(self) -> None:
+        oldest = self._spool.state.oldest_acked_at()
+        if oldest is None:
+            return
+        age = self._clock.wall() - oldest
+        now = self._clock.monotonic()
+        if age > self._cfg.max_age_s and now - self._last_age_warning > _AGE_WARNING_INTERVAL_S:
+            self._last_age_warning = now
+            log.warning(
+                "spool: data acknowledged %.0f s ago is still not on the backend (max_age_s=%.0f); %d objects"
+                " pending",
+                age,
+                self._cfg.max_age_s,
+                len(self._spool.state.entries),
+            )
+
+    async def close(self) -> None:
+        self._closing = True
+        self._spool.drain_wakeup.set()
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _cancel(self, seq: int) -> None:
+        task = self._tasks.get(seq)
+        if task is not None:
+            task.cancel()
+
+    # -- one entry -------------------------------------------------------------------------------------------
+
+    async def _drain(self, entry: Entry) -> None:
+        state = self._spool.state
+        try:
+            await self._upload(entry)
+        except asyncio.CancelledError:
+            applied = state.upload_failed(entry, self._clock.monotonic(), "cancelled")
+            self._spool.after_drain(applied)
+            if not entry.superseded and not self._closing:
+                raise
+        except Exception as exc:
+            self.uploads_failed += 1
+            delay = self._backoff(entry.attempts)
+            level = logging.WARNING if entry.attempts in (1, 5) or entry.attempts % 20 == 0 else logging.DEBUG
+            log.log(
+                level,
+                "drain of %s/%s (entry %d, attempt %d) failed: %s; retrying in %.1f s",
+                entry.bucket,
+                entry.key,
+                entry.seq,
+                entry.attempts,
+                exc,
+                delay,
+            )
+            self._metrics.backend_errors.labels(entry.lane, "drain").inc()
+            applied = state.upload_failed(entry, self._clock.monotonic() + delay, str(exc))
+            self._spool.after_drain(applied)
+        else:
+            self.uploads_ok += 1
+            state.upload_succeeded(entry)
+            self._spool.drained_bytes += entry.size
+            self._metrics.spool_durable_latency.observe(max(0.0, self._clock.wall() - entry.acked_at))
+            done = state.done_record(entry.seq)
+            try:
+                await self._spool.commit([done])
+            except SpoolWriteFailed:
+                # The journal is out of service: forget the entry in memory but keep its files, so a
+                # restart (which replays the old journal) finds the data and at worst uploads it again.
+                state.apply(done)
+                self._spool.space.set_used(state.bytes_on_disk)
+        finally:
+            self._tasks.pop(entry.seq, None)
+            self._spool.drain_wakeup.set()
+
+    def _backoff(self, attempts: int) -> float:
+        cap = min(self._cfg.retry_max_s, self._cfg.retry_base_s * (2 ** max(0, attempts - 1)))
+        return float(cap / 2 + self._rng.uniform(0, cap / 2))
+
+    def _credential(self, entry: Entry) -> Credential:
+        cred = self._creds.get(entry.access_key)
+        if cred is None:
+            raise DrainError(
+                f"access key {entry.access_key!r} that acknowledged this write is no longer configured"
+            )
+        return cred
+
+    def _lane(self, entry: Entry) -> str:
+        return entry.lane if entry.lane in self._lane_names else self._default_lane
+
+    async def _request(
+        self,
+        entry: Entry,
+        method: str,
+        raw_query: str,
+        headers: dict[str, str],
+        body: bytes | AsyncIterator[bytes] | None = None,
+    ) -> tuple[int, bytes, Mapping[str, str]]:
+        lane = self._lane(entry)
+        ticket = await self._dispatcher.acquire(lane, self._request_cost)
+        self._dispatcher.release(ticket)
+        target = self._backend.target(entry.bucket, entry.key, raw_query)
+        try:
+            resp = await self._backend.request(
+                method, target, headers, self._credential(entry), body=body, payload_hash=UNSIGNED_PAYLOAD
+            )
+        except S3Error as exc:
+            self._dispatcher.observe_backend(lane, exc.status)
+            raise DrainError(f"{method} {target.raw_path}: {exc.code}: {exc.message}") from exc
+        try:
+            self._dispatcher.observe_backend(lane, resp.status)
+            data = await resp.read()
+            return resp.status, data, resp.headers.copy()  # case-insensitive (Go sends Etag)
+        finally:
+            resp.release()
+
+    async def _file_body(self, entry: Entry, file_id: str, size: int) -> AsyncIterator[bytes]:
+        lane = self._lane(entry)
+        budget = StreamBudget(self._dispatcher, lane, self._chunk, size)
+        path = self._spool.file_path(file_id)
+        fd = await self._spool.run_io(os.open, path, os.O_RDONLY)
+        try:
+            offset = 0
+            while offset < size:
+                n = min(READ_CHUNK_BYTES, size - offset)
+                await budget.take(n)
+                chunk = await self._spool.run_io(os.pread, fd, n, offset)
+                if not chunk:
+                    raise DrainError(f"spool file {file_id} ended at {offset} of {size} bytes")
+                offset += len(chunk)
+                self._metrics.bytes.labels(lane, "up").inc(len(chunk))
+                yield chunk
+        finally:
+            budget.close()
+            await self._spool.run_io(os.close, fd)
+
+    async def _upload(self, entry: Entry) -> None:
+        if entry.kind == "del":
+            status, data, _ = await self._request(entry, "DELETE", "", {})
+            if status not in (200, 204, 404):
+                raise DrainError(f"DELETE answered {status}: {data[:300]!r}")
+            return
+        if entry.multipart:
+            await self._upload_multipart(entry)
+        else:
+            await self._upload_single(entry)
+
+    async def _upload_single(self, entry: Entry) -> None:
+        headers = dict(entry.meta)
+        md5_hex = _norm_etag(entry.etag)
+        headers["content-md5"] = base64.b64encode(bytes.fromhex(md5_hex)).decode()
+        headers["content-length"] = str(entry.size)
+        body = self._file_body(entry, entry.files[0], entry.size) if entry.size else b""
+        status, data, resp_headers = await self._request(entry, "PUT", "", headers, body)
+        if status != 200:
+            raise DrainError(f"PUT answered {status}: {data[:300]!r}")
+        got = _norm_etag(resp_headers.get("ETag", ""))
+        if not got:
+            # Some stores (SeaweedFS for empty bodies) answer a PUT without an ETag: ask for it.
+            status, _, head = await self._request(entry, "HEAD", "", {})
+            got = _norm_etag(head.get("ETag", "")) if status == 200 else ""
+            if status != 200 or int(head.get("Content-Length", "-1")) != entry.size:
+                raise DrainError(f"backend holds {head.get('Content-Length')} bytes, not {entry.size}")
+            if not got:
+                # No ETag at all (SeaweedFS, empty objects): the size matches and the PUT carried
+                # Content-MD5, which the store checked.
+                return
+        if got != md5_hex:
+            raise DrainError(f"backend ETag {got!r} differs from the acknowledged {md5_hex!r}")
+
+    async def _upload_multipart(self, entry: Entry) -> None:
+        headers = {k: v for k, v in entry.meta if k != "content-md5"}
+        status, data, _ = await self._request(entry, "POST", "uploads", headers)
+        match = _UPLOAD_ID.search(data)
+        if status != 200 or match is None:
+            raise DrainError(f"CreateMultipartUpload answered {status}: {data[:300]!r}")
+        upload_id = match.group(1).decode()
+        qid = s3_quote(upload_id, safe="")
+        try:
+            for number, (file_id, size, md5_hex) in enumerate(
+                zip(entry.files, entry.part_sizes, entry.part_md5s, strict=True), start=1
+            ):
+                part_headers = {
+                    "content-length": str(size),
+                    "content-md5": base64.b64encode(bytes.fromhex(md5_hex)).decode(),
+                }
+                body = self._file_body(entry, file_id, size) if size else b""
+                status, data, resp_headers = await self._request(
+                    entry, "PUT", f"partNumber={number}&uploadId={qid}", part_headers, body
+                )
+                if status != 200:
+                    raise DrainError(f"UploadPart {number} answered {status}: {data[:300]!r}")
+                got = _norm_etag(resp_headers.get("ETag", ""))
+                if got != md5_hex:
+                    raise DrainError(
+                        f"UploadPart {number}: backend ETag {got!r} differs from the part's {md5_hex!r}"
+                    )
+            xml = "".join(
+                f"<Part><PartNumber>{n}</PartNumber><ETag>&quot;{escape(m)}&quot;</ETag></Part>"
+                for n, m in enumerate(entry.part_md5s, start=1)
+            )
+            body_xml = f"<CompleteMultipartUpload>{xml}</CompleteMultipartUpload>".encode()
+            status, data, _ = await self._request(
+                entry, "POST", f"uploadId={qid}", {"content-type": "application/xml"}, body_xml
+            )
+            etag = _ETAG.search(data)
+            if status != 200 or b"<Error>" in data or etag is None:
+                raise DrainError(f"CompleteMultipartUpload answered {status}: {data[:300]!r}")
+            if _norm_etag(etag.group(1).decode()) != _norm_etag(entry.etag):
+                raise DrainError(
+                    f"backend multipart ETag {etag.group(1).decode()!r} differs from the acknowledged"
+                    f" {entry.etag!r}"
+                )
+        except BaseException:
+            try:
+                await asyncio.shield(self._abort(entry, qid))
+            except Exception as exc:
+                log.debug("abort of backend upload %s failed: %s", upload_id, exc)
+            raise
+
+    async def _abort(self, entry: Entry, qid: str) -> None:
+        await self._request(entry, "DELETE", f"uploadId={qid}", {})

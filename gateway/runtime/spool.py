@@ -1,0 +1,525 @@
+"""The write spool on local disk: data files, the journal with group commit, recovery, flush waiters.
+
+Layout under the spool directory::
+
+    journal            framed msgpack records (gateway.core.journal), appended with group commit
+    data/<random id>   one file per object or part; names never come from object keys
+
+The durability recipe of one acknowledged write: the data file is written and fsynced, the data directory
+is fsynced (once per journal batch, for every file created since the last batch), then the record is
+appended to the journal and the journal fdatasynced, again once per batch for every writer waiting. Only
+then is the record applied to :class:`~gateway.core.spool_state.SpoolState` and the client answered. A
+crash before that point leaves an orphan data file, removed on the next start; after it, the journal has
+the record and recovery finds the data.
+
+All blocking file work runs on one small thread pool (never on the event loop). A failed fsync or a full
+disk fails the write that hit it with 503 and, for the journal, puts the spool out of service for new
+writes (``degraded``): after a failed fsync the kernel's page cache state is unknown (fsyncgate), so the
+only safe course is to stop acknowledging into it. Data already acknowledged keeps draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from gateway.clock import Clock
+from gateway.config import SpoolConfig
+from gateway.core.journal import BATCH_KEY, JournalCorrupt, encode_batch, file_header, replay
+from gateway.core.spool_state import Applied, SpoolSpace, SpoolState
+from gateway.errors import ServiceUnavailable
+
+log = logging.getLogger("s3lanes.spool")
+
+T = TypeVar("T")
+
+WRITE_BUFFER_BYTES = 1024 * 1024
+JOURNAL_NAME = "journal"
+
+
+class SpoolWriteFailed(ServiceUnavailable):
+    """The spool could not make a write durable (disk full, I/O error): nothing was acknowledged."""
+
+    default_message = "The gateway could not store the upload on its local spool. Please retry."
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    journal_bytes: int = 0
+    records: int = 0
+    torn_bytes: int = 0
+    entries: int = 0
+    uploads: int = 0
+    bytes: int = 0
+    orphans_removed: int = 0
+    lost_entries: list[str] = field(default_factory=list)
+    compacted: bool = False
+
+    def summary(self) -> str:
+        text = (
+            f"spool recovery: {self.records} journal records ({self.journal_bytes} bytes), "
+            f"{self.entries} objects ({self.bytes} bytes) to drain, {self.uploads} open multipart uploads, "
+            f"{self.orphans_removed} unacknowledged files removed"
+        )
+        if self.torn_bytes:
+            text += f", torn journal tail of {self.torn_bytes} bytes truncated"
+        if self.lost_entries:
+            text += f", {len(self.lost_entries)} entries LOST (data file missing or short)"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    durable: bool
+    pending_objects: int
+    pending_bytes: int
+    oldest_pending_age_s: float | None
+    waited_s: float
+
+
+class Spool:
+    """Owns the spool directory, its journal and its state. Lives on the gateway's event loop."""
+
+    def __init__(self, cfg: SpoolConfig, root: Path, clock: Clock, *, io_threads: int = 4) -> None:
+        self.cfg = cfg
+        self.root = root
+        self.data_dir = root / "data"
+        self._clock = clock
+        self.state = SpoolState(cfg.commit_markers)
+        self.space = SpoolSpace(cfg.capacity_bytes, cfg.high_water, cfg.low_water)
+        self._executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="spool-io")
+        self._journal_fd = -1
+        self._journal_bytes = 0
+        self._dir_dirty = False
+        self._batch_no = 0
+        self._queue: list[tuple[list[dict[str, Any]], asyncio.Future[list[Applied]]]] = []
+        self._wake_committer = asyncio.Event()
+        self._committer: asyncio.Task[None] | None = None
+        self._flush_waiters: list[tuple[str, str, int, asyncio.Future[None]]] = []
+        self._key_waiters: dict[tuple[str, str], list[asyncio.Future[None]]] = {}
+        self.degraded: str | None = None
+        self.drain_wakeup = asyncio.Event()
+        self.on_cancel: Callable[[int], None] = lambda seq: None
+        self.recovery: RecoveryReport | None = None
+        self.acked_bytes = 0
+        self.drained_bytes = 0
+
+    # -- executor --------------------------------------------------------------------------------------------
+
+    async def run_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    async def open(self) -> RecoveryReport:
+        """Recover before the listener opens: replay, truncate a torn tail, drop orphans, resume drains."""
+        report = await self.run_io(self._recover_sync)
+        if self.cfg.capacity_bytes == 0:
+            usage = await self.run_io(shutil.disk_usage, self.root)
+            self.space.capacity_bytes = int(usage.free * 0.8) + self.state.bytes_on_disk
+        self.space.set_used(self.state.bytes_on_disk)
+        self._committer = asyncio.create_task(self._commit_loop(), name="spool-journal")
+        if report.lost_entries:
+            await self.commit([self.state.done_record(int(s)) for s in report.lost_entries])
+        expired = self.state.expired_uploads(self._clock.wall(), self.cfg.abandoned_upload_s)
+        if expired:
+            await self.commit([self.state.abort_record(u.upload_id) for u in expired])
+        self.recovery = report
+        (log.error if report.lost_entries else log.info)("%s", report.summary())
+        self.drain_wakeup.set()
+        return report
+
+    def _recover_sync(self) -> RecoveryReport:
+        report = RecoveryReport()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.data_dir.mkdir(exist_ok=True)
+        path = self.root / JOURNAL_NAME
+        data = path.read_bytes() if path.exists() else b""
+        report.journal_bytes = len(data)
+        result = replay(data)  # JournalCorrupt propagates: a loud startup error
+        report.records = len(result.records)
+        report.torn_bytes = result.torn_bytes
+        for rec in result.records:
+            batch = rec.get(BATCH_KEY)
+            if isinstance(batch, int):
+                self._batch_no = max(self._batch_no, batch)
+            try:
+                self.state.apply(rec)
+            except (KeyError, ValueError, TypeError) as exc:
+                raise JournalCorrupt(0, f"record {rec!r} does not apply: {exc}") from exc
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if result.valid_bytes == 0:
+                os.ftruncate(fd, 0)
+                os.write(fd, file_header())
+                self._journal_bytes = len(file_header())
+            else:
+                if result.torn_bytes:
+                    log.warning("journal: truncating a torn tail of %d bytes", result.torn_bytes)
+                    os.ftruncate(fd, result.valid_bytes)
+                self._journal_bytes = result.valid_bytes
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(self.root)
+        # Files no record refers to were never acknowledged.
+        referenced = self.state.referenced_files()
+        for name in os.listdir(self.data_dir):
+            if name not in referenced:
+                os.unlink(self.data_dir / name)
+                report.orphans_removed += 1
+        for entry in list(self.state.entries.values()):
+            expected = entry.part_sizes or (entry.size,)
+            for file_id, size in zip(entry.files, expected, strict=True):
+                try:
+                    actual = os.stat(self.data_dir / file_id).st_size
+                except FileNotFoundError:
+                    actual = -1
+                if actual != size:
+                    log.error(
+                        "spool: acknowledged data of %s/%s (entry %d) is missing or short: file %s has %d of"
+                        " %d bytes",
+                        entry.bucket,
+                        entry.key,
+                        entry.seq,
+                        file_id,
+                        actual,
+                        size,
+                    )
+                    report.lost_entries.append(str(entry.seq))
+                    break
+        report.entries = len(self.state.entries)
+        report.uploads = len(self.state.uploads)
+        report.bytes = self.state.bytes_on_disk
+        if self._journal_bytes > self.cfg.journal_compact_bytes:
+            self._compact_sync()
+            report.compacted = True
+        self._journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        return report
+
+    async def close(self) -> None:
+        if self._committer is not None:
+            # Let queued records land first: their writers are waiting for the ack.
+            if self._queue and self.degraded is None:
+                await self.commit([])  # FIFO: returns once every queued batch is in the journal
+            self._committer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._committer
+            self._committer = None
+        if self._journal_fd >= 0:
+            fd, self._journal_fd = self._journal_fd, -1
+            await self.run_io(_fsync_close, fd)
+        for _, _, _, fut in self._flush_waiters:
+            if not fut.done():
+                fut.cancel()
+        self._executor.shutdown(wait=True)
+
+    # -- writing data ----------------------------------------------------------------------------------------
+
+    def new_file_id(self) -> str:
+        return secrets.token_hex(16)
+
+    def file_path(self, file_id: str) -> Path:
+        return self.data_dir / file_id
+
+    def writer(self, reserved_bytes: int) -> SpoolFileWriter:
+        return SpoolFileWriter(self, self.new_file_id(), reserved_bytes)
+
+    def mark_dir_dirty(self) -> None:
+        self._dir_dirty = True
+
+    # -- the journal (group commit) --------------------------------------------------------------------------
+
+    async def commit(self, records: list[dict[str, Any]]) -> list[Applied]:
+        """Append records durably; resolves once they are in the journal and applied to the state."""
+        if self._journal_fd < 0 and self._committer is None:
+            raise SpoolWriteFailed("The spool is not open.")
+        if self.degraded is not None:
+            raise SpoolWriteFailed(f"The gateway's spool is out of service: {self.degraded}")
+        fut: asyncio.Future[list[Applied]] = asyncio.get_running_loop().create_future()
+        self._queue.append((records, fut))
+        self._wake_committer.set()
+        return await asyncio.shield(fut)
+
+    async def _commit_loop(self) -> None:
+        while True:
+            await self._wake_committer.wait()
+            self._wake_committer.clear()
+            if not self._queue:
+                continue
+            batch, self._queue = self._queue, []
+            records = [rec for recs, _ in batch for rec in recs]
+            self._batch_no += 1
+            for rec in records:
+                rec[BATCH_KEY] = self._batch_no
+            data = encode_batch(records)
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+            try:
+                await self.run_io(self._append_sync, data, dir_dirty)
+            except OSError as exc:
+                self.degraded = f"journal write failed: {exc}"
+                log.error("spool: %s; new writes go to the backend directly", self.degraded)
+                err = SpoolWriteFailed()
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(err)
+                continue
+            self._journal_bytes += len(data)
+            results: list[list[Applied]] = []
+            for recs, _ in batch:
+                results.append([self._apply(rec) for rec in recs])
+            for (_, fut), applied in zip(batch, results, strict=True):
+                if not fut.done():
+                    fut.set_result(applied)
+            if self._journal_bytes > self.cfg.journal_compact_bytes and not self._queue:
+                try:
+                    await self.run_io(self._compact_sync)
+                except OSError as exc:
+                    self.degraded = f"journal compaction failed: {exc}"
+                    log.error("spool: %s", self.degraded)
+
+    def _append_sync(self, data: bytes, dir_dirty: bool) -> None:
+        if dir_dirty:
+            _fsync_dir(self.data_dir)
+        view = memoryview(data)
+        while view:
+            n = os.write(self._journal_fd, view)
+            view = view[n:]
+        os.fdatasync(self._journal_fd)
+
+    def _compact_sync(self) -> None:
+        """Rewrite the journal with only what is live: tmp, fsync, rename, fsync the directory."""
+        records = self.state.snapshot_records()
+        tmp = self.root / (JOURNAL_NAME + ".tmp")
+        data = file_header() + encode_batch(records)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.root / JOURNAL_NAME)
+        _fsync_dir(self.root)
+        if self._journal_fd >= 0:
+            os.close(self._journal_fd)
+            self._journal_fd = os.open(self.root / JOURNAL_NAME, os.O_WRONLY | os.O_APPEND)
+        log.info("spool: journal compacted from %d to %d bytes", self._journal_bytes, len(data))
+        self._journal_bytes = len(data)
+
+    def _apply(self, rec: Mapping[str, Any]) -> Applied:
+        applied = self.state.apply(rec)
+        if rec["t"] == "put":
+            self.acked_bytes += int(self.state.entries[int(rec["seq"])].size)
+        self._after(applied)
+        return applied
+
+    def _after(self, applied: Applied) -> None:
+        """Carry out what a state change asks for: unlink garbage, cancel uploads, wake waiters."""
+        self.space.set_used(self.state.bytes_on_disk)
+        if applied.garbage:
+            self.unlink_later(applied.garbage)
+        for seq in applied.cancel:
+            self.on_cancel(seq)
+        if applied.removed:
+            self._wake_waiters()
+        self.drain_wakeup.set()
+
+    def after_drain(self, applied: Applied) -> None:
+        self._after(applied)
+
+    def unlink_later(self, files: tuple[str, ...]) -> None:
+        paths = [self.data_dir / f for f in files]
+        asyncio.get_running_loop().run_in_executor(self._executor, _unlink_all, paths)
+
+    # -- waiting for the backend -----------------------------------------------------------------------------
+
+    def _wake_waiters(self) -> None:
+        keep = []
+        for bucket, prefix, max_seq, fut in self._flush_waiters:
+            if fut.done():
+                continue
+            if self.state.pending_under(bucket, prefix, max_seq)[0] == 0:
+                fut.set_result(None)
+            else:
+                keep.append((bucket, prefix, max_seq, fut))
+        self._flush_waiters = keep
+        for ident in list(self._key_waiters):
+            if not self.state.has_key(*ident):
+                for fut in self._key_waiters.pop(ident):
+                    if not fut.done():
+                        fut.set_result(None)
+
+    async def flush(self, bucket: str, prefix: str, timeout_s: float) -> FlushResult:
+        """Wait until everything acknowledged under bucket/prefix before this call is on the backend."""
+        started = self._clock.monotonic()
+        max_seq = self.state.last_seq
+        if self.state.pending_under(bucket, prefix, max_seq)[0]:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._flush_waiters.append((bucket, prefix, max_seq, fut))
+            self.drain_wakeup.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+            except TimeoutError:
+                pass
+            finally:
+                if not fut.done():
+                    fut.cancel()
+        count, nbytes, oldest = self.state.pending_under(bucket, prefix, max_seq)
+        now_wall = self._clock.wall()
+        return FlushResult(
+            durable=count == 0,
+            pending_objects=count,
+            pending_bytes=nbytes,
+            oldest_pending_age_s=None if oldest is None else max(0.0, now_wall - oldest),
+            waited_s=self._clock.monotonic() - started,
+        )
+
+    async def wait_key_clear(self, bucket: str, key: str, timeout_s: float) -> bool:
+        """Wait until no entry of the key is in the spool (drained or dropped); False on timeout."""
+        ident = (bucket, key)
+        if not self.state.has_key(bucket, key):
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._key_waiters.setdefault(ident, []).append(fut)
+        self.drain_wakeup.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if not fut.done():
+                fut.cancel()
+
+    # -- status ----------------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        now_wall = self._clock.wall()
+        oldest = self.state.oldest_acked_at()
+        return {
+            "enabled": True,
+            "dir": str(self.root),
+            "degraded": self.degraded,
+            "capacity_bytes": self.space.capacity_bytes,
+            "used_bytes": self.space.used_bytes,
+            "reserved_bytes": self.space.reserved_bytes,
+            "full": self.space.full,
+            "pending_objects": len(self.state.entries),
+            "pending_bytes": sum(e.size for e in self.state.entries.values()),
+            "open_uploads": len(self.state.uploads),
+            "oldest_pending_age_s": None if oldest is None else max(0.0, now_wall - oldest),
+            "acked_bytes_total": self.acked_bytes,
+            "drained_bytes_total": self.drained_bytes,
+            "pending_by_prefix": [
+                {"bucket": b, "prefix": p, "bytes": n}
+                for (b, p), n in sorted(self.state.pending_by_prefix().items())
+            ],
+            "recovery": None if self.recovery is None else self.recovery.summary(),
+        }
+
+
+class SpoolFileWriter:
+    """Streams one object's (or part's) bytes into a new spool file, computing its MD5 on the way."""
+
+    def __init__(self, spool: Spool, file_id: str, reserved_bytes: int) -> None:
+        self._spool = spool
+        self.file_id = file_id
+        self.reserved_bytes = reserved_bytes
+        self._fd = -1
+        self._md5 = hashlib.md5(usedforsecurity=False)
+        self._buffer: list[bytes] = []
+        self._buffered = 0
+        self.size = 0
+
+    async def open(self) -> None:
+        path = self._spool.file_path(self.file_id)
+        self._spool.mark_dir_dirty()
+        try:
+            self._fd = await self._spool.run_io(os.open, path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise _write_failed(exc) from exc
+
+    async def write(self, data: bytes) -> None:
+        self._buffer.append(data)
+        self._buffered += len(data)
+        if self._buffered >= WRITE_BUFFER_BYTES:
+            await self._drain_buffer()
+
+    async def _drain_buffer(self) -> None:
+        if not self._buffer:
+            return
+        chunk = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
+        self._buffer = []
+        self._buffered = 0
+        try:
+            await self._spool.run_io(_write_and_hash, self._fd, chunk, self._md5)
+        except OSError as exc:
+            raise _write_failed(exc) from exc
+        self.size += len(chunk)
+
+    async def finish(self) -> str:
+        """Everything written and fsynced; returns the MD5 (hex)."""
+        await self._drain_buffer()
+        fd, self._fd = self._fd, -1
+        try:
+            await self._spool.run_io(_fsync_close, fd)
+        except OSError as exc:
+            await self._spool.run_io(_unlink_all, [self._spool.file_path(self.file_id)])
+            raise _write_failed(exc) from exc
+        return self._md5.hexdigest()
+
+    async def discard(self) -> None:
+        """Drop the file (a failed or rejected upload). Safe to call in any state, more than once."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            await self._spool.run_io(os.close, fd)
+        await self._spool.run_io(_unlink_all, [self._spool.file_path(self.file_id)])
+
+
+def _write_failed(exc: OSError) -> SpoolWriteFailed:
+    if exc.errno == errno.ENOSPC:
+        log.error("spool: disk full while writing an upload: %s", exc)
+        return SpoolWriteFailed("The gateway's spool disk is full. Please retry.")
+    log.error("spool: write failed: %s", exc)
+    return SpoolWriteFailed()
+
+
+def _write_and_hash(fd: int, data: bytes, md5: Any) -> None:
+    md5.update(data)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fsync_close(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
