@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The torch extra (clients.torch) is for the tests and the type check only: setup and run stay without it.
+TORCH_STAMP := $(VENV)/.installed-torch
 
 .PHONY: setup run test check lint typecheck contracts bench clean
 
@@ -12,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,dev,bench]'
 	touch $(STAMP)
 
+$(TORCH_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[test,dev,bench,torch]'
+	touch $(TORCH_STAMP)
+
 setup: $(STAMP)
 
 ## Quick start 1: run the gateway with an embedded SeaweedFS backend.
@@ -19,7 +25,7 @@ run: $(STAMP)
 	$(BIN)/s3lanes serve
 
 ## Quick start 2: the whole test suite (starts its own SeaweedFS).
-test: $(STAMP)
+test: $(TORCH_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 check: lint typecheck contracts
@@ -28,7 +34,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check gateway clients tests loadtests
 	$(BIN)/ruff format --check gateway clients tests loadtests
 
-typecheck: $(STAMP)
+typecheck: $(TORCH_STAMP)
 	$(BIN)/mypy
 
 contracts: $(STAMP)
@@ -36,6 +42,11 @@ contracts: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m loadtests.bench_proxy $(BENCH_ARGS)
+
+## The write spool's benchmark (docs/benchmarks.md, "Write spool (issue 4)"); BENCH_ARGS=--quick for a short run.
+.PHONY: bench-spool
+bench-spool: $(STAMP)
+	$(BIN)/python -m loadtests.bench_spool $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

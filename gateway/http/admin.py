@@ -116,7 +116,11 @@ class Admin:
         Loopback peers, or requests SigV4-signed by a configured key pair.
         """
         if not (self._allowed(request) or self._signed_by_a_tenant(request)):
-            return web.Response(status=403, text="flush needs a loopback peer or a SigV4-signed request\n")
+            return web.Response(
+                status=403,
+                text="flush needs a loopback peer or a SigV4-signed request\n",
+                headers={FLUSH_HEADER: "1"},
+            )
         q = query_names(split_target(request.raw_path)[1])
         bucket = q.get("bucket", "")
         prefix = q.get("prefix", "")

@@ -333,11 +333,9 @@ class SpoolFront:
             return
         try:
             resp = await self._backend_call(ctx, "metadata", "HEAD", bucket, None, "")
-        except ServiceUnavailable:
-            if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
-                return  # backend down, bucket known: keep absorbing writes (that is what the spool is for)
-            raise
         except S3Error:
+            # The backend is unreachable. A bucket seen before (or with spooled data) keeps absorbing
+            # writes: that is what the spool is for. One never seen cannot be checked: refuse it promptly.
             if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
                 return
             raise

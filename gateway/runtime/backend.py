@@ -187,6 +187,8 @@ class Backend:
         except aiohttp.ClientConnectorError as exc:
             log.warning("backend unreachable: %s %s: %r", method, target.url, exc)
             raise ServiceUnavailable("The backend storage service is unreachable. Please retry.") from exc
-        except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            # ClientOSError, ServerDisconnectedError, ClientConnectionResetError ("Cannot write to closing
+            # transport" when a pooled connection was closed by the store) and the rest of the family.
             log.warning("backend connection failed: %s %s: %r", method, target.url, exc)
             raise ServiceUnavailable("The connection to the backend storage service failed.") from exc

@@ -12,6 +12,7 @@ import io
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,10 @@ def test_aws_cli_sync_and_ls(gateway: Gateway, backend: Any, bucket: str, tmp_pa
     for rel, data in tree.items():
         (up / rel).parent.mkdir(parents=True, exist_ok=True)
         (up / rel).write_bytes(data)
+        # S3's LastModified has whole seconds: a file written in the same second as its upload would look
+        # newer than its copy to the second sync. Date the tree a minute back.
+        past = time.time() - 60
+        os.utime(up / rel, (past, past))
 
     aws(gateway, "s3", "sync", str(up), f"s3://{bucket}/synced")
     assert set(all_keys(backend, bucket)) == {f"synced/{rel}" for rel in tree}

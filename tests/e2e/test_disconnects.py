@@ -296,6 +296,8 @@ def narrow_gateway(seaweed: Any, tmp_path_factory: pytest.TempPathFactory) -> It
         backend_endpoint=seaweed.endpoint_url,
         extra_toml=(
             f'bandwidth = "1000000000"\n\n[scheduler]\ninflight_requests_max = {NARROW_WINDOW_TICKETS}'
+            # Uploads must be proxied (and hold their tickets), not absorbed by the spool.
+            "\n\n[spool]\nenabled = false"
         ),
     )
     try:

@@ -45,7 +45,12 @@ def shaped_gateway(
         tmp,
         seaweed,
         backend_endpoint=f"http://127.0.0.1:{relay.port}",
-        extra_toml=f'bandwidth = "{BANDWIDTH_BPS}"\n\n[scheduler]\nlatency_target_ms = 2000',
+        # Writes are proxied here (the spool off): the split is measured on client traffic itself. Spool
+        # drains take the same lane (tests/e2e/test_spool.py).
+        extra_toml=(
+            f'bandwidth = "{BANDWIDTH_BPS}"\n\n[scheduler]\nlatency_target_ms = 2000'
+            "\n\n[spool]\nenabled = false"
+        ),
     )
     try:
         yield gw, relay

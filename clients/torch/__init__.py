@@ -1,0 +1,28 @@
+"""PyTorch integration: datasets, ``torch.save``/``torch.load`` checkpoints, Distributed Checkpoint storage.
+
+Needs the ``torch`` extra (``pip install 's3lanes[torch]'``). Importing :mod:`clients` never imports torch;
+importing this package does.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401  (fail here, with the hint, rather than deep inside a submodule)
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("clients.torch needs PyTorch: pip install 's3lanes[torch]'") from exc
+
+from clients.torch.checkpoint import load_checkpoint, save_checkpoint
+from clients.torch.datasets import S3Item, S3IterableDataset, S3MapDataset, Sample, key_and_bytes
+from clients.torch.dcp import S3StorageReader, S3StorageWriter
+
+__all__ = [
+    "S3Item",
+    "S3IterableDataset",
+    "S3MapDataset",
+    "S3StorageReader",
+    "S3StorageWriter",
+    "Sample",
+    "key_and_bytes",
+    "load_checkpoint",
+    "save_checkpoint",
+]
