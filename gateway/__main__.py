@@ -10,12 +10,14 @@ import os
 import secrets
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from gateway import __version__
 from gateway.clock import SystemClock
 from gateway.config import Config, Credential, load_config
+from gateway.core.journal import JournalCorrupt
 from gateway.errors import ConfigError
 from gateway.http.app import build_app, start_listeners
 from gateway.runtime.backend import Backend
@@ -52,7 +54,77 @@ def _parser() -> argparse.ArgumentParser:
         help="the gateway's endpoint (default http://127.0.0.1:9000)",
     )
     status.add_argument("--json", action="store_true", help="print the raw status document")
+    flush = sub.add_parser(
+        "flush", help="wait until what the gateway's spool holds under bucket/prefix is on the backend"
+    )
+    flush.add_argument("--url", default="http://127.0.0.1:9000", help="the gateway's endpoint")
+    flush.add_argument("--bucket", required=True)
+    flush.add_argument("--prefix", default="", help="key prefix (default: the whole bucket)")
+    flush.add_argument("--timeout", type=float, default=600.0, help="seconds to wait (default 600)")
+    flush.add_argument(
+        "--region", default=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"), help="region to sign for"
+    )
     return p
+
+
+def flush_command(url: str, bucket: str, prefix: str, timeout_s: float, region: str) -> int:
+    """POST /_s3lanes/flush; exit 0 when durable, 3 on timeout, 1 when the gateway cannot be asked.
+
+    Signed with AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY when they are set (needed from another host);
+    loopback peers may flush unsigned.
+    """
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from gateway.core.sigv4 import EMPTY_SHA256, sign_headers
+
+    query = urllib.parse.urlencode(
+        {"bucket": bucket, "prefix": prefix, "timeout": f"{timeout_s:g}"}, quote_via=urllib.parse.quote
+    )
+    parts = urllib.parse.urlsplit(url.rstrip("/"))
+    path = "/_s3lanes/flush"
+    headers = {"host": parts.netloc, "x-amz-content-sha256": EMPTY_SHA256}
+    access_key, secret_key = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if access_key and secret_key:
+        headers.update(
+            sign_headers(
+                "POST",
+                path,
+                query,
+                headers,
+                access_key=access_key,
+                secret_key=secret_key,
+                region=region,
+                payload_hash=EMPTY_SHA256,
+                now_wall=time.time(),
+            )
+        )
+    req = urllib.request.Request(
+        f"{parts.scheme}://{parts.netloc}{path}?{query}", method="POST", headers=headers
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s + 30) as resp:
+            doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code != 504:
+            print(f"s3lanes flush: {url} answered {exc.code}: {exc.read()[:300]!r}", file=sys.stderr)
+            return 1
+        doc = json.loads(exc.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        print(f"s3lanes flush: cannot reach {url}: {exc}", file=sys.stderr)
+        return 1
+    where = f"s3://{bucket}/{prefix}"
+    if doc.get("durable"):
+        print(f"{where}: durable on the backend (waited {doc['waited_s']:.1f} s)")
+        return 0
+    age = doc.get("oldest_pending_age_s")
+    print(
+        f"{where}: NOT durable after {doc['waited_s']:.1f} s: {doc['pending_objects']} objects,"
+        f" {doc['pending_bytes']} bytes pending" + (f", oldest acknowledged {age:.0f} s ago" if age else ""),
+        file=sys.stderr,
+    )
+    return 3
 
 
 def status_command(url: str, as_json: bool) -> int:
@@ -94,6 +166,23 @@ def render_status(doc: dict[str, Any]) -> str:
             f"{_mbps(ln['granted_rate_bps']):>11}{_mbps(ln['limit_bps']):>12}{_mbps(ln['reservation_bps']):>14}"
             f"{ln['achieved_share']:>8.2f}{ln['guard_multiplier']:>7.3g}"
         )
+    sp = doc.get("spool") or {}
+    if sp.get("enabled"):
+        age = sp.get("oldest_pending_age_s")
+        cap = sp["capacity_bytes"] or 1
+        lines += [
+            "",
+            f"spool {sp['dir']}: {sp['used_bytes'] / 2**20:.1f} of {sp['capacity_bytes'] / 2**20:.0f} MiB"
+            f" ({100 * sp['used_bytes'] / cap:.0f}%{', FULL' if sp['full'] else ''})"
+            f"{'  DEGRADED: ' + sp['degraded'] if sp.get('degraded') else ''}",
+            f"  pending: {sp['pending_objects']} objects, {sp['pending_bytes'] / 2**20:.1f} MiB;"
+            f" oldest {'-' if age is None else f'{age:.0f} s'}; open uploads {sp['open_uploads']};"
+            f" draining {sp.get('drain', {}).get('in_flight', 0)}",
+        ]
+        for item in sp.get("pending_by_prefix", [])[:10]:
+            lines.append(f"  s3://{item['bucket']}/{item['prefix']}: {item['bytes'] / 2**20:.1f} MiB pending")
+    elif "spool" in doc:
+        lines += ["", "spool: off"]
     return "\n".join(lines)
 
 
@@ -216,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "status":
         return status_command(args.url, args.json)
+    if args.command == "flush":
+        return flush_command(args.url, args.bucket, args.prefix, args.timeout, args.region)
     try:
         cfg = load_config(args.config, overrides=_overrides(args))
     except ConfigError as exc:
@@ -226,7 +317,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     import uvloop
 
-    return int(uvloop.run(serve(cfg, args.ready_file)))
+    try:
+        return int(uvloop.run(serve(cfg, args.ready_file)))
+    except JournalCorrupt as exc:
+        log.critical(
+            "the spool journal is damaged (%s). Refusing to start: acknowledged writes could be lost."
+            " Inspect %s/spool (move the journal aside to start empty, losing what it held).",
+            exc,
+            cfg.spool.dir or cfg.server.state_dir,
+        )
+        return 3
 
 
 if __name__ == "__main__":

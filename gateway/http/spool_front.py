@@ -236,6 +236,15 @@ class SpoolFront:
                 return await self._delete_objects(request, ctx, decision, bucket)
             elif op == "ListMultipartUploads" and any(u.bucket == bucket for u in state.uploads.values()):
                 return await self._list_uploads(request, ctx, decision, bucket, q)
+            elif op == "DeleteBucket" and state.has_bucket_prefix(bucket, ""):
+                # Spooled objects are objects of the bucket: drain them first, then the backend answers
+                # BucketNotEmpty as S3 would (deleting the bucket under them would strand them).
+                result = await self.spool.flush(bucket, "", KEY_CLEAR_TIMEOUT_S)
+                if not result.durable:
+                    raise SlowDown(
+                        "The bucket has acknowledged writes still being uploaded; retry later.",
+                        retry_after_s=self._cfg.spool.retry_after_s,
+                    )
             return None
         upload_id = q.get("uploadId")
         if upload_id is not None and upload_id.startswith(UPLOAD_ID_PREFIX):
