@@ -189,7 +189,7 @@ class Drainer:
         else:
             self.uploads_ok += 1
             state.upload_succeeded(entry)
-            self._spool.drained_bytes += entry.size
+            self._spool.note_drained(entry.size)
             self._metrics.spool_durable_latency.observe(max(0.0, self._clock.wall() - entry.acked_at))
             done = state.done_record(entry.seq)
             try:

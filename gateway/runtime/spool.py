@@ -21,6 +21,7 @@ only safe course is to stop acknowledging into it. Data already acknowledged kee
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import hashlib
@@ -45,6 +46,7 @@ log = logging.getLogger("s3lanes.spool")
 T = TypeVar("T")
 
 WRITE_BUFFER_BYTES = 1024 * 1024
+DRAIN_RATE_WINDOW_S = 10.0
 JOURNAL_NAME = "journal"
 
 
@@ -114,6 +116,7 @@ class Spool:
         self.recovery: RecoveryReport | None = None
         self.acked_bytes = 0
         self.drained_bytes = 0
+        self._drained_recent: collections.deque[tuple[float, int]] = collections.deque()
 
     # -- executor --------------------------------------------------------------------------------------------
 
@@ -404,6 +407,18 @@ class Spool:
             if not fut.done():
                 fut.cancel()
 
+    def note_drained(self, nbytes: int) -> None:
+        self.drained_bytes += nbytes
+        self._drained_recent.append((self._clock.monotonic(), nbytes))
+
+    def drain_rate_bps(self, window_s: float = DRAIN_RATE_WINDOW_S) -> float:
+        """Bytes confirmed on the backend per second over the last ``window_s``."""
+        since = self._clock.monotonic() - window_s
+        recent = self._drained_recent
+        while recent and recent[0][0] < since:
+            recent.popleft()
+        return sum(n for _, n in recent) / window_s
+
     # -- status ----------------------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
@@ -423,6 +438,7 @@ class Spool:
             "oldest_pending_age_s": None if oldest is None else max(0.0, now_wall - oldest),
             "acked_bytes_total": self.acked_bytes,
             "drained_bytes_total": self.drained_bytes,
+            "drain_rate_bps": self.drain_rate_bps(),
             "pending_by_prefix": [
                 {"bucket": b, "prefix": p, "bytes": n}
                 for (b, p), n in sorted(self.state.pending_by_prefix().items())
