@@ -641,11 +641,11 @@ class SpoolSpace:
     reserved_bytes: int = 0
     full: bool = False
 
-    def _update(self) -> None:
+    def _update(self, *, may_fill: bool = True) -> None:
         level = self.used_bytes + self.reserved_bytes
         if self.full and level < self.low_water * self.capacity_bytes:
             self.full = False
-        elif not self.full and level > self.high_water * self.capacity_bytes:
+        elif may_fill and not self.full and level > self.high_water * self.capacity_bytes:
             self.full = True
 
     def admit(self, nbytes: int, *, must: bool = False) -> Admission:
@@ -665,8 +665,11 @@ class SpoolSpace:
         self._update()
 
     def set_used(self, nbytes: int) -> None:
+        """Bytes on disk changed. May clear ``full``, never set it: a write's bytes land in ``used`` while its
+        reservation is still held (counted twice for an instant); high water is judged when writes are
+        admitted and released."""
         self.used_bytes = nbytes
-        self._update()
+        self._update(may_fill=False)
 
     @property
     def level(self) -> float:

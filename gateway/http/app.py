@@ -145,7 +145,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             return await admin.metrics(request)
         return await proxy.handle(request)
 
-    app.router.add_route("*", "/{tail:.*}", s3_or_metrics, expect_handler=proxy.expect_handler)
+    app.router.add_route("*", "/{tail:(?s:.*)}", s3_or_metrics, expect_handler=proxy.expect_handler)
     return app
 
 

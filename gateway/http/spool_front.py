@@ -36,6 +36,7 @@ from gateway.core.classify import Decision
 from gateway.core.listing import (
     ListEntry,
     NotOurToken,
+    decode_token,
     merge_page,
     parse_backend_listing,
     parse_list_request,
@@ -173,6 +174,23 @@ def _iso(ts: float) -> str:
     return f"{stamp}.{int(ts * 1000) % 1000:03d}Z"
 
 
+def _our_token(q: Mapping[str, str]) -> bool:
+    token = q.get("continuation-token")
+    if q.get("list-type") != "2" or not token:
+        return False
+    try:
+        decode_token(token)
+    except NotOurToken:
+        return False
+    return True
+
+
+def _odd_path_segments(key: str) -> bool:
+    """Empty, "." or ".." path segments (backslashes count as separators: some stores map them to "/")."""
+    segments = key.replace("\\", "/").split("/")
+    return any(seg in ("", ".", "..") for seg in segments[:-1]) or segments[-1] in (".", "..")
+
+
 def parse_copy_source(value: str) -> tuple[str, str]:
     """``x-amz-copy-source``: ``[/]bucket/key[?versionId=...]``, URL-encoded."""
     raw = value.split("?", 1)[0]
@@ -230,7 +248,9 @@ class SpoolFront:
         q = query_names(ctx.view.raw_query)
         if key is None:
             if op in ("ListObjects", "ListObjectsV2"):
-                if state.has_bucket_prefix(bucket, q.get("prefix", "")):
+                # Merged while the prefix has spooled keys, and for every page after one of our tokens
+                # (the backend cannot continue a listing from a token it did not issue).
+                if state.has_bucket_prefix(bucket, q.get("prefix", "")) or _our_token(q):
                     return await self._list(request, ctx, decision, bucket)
             elif op == "DeleteObjects" and state.has_bucket_prefix(bucket, ""):
                 return await self._delete_objects(request, ctx, decision, bucket)
@@ -289,6 +309,10 @@ class SpoolFront:
     def _spoolable(self, ctx: RequestContext, decision: Decision, bucket: str, key: str) -> bool:
         h = ctx.view.headers
         if self.spool.degraded is not None:
+            return False
+        if _odd_path_segments(key):
+            # Stores disagree on keys with "."/".." or empty segments (SeaweedFS refuses or folds them):
+            # let the backend answer such writes itself rather than acknowledge what may never drain.
             return False
         if h.get(WRITE_THROUGH_HEADER, "").strip().lower() in _TRUE:
             return False
