@@ -12,8 +12,10 @@ so the state after a crash is exactly the state that was acknowledged. Records:
 Ordering rules (what the backend ends up with equals the order of acknowledgements):
 
 * Per key, only the latest entry is live. A newer put/del *supersedes* older ones: their data is dropped
-  without being uploaded, and an upload of an older version still in flight is cancelled. A newer entry
-  of a key is not drained while an older one of the same key is still being uploaded.
+  without being uploaded; an upload of an older version already in flight is told to stop (a multipart
+  one between parts; a request already on the wire is let finish, since the store could still apply it
+  after anything sent later). A newer entry of a key is not drained while an older one of the same key is
+  still being uploaded.
 * Commit markers (``.metadata``, ``COMMIT``... by file-name glob) are drained only when no entry acknowledged
   before them under the same directory prefix is still pending, so a manifest never reaches the backend
   before its shards.
@@ -23,7 +25,7 @@ Lifecycle of an entry (one transition table, illegal moves raise)::
 
     PENDING --start_upload--> UPLOADING --upload_failed--> PENDING (retry after backoff)
                                         --upload_succeeded--> UPLOADED --(done record applied)--> gone
-    any state --superseded by a newer record of the key--> gone (an UPLOADING one is cancelled)
+    any state --superseded by a newer record of the key--> gone (an UPLOADING one once its upload ends)
 
 Space: :class:`SpoolSpace` counts bytes on disk and bytes reserved by writes in progress, with high/low
 water hysteresis.
@@ -164,6 +166,9 @@ class SpoolState:
         self._latest: dict[tuple[str, str], Entry] = {}  # (bucket, key) -> live entry
         self._uploading_keys: dict[tuple[str, str], int] = {}  # key -> seq being uploaded
         self.uploads: dict[str, Upload] = {}
+        # Multipart uploads the drainer opened on the backend and has not completed or aborted yet:
+        # backend upload id -> (bucket, key, access key, lane). After a crash they are aborted.
+        self.backend_uploads: dict[str, tuple[str, str, str, str]] = {}
         self._next_seq = 1
         self.bytes_on_disk = 0
 
@@ -226,6 +231,12 @@ class SpoolState:
             self.bytes_on_disk -= upload.size
             return Applied(garbage=tuple(p.file for p in upload.parts.values()))
         if kind == "seq":  # written by compaction: keeps seqs growing across rewrites
+            return Applied()
+        if kind == "bmpu":
+            self.backend_uploads[rec["u"]] = (rec["b"], rec["k"], rec["ak"], rec.get("ln", "checkpoint"))
+            return Applied()
+        if kind == "bmpu_end":
+            self.backend_uploads.pop(rec["u"], None)
             return Applied()
         if kind == "done":
             done = self.entries.get(int(rec["s"]))
@@ -388,6 +399,21 @@ class SpoolState:
     @staticmethod
     def done_record(seq: int) -> dict[str, Any]:
         return {"t": "done", "s": seq}
+
+    @staticmethod
+    def backend_upload_record(upload_id: str, entry: Entry) -> dict[str, Any]:
+        return {
+            "t": "bmpu",
+            "u": upload_id,
+            "b": entry.bucket,
+            "k": entry.key,
+            "ak": entry.access_key,
+            "ln": entry.lane,
+        }
+
+    @staticmethod
+    def backend_upload_end_record(upload_id: str) -> dict[str, Any]:
+        return {"t": "bmpu_end", "u": upload_id}
 
     def complete_record(
         self, upload: Upload, requested: Sequence[tuple[int, str]], now_wall: float
@@ -612,6 +638,8 @@ class SpoolState:
                             md5=part.md5,
                         )
                     )
+        for upload_id, (bucket, key, access_key, lane) in self.backend_uploads.items():
+            out.append({"t": "bmpu", "u": upload_id, "b": bucket, "k": key, "ak": access_key, "ln": lane})
         out.append({"t": "seq", "seq": self.last_seq})
         return out
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from gateway.runtime.backend import Backend
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.drainer import Drainer
 from gateway.runtime.lane_metrics import scheduler_collector
-from gateway.runtime.spool import Spool
+from gateway.runtime.spool import Spool, crash_on_failure
 from gateway.runtime.spool_metrics import spool_collector
 
 log = logging.getLogger("s3lanes.app")
@@ -122,7 +121,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             if proxy.spool_front is not None:
                 proxy.spool_front.remember_buckets()
             drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
-            drain_task.add_done_callback(_crash_on_failure)
+            drain_task.add_done_callback(crash_on_failure)
         yield
         if drainer is not None and drain_task is not None:
             await drainer.close()
@@ -151,16 +150,6 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
 
 def spool_dir(cfg: Config) -> Path:
     return cfg.spool.dir if cfg.spool.dir is not None else cfg.server.state_dir / "spool"
-
-
-def _crash_on_failure(task: asyncio.Task[None]) -> None:
-    """A background task that dies takes the process down loudly (STYLE.md 10)."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        log.critical("background task %s died: %r; exiting", task.get_name(), exc, exc_info=exc)
-        os._exit(70)
 
 
 def _signed(request: web.Request) -> bool:

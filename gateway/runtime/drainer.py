@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import html
 import logging
 import os
@@ -30,7 +31,7 @@ from xml.sax.saxutils import escape
 from gateway.clock import Clock
 from gateway.config import Credential, SpoolConfig
 from gateway.core.sigv4 import UNSIGNED_PAYLOAD
-from gateway.core.spool_state import Entry
+from gateway.core.spool_state import Entry, EntryState
 from gateway.core.uri import s3_quote
 from gateway.errors import S3Error
 from gateway.metrics import Metrics
@@ -49,6 +50,10 @@ _AGE_WARNING_INTERVAL_S = 60.0
 
 class DrainError(Exception):
     pass
+
+
+class Superseded(Exception):
+    """A newer write of the key was acknowledged while this multipart drain was between parts."""
 
 
 def _norm_etag(etag: str) -> str:
@@ -83,6 +88,7 @@ class Drainer:
         self._request_cost = request_cost_bytes
         self._default_lane = default_lane
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._janitor: asyncio.Task[None] | None = None
         self._closing = False
         self._last_age_warning = 0.0
         self._rng = random.Random()
@@ -109,6 +115,10 @@ class Drainer:
 
     async def run(self) -> None:
         wakeup = self._spool.drain_wakeup
+        # Backend multipart uploads recorded in the journal but not finished: left by a crash. Nothing is
+        # in flight yet, so every one of them is stale: abort them (in the background, retried later).
+        if self._spool.state.backend_uploads:
+            self._janitor = asyncio.create_task(self._abort_stale_backend_uploads(), name="drain-janitor")
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wakeup.wait(), timeout=self._next_timeout())
@@ -119,7 +129,38 @@ class Drainer:
             free = self._cfg.drain_concurrency - len(self._tasks)
             for entry in self._spool.state.drainable(self._clock.monotonic(), free):
                 self._spool.state.start_upload(entry)
-                self._tasks[entry.seq] = asyncio.create_task(self._drain(entry), name=f"drain-{entry.seq}")
+                task = asyncio.create_task(self._drain(entry), name=f"drain-{entry.seq}")
+                self._tasks[entry.seq] = task
+                task.add_done_callback(functools.partial(self._task_done, entry=entry))
+
+    def _task_done(self, task: asyncio.Task[None], *, entry: Entry) -> None:
+        """Whatever happened to the task (even a cancel before it ran), its key is not left blocked."""
+        self._tasks.pop(entry.seq, None)
+        if entry.state is EntryState.UPLOADING:
+            self._spool.after_drain(
+                self._spool.state.upload_failed(entry, self._clock.monotonic(), "cancelled")
+            )
+        self._spool.drain_wakeup.set()
+
+    async def _abort_stale_backend_uploads(self) -> None:
+        for upload_id, (bucket, key, access_key, lane) in list(self._spool.state.backend_uploads.items()):
+            probe = Entry(
+                seq=0, kind="put", bucket=bucket, key=key, access_key=access_key, lane=lane, acked_at=0
+            )
+            try:
+                status, data, _ = await self._request(
+                    probe, "DELETE", f"uploadId={s3_quote(upload_id, safe='')}", {}
+                )
+            except Exception as exc:
+                log.warning(
+                    "could not abort stale backend upload %s of %s/%s: %s", upload_id, bucket, key, exc
+                )
+                continue
+            if status in (200, 204, 404):
+                with contextlib.suppress(SpoolWriteFailed):
+                    await self._spool.commit([self._spool.state.backend_upload_end_record(upload_id)])
+            else:
+                log.warning("abort of stale backend upload %s answered %d: %r", upload_id, status, data[:200])
 
     def _next_timeout(self) -> float:
         now = self._clock.monotonic()
@@ -149,14 +190,16 @@ class Drainer:
         self._closing = True
         self._spool.drain_wakeup.set()
         tasks = list(self._tasks.values())
+        if self._janitor is not None:
+            tasks.append(self._janitor)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _cancel(self, seq: int) -> None:
-        task = self._tasks.get(seq)
-        if task is not None:
-            task.cancel()
+        """A newer write superseded an entry being uploaded. Its request is NOT cancelled: once a body is on
+        the wire the store may still apply it after anything sent later, so the key stays blocked until the
+        store has answered. A multipart upload stops between parts (and is aborted) instead."""
 
     # -- one entry -------------------------------------------------------------------------------------------
 
@@ -164,11 +207,8 @@ class Drainer:
         state = self._spool.state
         try:
             await self._upload(entry)
-        except asyncio.CancelledError:
-            applied = state.upload_failed(entry, self._clock.monotonic(), "cancelled")
-            self._spool.after_drain(applied)
-            if not entry.superseded and not self._closing:
-                raise
+        except Superseded:
+            self._spool.after_drain(state.upload_failed(entry, self._clock.monotonic(), "superseded"))
         except Exception as exc:
             self.uploads_failed += 1
             delay = self._backoff(entry.attempts)
@@ -199,9 +239,6 @@ class Drainer:
                 # restart (which replays the old journal) finds the data and at worst uploads it again.
                 state.apply(done)
                 self._spool.space.set_used(state.bytes_on_disk)
-        finally:
-            self._tasks.pop(entry.seq, None)
-            self._spool.drain_wakeup.set()
 
     def _backoff(self, attempts: int) -> float:
         cap = min(self._cfg.retry_max_s, self._cfg.retry_base_s * (2 ** max(0, attempts - 1)))
@@ -304,12 +341,18 @@ class Drainer:
         match = _UPLOAD_ID.search(data)
         if status != 200 or match is None:
             raise DrainError(f"CreateMultipartUpload answered {status}: {data[:300]!r}")
-        upload_id = match.group(1).decode()
+        upload_id = html.unescape(match.group(1).decode())
         qid = s3_quote(upload_id, safe="")
+        state = self._spool.state
+        finished = False
         try:
+            # Recorded before any part is sent: a crash from here on leaves an upload the next start aborts.
+            await self._spool.commit([state.backend_upload_record(upload_id, entry)])
             for number, (file_id, size, md5_hex) in enumerate(
                 zip(entry.files, entry.part_sizes, entry.part_md5s, strict=True), start=1
             ):
+                if entry.superseded:
+                    raise Superseded()
                 part_headers = {
                     "content-length": str(size),
                     "content-md5": base64.b64encode(bytes.fromhex(md5_hex)).decode(),
@@ -322,9 +365,9 @@ class Drainer:
                     raise DrainError(f"UploadPart {number} answered {status}: {data[:300]!r}")
                 got = _norm_etag(resp_headers.get("ETag", ""))
                 if got != md5_hex:
-                    raise DrainError(
-                        f"UploadPart {number}: backend ETag {got!r} differs from the part's {md5_hex!r}"
-                    )
+                    raise DrainError(f"UploadPart {number}: backend ETag {got!r} differs from {md5_hex!r}")
+            if entry.superseded:
+                raise Superseded()
             xml = "".join(
                 f"<Part><PartNumber>{n}</PartNumber><ETag>&quot;{escape(m)}&quot;</ETag></Part>"
                 for n, m in enumerate(entry.part_md5s, start=1)
@@ -336,17 +379,26 @@ class Drainer:
             etag = _ETAG.search(data)
             if status != 200 or b"<Error>" in data or etag is None:
                 raise DrainError(f"CompleteMultipartUpload answered {status}: {data[:300]!r}")
+            finished = True
             if _norm_etag(etag.group(1).decode()) != _norm_etag(entry.etag):
                 raise DrainError(
                     f"backend multipart ETag {etag.group(1).decode()!r} differs from the acknowledged"
                     f" {entry.etag!r}"
                 )
         except BaseException:
-            try:
-                await asyncio.shield(self._abort(entry, qid))
-            except Exception as exc:
-                log.debug("abort of backend upload %s failed: %s", upload_id, exc)
+            if not finished:
+                try:
+                    await asyncio.shield(self._abort(entry, qid))
+                    finished = True
+                except Exception as exc:
+                    log.debug("abort of backend upload %s failed: %s", upload_id, exc)
             raise
+        finally:
+            if finished:
+                with contextlib.suppress(SpoolWriteFailed):
+                    await asyncio.shield(self._spool.commit([state.backend_upload_end_record(upload_id)]))
 
     async def _abort(self, entry: Entry, qid: str) -> None:
-        await self._request(entry, "DELETE", f"uploadId={qid}", {})
+        status, data, _ = await self._request(entry, "DELETE", f"uploadId={qid}", {})
+        if status not in (200, 204, 404):
+            raise DrainError(f"AbortMultipartUpload answered {status}: {data[:200]!r}")

@@ -133,6 +133,7 @@ class Spool:
             self.space.capacity_bytes = int(usage.free * 0.8) + self.state.bytes_on_disk
         self.space.set_used(self.state.bytes_on_disk)
         self._committer = asyncio.create_task(self._commit_loop(), name="spool-journal")
+        self._committer.add_done_callback(crash_on_failure)
         if report.lost_entries:
             await self.commit([self.state.done_record(int(s)) for s in report.lost_entries])
         expired = self.state.expired_uploads(self._clock.wall(), self.cfg.abandoned_upload_s)
@@ -183,6 +184,8 @@ class Spool:
                 os.unlink(self.data_dir / name)
                 report.orphans_removed += 1
         for entry in list(self.state.entries.values()):
+            if entry.kind == "del":
+                continue  # a tombstone has no data
             expected = entry.part_sizes or (entry.size,)
             for file_id, size in zip(entry.files, expected, strict=True):
                 try:
@@ -206,7 +209,7 @@ class Spool:
         report.uploads = len(self.state.uploads)
         report.bytes = self.state.bytes_on_disk
         if self._journal_bytes > self.cfg.journal_compact_bytes:
-            self._compact_sync()
+            self._compact_sync(self.state.snapshot_records())  # nothing else runs yet
             report.compacted = True
         self._journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         return report
@@ -286,8 +289,11 @@ class Spool:
                 if not fut.done():
                     fut.set_result(applied)
             if self._journal_bytes > self.cfg.journal_compact_bytes and not self._queue:
+                # The snapshot is taken here, on the loop, where the state lives; only the file work is
+                # handed to the I/O thread.
+                snapshot = self.state.snapshot_records()
                 try:
-                    await self.run_io(self._compact_sync)
+                    await self.run_io(self._compact_sync, snapshot)
                 except OSError as exc:
                     self.degraded = f"journal compaction failed: {exc}"
                     log.error("spool: %s", self.degraded)
@@ -301,9 +307,8 @@ class Spool:
             view = view[n:]
         os.fdatasync(self._journal_fd)
 
-    def _compact_sync(self) -> None:
+    def _compact_sync(self, records: list[dict[str, Any]]) -> None:
         """Rewrite the journal with only what is live: tmp, fsync, rename, fsync the directory."""
-        records = self.state.snapshot_records()
         tmp = self.root / (JOURNAL_NAME + ".tmp")
         data = file_header() + encode_batch(records)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -503,6 +508,17 @@ class SpoolFileWriter:
         if fd >= 0:
             await self._spool.run_io(os.close, fd)
         await self._spool.run_io(_unlink_all, [self._spool.file_path(self.file_id)])
+
+
+def crash_on_failure(task: asyncio.Task[Any]) -> None:
+    """A background task that dies takes the process down loudly (STYLE.md 10): a journal committer or a
+    drainer that silently stopped would leave writers waiting forever."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.critical("background task %s died: %r; exiting", task.get_name(), exc, exc_info=exc)
+        os._exit(70)
 
 
 def _write_failed(exc: OSError) -> SpoolWriteFailed:

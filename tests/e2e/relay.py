@@ -3,6 +3,9 @@
 It measures what really crosses the wire to and from the backend, independently of the gateway's own
 accounting: bytes towards the backend (uploads) and from it (downloads), bucketed by wall-clock window.
 It runs its own event loop in a thread, so synchronous clients (boto3) can drive load at the same time.
+
+It can also play a backend outage: :meth:`CountingRelay.pause` stops listening (connections are refused) and
+aborts every open connection; :meth:`CountingRelay.resume` listens again on the same port.
 """
 
 from __future__ import annotations
@@ -26,17 +29,43 @@ class CountingRelay:
         self._windows: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
+        self._open: set[asyncio.StreamWriter] = set()  # both legs of every relayed connection
+        self._paused = False
         self._thread = threading.Thread(target=self._loop.run_forever, name="relay", daemon=True)
         self.port = 0
 
-    def start(self) -> None:
+    def start(self, port: int = 0) -> None:
+        """Listen on ``port`` (0: a free one; see :attr:`port`)."""
         self._thread.start()
-        fut = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._start(port), self._loop)
         fut.result(10)
 
-    async def _start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, limit=RELAY_READ_BYTES)
+    async def _start(self, port: int = 0) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", port, limit=RELAY_READ_BYTES)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    def pause(self) -> None:
+        """The backend goes away: stop listening (new connections are refused) and abort open connections."""
+
+        async def _pause() -> None:
+            self._paused = True
+            if self._server is not None:
+                self._server.close()
+                self._server = None
+            for writer in list(self._open):
+                writer.transport.abort()
+            self._open.clear()
+
+        asyncio.run_coroutine_threadsafe(_pause(), self._loop).result(10)
+
+    def resume(self) -> None:
+        """The backend is back: listen again on the same port."""
+
+        async def _resume() -> None:
+            await self._start(self.port)
+            self._paused = False
+
+        asyncio.run_coroutine_threadsafe(_resume(), self._loop).result(10)
 
     def stop(self) -> None:
         async def _stop() -> None:
@@ -72,10 +101,17 @@ class CountingRelay:
             writer.close()
 
     async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        if self._paused:  # accepted just before the listener closed
+            c_writer.transport.abort()
+            return
         try:
             b_reader, b_writer = await asyncio.open_connection(*self._target, limit=RELAY_READ_BYTES)
         except OSError:
             c_writer.close()
+            return
+        if self._paused:
+            c_writer.transport.abort()
+            b_writer.transport.abort()
             return
         # Small buffers on both legs: bytes are counted when the relay moves them, so what the relay may
         # hold ahead of the gateway's pace must stay small next to a window's worth of traffic.
@@ -85,7 +121,11 @@ class CountingRelay:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
             w.transport.set_write_buffer_limits(high=RELAY_READ_BYTES)
-        await asyncio.gather(self._pipe(c_reader, b_writer, 0), self._pipe(b_reader, c_writer, 1))
+        self._open.update((c_writer, b_writer))
+        try:
+            await asyncio.gather(self._pipe(c_reader, b_writer, 0), self._pipe(b_reader, c_writer, 1))
+        finally:
+            self._open.difference_update((c_writer, b_writer))
 
     def windows(self, since: float, until: float) -> list[tuple[int, int]]:
         """(up, down) bytes for every whole window between two time.monotonic() instants."""
