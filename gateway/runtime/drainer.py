@@ -89,6 +89,7 @@ class Drainer:
         self._default_lane = default_lane
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._janitor: asyncio.Task[None] | None = None
+        self._abortable: set[int] = set()  # seqs whose upload may still be cut (see _cancel)
         self._closing = False
         self._last_age_warning = 0.0
         self._rng = random.Random()
@@ -136,6 +137,7 @@ class Drainer:
     def _task_done(self, task: asyncio.Task[None], *, entry: Entry) -> None:
         """Whatever happened to the task (even a cancel before it ran), its key is not left blocked."""
         self._tasks.pop(entry.seq, None)
+        self._abortable.discard(entry.seq)
         if entry.state is EntryState.UPLOADING:
             self._spool.after_drain(
                 self._spool.state.upload_failed(entry, self._clock.monotonic(), "cancelled")
@@ -197,9 +199,17 @@ class Drainer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _cancel(self, seq: int) -> None:
-        """A newer write superseded an entry being uploaded. Its request is NOT cancelled: once a body is on
-        the wire the store may still apply it after anything sent later, so the key stays blocked until the
-        store has answered. A multipart upload stops between parts (and is aborted) instead."""
+        """A newer write superseded an entry being uploaded: stop the upload if that is still safe.
+
+        Safe while the store cannot complete the object: a single PUT whose last byte has not been handed
+        to the connection (cutting it leaves a short body, which the store discards), a multipart upload
+        before its completion request (it is aborted). Once a request that completes the object is on the
+        wire, the store may still apply it after anything sent later, so it is let finish; the key stays
+        blocked until the store has answered, and the newer entry goes after it.
+        """
+        task = self._tasks.get(seq)
+        if task is not None and seq in self._abortable:
+            task.cancel()
 
     # -- one entry -------------------------------------------------------------------------------------------
 
@@ -281,7 +291,11 @@ class Drainer:
         finally:
             resp.release()
 
-    async def _file_body(self, entry: Entry, file_id: str, size: int) -> AsyncIterator[bytes]:
+    async def _file_body(
+        self, entry: Entry, file_id: str, size: int, *, commits: bool = False
+    ) -> AsyncIterator[bytes]:
+        """The file's bytes, paced through the lane. ``commits``: this body's last byte makes the request
+        complete (a single PUT): from then on the upload may no longer be cancelled."""
         lane = self._lane(entry)
         budget = StreamBudget(self._dispatcher, lane, self._chunk, size)
         path = self._spool.file_path(file_id)
@@ -296,6 +310,8 @@ class Drainer:
                     raise DrainError(f"spool file {file_id} ended at {offset} of {size} bytes")
                 offset += len(chunk)
                 self._metrics.bytes.labels(lane, "up").inc(len(chunk))
+                if commits and offset >= size:
+                    self._abortable.discard(entry.seq)
                 yield chunk
         finally:
             budget.close()
@@ -317,7 +333,13 @@ class Drainer:
         md5_hex = _norm_etag(entry.etag)
         headers["content-md5"] = base64.b64encode(bytes.fromhex(md5_hex)).decode()
         headers["content-length"] = str(entry.size)
-        body = self._file_body(entry, entry.files[0], entry.size) if entry.size else b""
+        if entry.size:
+            self._abortable.add(entry.seq)  # until the last byte is handed to the connection
+            body: bytes | AsyncIterator[bytes] = self._file_body(
+                entry, entry.files[0], entry.size, commits=True
+            )
+        else:
+            body = b""
         status, data, resp_headers = await self._request(entry, "PUT", "", headers, body)
         if status != 200:
             raise DrainError(f"PUT answered {status}: {data[:300]!r}")
@@ -348,6 +370,7 @@ class Drainer:
         try:
             # Recorded before any part is sent: a crash from here on leaves an upload the next start aborts.
             await self._spool.commit([state.backend_upload_record(upload_id, entry)])
+            self._abortable.add(entry.seq)  # parts may be cut short; the completion may not
             for number, (file_id, size, md5_hex) in enumerate(
                 zip(entry.files, entry.part_sizes, entry.part_md5s, strict=True), start=1
             ):
@@ -366,6 +389,7 @@ class Drainer:
                 got = _norm_etag(resp_headers.get("ETag", ""))
                 if got != md5_hex:
                     raise DrainError(f"UploadPart {number}: backend ETag {got!r} differs from {md5_hex!r}")
+            self._abortable.discard(entry.seq)
             if entry.superseded:
                 raise Superseded()
             xml = "".join(
