@@ -50,3 +50,9 @@ bench-spool: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+## The contention benchmark (docs/benchmarks.md, "Contention benchmark (issue 6)"): about 10 minutes, needs
+## root for its netns testbed; BENCH_ARGS="--quick --testbed model" for a one-minute run without root.
+.PHONY: bench-contention
+bench-contention: $(STAMP)
+	$(BIN)/python -m loadtests.contention $(BENCH_ARGS)

@@ -681,6 +681,11 @@ shutdown_grace_s = 5
 endpoint = "{stack.weed.endpoint_url}"
 region = "{REGION}"
 
+# The proxy path is what this benchmark measures: uploads are streamed through, not spooled
+# (the spool has its own benchmark, loadtests/bench_spool.py).
+[spool]
+enabled = false
+
 [[credentials]]
 access_key = "{ACCESS_KEY}"
 secret_key = "{SECRET_KEY}"

@@ -14,8 +14,8 @@ Ordering rules (what the backend ends up with equals the order of acknowledgemen
 * Per key, only the latest entry is live. A newer put/del *supersedes* older ones: their data is dropped
   without being uploaded; an upload of an older version already in flight is cut short if the store
   cannot complete it yet (the shell decides; a request that completes the object is let finish, since
-  the store could still apply it after anything sent later). A newer entry of a key is not drained while an older one of the same key is
-  still being uploaded.
+  the store could still apply it after anything sent later). A newer entry of a key is not drained while
+  an older one of the same key is still being uploaded.
 * Commit markers (``.metadata``, ``COMMIT``... by file-name glob) are drained only when no entry acknowledged
   before them under the same directory prefix is still pending, so a manifest never reaches the backend
   before its shards.

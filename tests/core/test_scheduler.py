@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.core.sched_alloc import LaneDemand, allocate
-from gateway.core.sched_control import GUARD_M_MIN, CapacityEstimator, TokenBucket
+from gateway.core.sched_control import GUARD_M_MIN, CapacityEstimator, GuardVerdict, LatencyGuard, TokenBucket
 from gateway.core.scheduler import (
     Grant,
     Idle,
@@ -672,3 +672,43 @@ def test_guard_ignores_the_wait_of_reads_that_already_get_their_guarantee_but_no
         s.observe_read("dataset", 0.0, 0.040, now)  # the backend itself got 39 ms slower
     now += 0.1
     assert s.snapshot(now + 1e-6).guard_multiplier == 0.5
+
+
+# -- latency guard: reads that queue behind reads ------------------------------------------------------------
+
+
+def _guard_window(guard: LatencyGuard, t: float, extra_s: float, *, quiet: bool, n: int = 50) -> GuardVerdict:
+    for i in range(n):
+        guard.observe(wait_s=extra_s * (0.5 + i / (2 * n)), ttfb_s=0.001, now=t)
+    return guard.tick(t + 0.1, quiet=quiet, read_share=0.9, can_cut=True)
+
+
+def test_guard_does_not_blame_paced_lanes_for_latency_reads_cause_themselves() -> None:
+    """On a slow link a loader's batch of reads queues behind itself (30 ms p99 with nothing else running).
+    The guard learns that from quiet windows and then cuts paced lanes only for latency they add on top."""
+    guard = LatencyGuard(target_s=0.005, window_s=0.1, now=0.0)
+    t = 0.0
+    for _ in range(20):  # reads alone: quiet windows, 30 ms
+        t += 0.1
+        _guard_window(guard, t, 0.030, quiet=True)
+    assert guard.self_p99_s == pytest.approx(0.030, rel=0.1)
+    assert guard.multiplier == 1.0  # learning it already did not throttle anything for long
+    for _ in range(10):  # writes running, reads no worse than alone
+        t += 0.1
+        verdict = _guard_window(guard, t, 0.030, quiet=False)
+    assert verdict.multiplier == 1.0
+    t += 0.1
+    verdict = _guard_window(guard, t, 0.120, quiet=False)  # writes now add 90 ms: cut
+    assert verdict.missed and verdict.multiplier < 1.0
+
+
+def test_guard_keeps_its_target_when_reads_alone_meet_it() -> None:
+    guard = LatencyGuard(target_s=0.005, window_s=0.1, now=0.0)
+    t = 0.0
+    for _ in range(20):
+        t += 0.1
+        _guard_window(guard, t, 0.002, quiet=True)
+    assert guard.self_p99_s == 0.0
+    t += 0.1
+    verdict = _guard_window(guard, t, 0.008, quiet=False)  # 8 ms > 5 ms target: cut
+    assert verdict.missed and verdict.multiplier < 1.0

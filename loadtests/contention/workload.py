@@ -1,0 +1,619 @@
+"""The clients of the contention benchmark: a latency probe, a trainer simulation, and the dataset loader.
+
+Each runs as its own process on the client side of the testbed (``python -m loadtests.contention.workload
+{setup,probe,trainer} --spec FILE``), so that the trainer's checkpoint writes never stall the probe's event
+loop; the orchestrator (:mod:`.run`) writes the spec, the process writes its results as JSON. All times are
+``time.monotonic()``, which every process on the machine shares (network namespaces do not change it), so
+the orchestrator can lay the probe's samples over the trainer's checkpoint windows.
+
+Theory of operation
+-------------------
+- **Requests** are SigV4-signed with the project's :func:`gateway.core.sigv4.sign_headers`
+  (``UNSIGNED-PAYLOAD`` over plain HTTP, as the benchmark harness does) and sent with aiohttp. Object data are
+  views into one random 8 MiB block at seed-dependent offsets: nothing compressible, nothing on disk.
+- **The probe** is open loop: range GETs of ``range_bytes`` at ``rate_per_s``, each fired at its scheduled
+  time whatever the others do, and its latency is completion minus *scheduled* start, so a stalled client
+  does not hide a slow store (no coordinated omission). It runs until SIGTERM.
+- **The trainer** is a loop at ``steps_per_s`` that takes ``samples_per_step`` samples per step from a
+  DataLoader-like reader (``workers`` concurrent range GETs filling a queue of ``prefetch`` samples, which
+  keeps fetching while the trainer saves), and every ``interval_s`` saves a checkpoint *synchronously*, as
+  ``torch.save`` or a blocking DCP save does: ``shards`` objects written as multipart uploads by ``writers``
+  concurrent writers, then a small ``.metadata`` commit marker, the training loop blocked until all are
+  acknowledged. Time lost to storage = time waiting for samples + time blocked in saves. Through a gateway
+  with a spool, a background task then calls ``POST /_s3lanes/flush`` for the checkpoint's prefix, which
+  answers once it is durable on the store; without one, acknowledged means durable.
+- While it runs, the trainer also samples the gateway's ``/_s3lanes/status`` (lane byte counters, the write
+  cap, the guard) every ``status_interval_s``: the gateway answers admin requests from loopback peers only,
+  and the trainer is on the gateway's side of the testbed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import uvloop
+from yarl import URL
+
+from gateway.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
+from loadtests.contention.testbed import ACCESS_KEY, REGION, SECRET_KEY, write_json_atomic
+
+MIB = 1024 * 1024
+BLOCK_BYTES = 8 * MIB
+PIECE_BYTES = 1 * MIB
+METADATA_BYTES = 4096
+REQUEST_TIMEOUT_S = 300.0
+FLUSH_TIMEOUT_S = 600.0
+WRITE_RETRIES = 5
+RETRY_BASE_S = 0.5
+PROBE_DRAIN_S = 30.0  # after SIGTERM, how long in-flight probe requests may still finish
+DURABLE_WAIT_S = 600.0
+STALL_EVENT_S = 0.005  # waits for data shorter than this are not listed one by one (they are summed)
+
+_BLOCK = memoryview(os.urandom(BLOCK_BYTES))
+
+
+class WorkloadError(RuntimeError):
+    """A request got an answer the benchmark cannot go on from (``status``: the HTTP status, if any)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def pieces(size_bytes: int, seed: int) -> list[memoryview]:
+    """The bytes of object ``seed`` of ``size_bytes``: views into one random block, no copies."""
+    out = []
+    offset = (seed * 1_048_573) % BLOCK_BYTES
+    left = size_bytes
+    while left > 0:
+        n = min(PIECE_BYTES, left, BLOCK_BYTES - offset)
+        out.append(_BLOCK[offset : offset + n])
+        offset = (offset + n) % BLOCK_BYTES
+        left -= n
+    return out
+
+
+async def _body(views: list[memoryview]) -> AsyncIterator[memoryview]:
+    for v in views:
+        yield v
+
+
+# --------------------------------------------------------------------------------------------------------
+# A small signed S3 client
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+    body_bytes: int
+
+
+class S3:
+    """Path-style S3 over one aiohttp session, every request SigV4-signed as the benchmark identity."""
+
+    def __init__(self, endpoint_url: str, session: aiohttp.ClientSession) -> None:
+        self.endpoint = endpoint_url.rstrip("/")
+        self.netloc = URL(self.endpoint).raw_authority
+        self.session = session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        query: str = "",
+        *,
+        body: list[memoryview] | bytes | None = None,
+        headers: dict[str, str] | None = None,
+        keep_body: bool = True,
+    ) -> Answer:
+        hdrs = {"host": self.netloc, **(headers or {})}
+        size = 0 if body is None else (len(body) if isinstance(body, bytes) else sum(len(v) for v in body))
+        if body is not None:
+            hdrs["content-length"] = str(size)
+            hdrs.setdefault("content-type", "application/octet-stream")
+        hdrs.update(
+            sign_headers(
+                method,
+                path,
+                query,
+                hdrs,
+                access_key=ACCESS_KEY,
+                secret_key=SECRET_KEY,
+                region=REGION,
+                payload_hash=UNSIGNED_PAYLOAD,
+                now_wall=time.time(),
+            )
+        )
+        url = URL(f"{self.endpoint}{path}" + (f"?{query}" if query else ""), encoded=True)
+        data: Any = None
+        if isinstance(body, bytes):
+            data = body
+        elif body is not None:
+            data = _body(body)
+        async with self.session.request(
+            method, url, headers=hdrs, data=data, skip_auto_headers=("Content-Type",)
+        ) as resp:
+            if keep_body or resp.status >= 300:
+                raw = await resp.read()
+                n = len(raw)
+            else:
+                raw = b""
+                n = 0
+                async for chunk in resp.content.iter_chunked(256 * 1024):
+                    n += len(chunk)
+            return Answer(resp.status, {k.lower(): v for k, v in resp.headers.items()}, raw, n)
+
+    @staticmethod
+    def path(bucket: str, key: str = "") -> str:
+        return f"/{bucket}/" + quote(key, safe="/~") if key else f"/{bucket}"
+
+    async def get_range(self, bucket: str, key: str, start: int, length: int) -> int:
+        a = await self.request(
+            "GET",
+            self.path(bucket, key),
+            headers={"range": f"bytes={start}-{start + length - 1}"},
+            keep_body=False,
+        )
+        if a.status not in (200, 206) or a.body_bytes != length:
+            raise WorkloadError(
+                f"GET {key} range: {a.status}, {a.body_bytes} bytes {a.body[:200]!r}", a.status
+            )
+        return a.body_bytes
+
+    async def put(self, bucket: str, key: str, body: list[memoryview] | bytes) -> None:
+        a = await self.request("PUT", self.path(bucket, key), body=body)
+        if a.status != 200:
+            raise WorkloadError(f"PUT {key}: {a.status} {a.body[:300]!r}", a.status)
+
+    async def create_upload(self, bucket: str, key: str) -> str:
+        a = await self.request("POST", self.path(bucket, key), "uploads=", body=b"")
+        m = re.search(rb"<UploadId>([^<]+)</UploadId>", a.body)
+        if a.status != 200 or m is None:
+            raise WorkloadError(f"CreateMultipartUpload {key}: {a.status} {a.body[:300]!r}", a.status)
+        return m.group(1).decode()
+
+    async def upload_part(
+        self, bucket: str, key: str, upload_id: str, number: int, body: list[memoryview]
+    ) -> str:
+        q = f"partNumber={number}&uploadId={quote(upload_id, safe='')}"
+        a = await self.request("PUT", self.path(bucket, key), q, body=body)
+        if a.status != 200 or "etag" not in a.headers:
+            raise WorkloadError(f"UploadPart {key} #{number}: {a.status} {a.body[:300]!r}", a.status)
+        return a.headers["etag"]
+
+    async def complete_upload(self, bucket: str, key: str, upload_id: str, etags: list[str]) -> None:
+        parts = "".join(
+            f"<Part><PartNumber>{i}</PartNumber><ETag>{e}</ETag></Part>" for i, e in enumerate(etags, 1)
+        )
+        xml = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
+        q = f"uploadId={quote(upload_id, safe='')}"
+        a = await self.request(
+            "POST", self.path(bucket, key), q, body=xml, headers={"content-type": "application/xml"}
+        )
+        if a.status != 200 or b"<Error>" in a.body:
+            raise WorkloadError(f"CompleteMultipartUpload {key}: {a.status} {a.body[:300]!r}", a.status)
+
+
+def new_session(limit: int = 0) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, force_close=False),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=REQUEST_TIMEOUT_S),
+        auto_decompress=False,
+    )
+
+
+async def retrying(what: str, attempt: Any, counters: dict[str, int]) -> Any:
+    """Run ``attempt()`` with capped exponential backoff on 5xx answers and transport errors, as training
+    clients do (a gateway under pressure may answer 503 SlowDown)."""
+    for i in range(WRITE_RETRIES + 1):
+        try:
+            return await attempt()
+        except (WorkloadError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+            status = exc.status if isinstance(exc, WorkloadError) else None
+            if i == WRITE_RETRIES or (status is not None and status < 500):
+                raise WorkloadError(f"{what}: gave up after {i + 1} attempts: {exc}") from exc
+            counters["retries"] = counters.get("retries", 0) + 1
+            await asyncio.sleep(RETRY_BASE_S * 2**i)
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Dataset
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetObject:
+    key: str
+    size_bytes: int
+
+
+def dataset_objects(spec: dict[str, Any]) -> list[DatasetObject]:
+    return [DatasetObject(k, int(s)) for k, s in spec["objects"]]
+
+
+class SampleChooser:
+    """Random aligned ranges over the dataset objects, from a seeded RNG (the same sequence every run)."""
+
+    def __init__(self, objects: list[DatasetObject], range_bytes: int, seed: int) -> None:
+        self._objects = objects
+        self._range = range_bytes
+        self._rng = random.Random(seed)
+
+    def next(self) -> tuple[str, int]:
+        obj = self._rng.choice(self._objects)
+        slots = max(1, obj.size_bytes // self._range)
+        return obj.key, self._rng.randrange(slots) * self._range
+
+
+async def setup_main(spec: dict[str, Any]) -> dict[str, Any]:
+    """Upload the dataset objects (``count`` x ``size_bytes``) straight to the store, 4 at a time."""
+    t0 = time.monotonic()
+    keys = [f"train/shard-{i:05d}.tar" for i in range(int(spec["count"]))]
+    size = int(spec["size_bytes"])
+    sem = asyncio.Semaphore(4)
+    async with new_session() as session:
+        s3 = S3(spec["endpoint"], session)
+
+        async def one(i: int, key: str) -> None:
+            async with sem:
+                await s3.put(spec["bucket"], key, pieces(size, 1000 + i))
+
+        await asyncio.gather(*(one(i, k) for i, k in enumerate(keys)))
+    return {"objects": [[k, size] for k in keys], "seconds": time.monotonic() - t0}
+
+
+# --------------------------------------------------------------------------------------------------------
+# The probe
+
+
+async def probe_main(spec: dict[str, Any], stop: asyncio.Event) -> dict[str, Any]:
+    rate = float(spec["rate_per_s"])
+    range_bytes = int(spec["range_bytes"])
+    chooser = SampleChooser(dataset_objects(spec), range_bytes, int(spec["seed"]))
+    bucket = spec["bucket"]
+    samples: list[list[Any]] = []  # [scheduled_at, latency_ms or None, error text or None]
+    tasks: set[asyncio.Task[None]] = set()
+    async with new_session() as session:
+        s3 = S3(spec["endpoint"], session)
+
+        async def one(at: float, key: str, offset: int) -> None:
+            err: str | None = None
+            try:
+                await s3.get_range(bucket, key, offset, range_bytes)
+            except (WorkloadError, aiohttp.ClientError, OSError, TimeoutError) as exc:
+                err = f"{type(exc).__name__}: {exc}"[:200]
+            done = time.monotonic()
+            samples.append([at, None if err else (done - at) * 1000.0, err])
+
+        start_at = float(spec["start_at"])
+        late_s = max(0.0, time.monotonic() - start_at)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.0, start_at - time.monotonic()))
+        period = 1.0 / rate
+        t = max(start_at, time.monotonic())
+        while not stop.is_set():
+            delay = t - time.monotonic()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+                if stop.is_set():
+                    break
+            key, offset = chooser.next()
+            task = asyncio.create_task(one(t, key, offset))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            t += period
+        if tasks:
+            await asyncio.wait(set(tasks), timeout=PROBE_DRAIN_S)
+        for task in set(tasks):
+            task.cancel()
+    samples.sort(key=lambda s: s[0])
+    return {"samples": samples, "late_start_s": late_s, "rate_per_s": rate, "range_bytes": range_bytes}
+
+
+# --------------------------------------------------------------------------------------------------------
+# The trainer
+
+
+@dataclass(slots=True)
+class CheckpointRecord:
+    index: int
+    prefix: str
+    bytes_total: int
+    save_start: float
+    save_end: float = 0.0
+    durable_at: float | None = None
+    error: str | None = None
+    flush: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "prefix": self.prefix,
+            "bytes": self.bytes_total,
+            "save_start": self.save_start,
+            "save_end": self.save_end,
+            "save_s": self.save_end - self.save_start,
+            "durable_at": self.durable_at,
+            "durable_s": None if self.durable_at is None else self.durable_at - self.save_start,
+            "error": self.error,
+            "flush": self.flush,
+        }
+
+
+class Trainer:
+    def __init__(self, spec: dict[str, Any], session: aiohttp.ClientSession) -> None:
+        self.spec = spec
+        self.s3 = S3(spec["endpoint"], session)
+        self.session = session
+        self.loader_latencies: list[list[float]] = []  # [requested_at, latency_ms]
+        self.loader_errors = 0
+        self.counters: dict[str, int] = {}
+        self.checkpoints: list[CheckpointRecord] = []
+        self.status_samples: list[dict[str, Any]] = []
+        self.stall_s = 0.0
+        self.stall_events: list[list[float]] = []  # [at, seconds] of waits for data >= STALL_EVENT_S
+        self.steps = 0
+
+    # -- the data loader -------------------------------------------------------------------------------
+
+    async def loader(self, queue: asyncio.Queue[int], worker: int) -> None:
+        sp = self.spec
+        size = int(sp["sample_bytes"])
+        chooser = SampleChooser(dataset_objects(sp), size, int(sp["seed"]) * 1000 + worker)
+        while True:
+            key, offset = chooser.next()
+            t = time.monotonic()
+            try:
+                await self.s3.get_range(sp["bucket"], key, offset, size)
+            except (WorkloadError, aiohttp.ClientError, OSError, TimeoutError):
+                self.loader_errors += 1
+                await asyncio.sleep(0.1)
+                continue
+            self.loader_latencies.append([t, (time.monotonic() - t) * 1000.0])
+            await queue.put(size)
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+
+    async def _write_shard(self, prefix: str, shard: int, size: int, part_bytes: int, seed: int) -> None:
+        bucket, key = self.spec["ckpt_bucket"], f"{prefix}__{shard}_0.distcp"
+
+        async def create() -> str:
+            return str(await self.s3.create_upload(bucket, key))
+
+        upload_id: str = await retrying(f"create {key}", create, self.counters)
+        etags: list[str] = []
+        offset = 0
+        number = 1
+        while offset < size:
+            n = min(part_bytes, size - offset)
+            views = pieces(n, seed * 7919 + number)
+
+            async def part(number: int = number, views: list[memoryview] = views) -> str:
+                return str(await self.s3.upload_part(bucket, key, upload_id, number, views))
+
+            etags.append(await retrying(f"part {number} of {key}", part, self.counters))
+            offset += n
+            number += 1
+
+        async def complete() -> None:
+            await self.s3.complete_upload(bucket, key, upload_id, etags)
+
+        await retrying(f"complete {key}", complete, self.counters)
+
+    async def save(self, index: int) -> CheckpointRecord:
+        """One synchronous checkpoint: shards by ``writers`` concurrent writers, then the commit marker."""
+        sp = self.spec
+        shards, shard_bytes = int(sp["ckpt_shards"]), int(sp["ckpt_shard_bytes"])
+        prefix = f"{sp['ckpt_prefix']}/step_{index:04d}/"
+        rec = CheckpointRecord(index, prefix, shards * shard_bytes + METADATA_BYTES, time.monotonic())
+        sem = asyncio.Semaphore(int(sp["ckpt_writers"]))
+
+        async def shard(i: int) -> None:
+            async with sem:
+                await self._write_shard(prefix, i, shard_bytes, int(sp["ckpt_part_bytes"]), index * 100 + i)
+
+        try:
+            await asyncio.gather(*(shard(i) for i in range(shards)))
+            marker = pieces(METADATA_BYTES, index)
+
+            async def put_marker() -> None:
+                await self.s3.put(sp["ckpt_bucket"], f"{prefix}.metadata", marker)
+
+            await retrying(f"{prefix}.metadata", put_marker, self.counters)
+        except WorkloadError as exc:
+            rec.error = str(exc)[:500]
+        rec.save_end = time.monotonic()
+        return rec
+
+    async def wait_durable(self, rec: CheckpointRecord) -> None:
+        """Through a spooling gateway: the flush API answers once the checkpoint is on the store."""
+        sp = self.spec
+        q = f"bucket={sp['ckpt_bucket']}&prefix={quote(rec.prefix, safe='')}&timeout={FLUSH_TIMEOUT_S:g}"
+        url = URL(f"{sp['gateway_url']}/_s3lanes/flush?{q}", encoded=True)
+        try:
+            async with self.session.post(url) as resp:
+                doc = await resp.json(content_type=None)
+                if resp.status == 200 and doc.get("durable"):
+                    rec.durable_at = time.monotonic()
+                rec.flush = {"status": resp.status, **{k: doc.get(k) for k in ("durable", "waited_s")}}
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            rec.flush = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+    # -- gateway status --------------------------------------------------------------------------------
+
+    async def sample_status(self, stop: asyncio.Event) -> None:
+        sp = self.spec
+        url = f"{sp['gateway_url']}/_s3lanes/status"
+        interval = float(sp["status_interval_s"])
+        while not stop.is_set():
+            try:
+                async with self.session.get(url) as resp:
+                    doc = await resp.json(content_type=None)
+                at = time.monotonic()
+                sch = doc["scheduler"]
+                spool = doc.get("spool") or {}
+                self.status_samples.append(
+                    {
+                        "at": at,
+                        "capacity_bps": sch.get("capacity_bps"),
+                        "reads_active": sch.get("reads_active"),
+                        "guard_multiplier": sch.get("guard_multiplier"),
+                        "inflight_bytes": sch.get("inflight_bytes"),
+                        "lanes": {
+                            ln["name"]: {
+                                "delivered": ln.get("delivered_bytes_total", 0),
+                                "queued": ln.get("queued_tickets", 0),
+                                "limit_bps": ln.get("limit_bps"),
+                                "share": ln.get("achieved_share"),
+                            }
+                            for ln in sch.get("lanes", [])
+                        },
+                        "spool_pending_bytes": spool.get("pending_bytes"),
+                    }
+                )
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError):
+                self.counters["status_errors"] = self.counters.get("status_errors", 0) + 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
+    # -- the loop ----------------------------------------------------------------------------------------
+
+    async def run(self) -> dict[str, Any]:
+        sp = self.spec
+        step_s = 1.0 / float(sp["steps_per_s"])
+        per_step = int(sp["samples_per_step"])
+        first_at, interval = float(sp["ckpt_first_at_s"]), float(sp["ckpt_interval_s"])
+        count = int(sp["ckpt_count"])
+        duration = first_at + count * interval
+        status_stop = asyncio.Event()
+        background: list[asyncio.Task[None]] = []
+        if sp.get("gateway_url"):
+            background.append(asyncio.create_task(self.sample_status(status_stop)))
+        start_at = float(sp["start_at"])
+        late_s = max(0.0, time.monotonic() - start_at)
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        queue: asyncio.Queue[int] = asyncio.Queue(int(sp["prefetch"]))
+        loaders = [asyncio.create_task(self.loader(queue, w)) for w in range(int(sp["workers"]))]
+        durable: list[asyncio.Task[None]] = []
+        t0 = time.monotonic()
+        next_ckpt = t0 + first_at
+        done_ckpts = 0
+        save_s = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if done_ckpts < count and now >= next_ckpt:
+                    rec = await self.save(done_ckpts)
+                    self.checkpoints.append(rec)
+                    save_s += rec.save_end - rec.save_start
+                    if rec.error is None:
+                        if sp.get("flush"):
+                            durable.append(asyncio.create_task(self.wait_durable(rec)))
+                        else:
+                            rec.durable_at = rec.save_end
+                    done_ckpts += 1
+                    next_ckpt = t0 + first_at + done_ckpts * interval
+                    continue
+                if now - t0 >= duration and done_ckpts >= count:
+                    break
+                t_wait = time.monotonic()
+                for _ in range(per_step):
+                    await queue.get()
+                stalled = time.monotonic() - t_wait
+                self.stall_s += stalled
+                if stalled >= STALL_EVENT_S:
+                    self.stall_events.append([t_wait, stalled])
+                await asyncio.sleep(step_s)  # the GPU computes
+                self.steps += 1
+            wall_s = time.monotonic() - t0
+        finally:
+            for task in loaders:
+                task.cancel()
+            await asyncio.gather(*loaders, return_exceptions=True)
+        if durable:
+            await asyncio.wait(durable, timeout=DURABLE_WAIT_S)
+        end = time.monotonic()
+        status_stop.set()
+        await asyncio.gather(*background, return_exceptions=True)
+        lost_s = self.stall_s + save_s
+        return {
+            "t0": t0,
+            "end": end,
+            "late_start_s": late_s,
+            "wall_s": wall_s,
+            "steps": self.steps,
+            "step_s": step_s,
+            "stall_s": self.stall_s,
+            "save_s": save_s,
+            "lost_s": lost_s,
+            "lost_fraction": lost_s / wall_s if wall_s > 0 else None,
+            "overhead_s": wall_s - lost_s - self.steps * step_s,
+            "checkpoints": [c.as_json() for c in self.checkpoints],
+            "stall_events": self.stall_events,
+            "loader_latencies": self.loader_latencies,
+            "loader_errors": self.loader_errors,
+            "counters": self.counters,
+            "status_samples": self.status_samples,
+        }
+
+
+async def trainer_main(spec: dict[str, Any]) -> dict[str, Any]:
+    async with new_session() as session:
+        return await Trainer(spec, session).run()
+
+
+# --------------------------------------------------------------------------------------------------------
+# Entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.contention.workload")
+    p.add_argument("role", choices=("setup", "probe", "trainer"))
+    p.add_argument("--spec", type=Path, required=True, help="JSON written by the orchestrator")
+    p.add_argument("--out", type=Path, required=True, help="where to write the results (JSON)")
+    a = p.parse_args(argv)
+    spec: dict[str, Any] = json.loads(a.spec.read_text())
+
+    async def run() -> dict[str, Any]:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop.set)
+        if a.role == "setup":
+            return await setup_main(spec)
+        if a.role == "probe":
+            return await probe_main(spec, stop)
+        trainer = asyncio.create_task(trainer_main(spec))
+        stopper = asyncio.create_task(stop.wait())
+        await asyncio.wait({trainer, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if not trainer.done():  # told to stop: the orchestrator gave up on this segment
+            trainer.cancel()
+            raise SystemExit(3)
+        stopper.cancel()
+        return trainer.result()
+
+    doc = uvloop.run(run())
+    write_json_atomic(a.out, doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
