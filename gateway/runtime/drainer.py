@@ -46,6 +46,7 @@ _UPLOAD_ID = re.compile(rb"<UploadId>([^<]+)</UploadId>")
 _ETAG = re.compile(rb"<ETag>([^<]+)</ETag>")
 # Headers of the original PUT that belong on the CreateMultipartUpload/PutObject of the drain.
 _AGE_WARNING_INTERVAL_S = 60.0
+JANITOR_INTERVAL_S = 5.0
 
 
 class DrainError(Exception):
@@ -89,6 +90,8 @@ class Drainer:
         self._default_lane = default_lane
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._janitor: asyncio.Task[None] | None = None
+        self._janitor_at = -JANITOR_INTERVAL_S
+        self._owned_uploads: set[str] = set()  # backend upload ids of multipart drains in progress
         self._abortable: set[int] = set()  # seqs whose upload may still be cut (see _cancel)
         self._closing = False
         self._last_age_warning = 0.0
@@ -116,10 +119,6 @@ class Drainer:
 
     async def run(self) -> None:
         wakeup = self._spool.drain_wakeup
-        # Backend multipart uploads recorded in the journal but not finished: left by a crash. Nothing is
-        # in flight yet, so every one of them is stale: abort them (in the background, retried later).
-        if self._spool.state.backend_uploads:
-            self._janitor = asyncio.create_task(self._abort_stale_backend_uploads(), name="drain-janitor")
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wakeup.wait(), timeout=self._next_timeout())
@@ -127,6 +126,7 @@ class Drainer:
             if self._closing:
                 return
             self._check_age()
+            self._start_janitor()
             free = self._cfg.drain_concurrency - len(self._tasks)
             for entry in self._spool.state.drainable(self._clock.monotonic(), free):
                 self._spool.state.start_upload(entry)
@@ -144,8 +144,21 @@ class Drainer:
             )
         self._spool.drain_wakeup.set()
 
+    def _start_janitor(self) -> None:
+        """Backend multipart uploads recorded in the journal that no drain owns (left by a crash, or an abort
+        that failed) are aborted in the background, at most every JANITOR_INTERVAL_S."""
+        if self._janitor is not None and not self._janitor.done():
+            return
+        now = self._clock.monotonic()
+        if now - self._janitor_at < JANITOR_INTERVAL_S:
+            return
+        if any(u not in self._owned_uploads for u in self._spool.state.backend_uploads):
+            self._janitor_at = now
+            self._janitor = asyncio.create_task(self._abort_stale_backend_uploads(), name="drain-janitor")
+
     async def _abort_stale_backend_uploads(self) -> None:
-        for upload_id, (bucket, key, access_key, lane) in list(self._spool.state.backend_uploads.items()):
+        stale = [(u, v) for u, v in self._spool.state.backend_uploads.items() if u not in self._owned_uploads]
+        for upload_id, (bucket, key, access_key, lane) in stale:
             probe = Entry(
                 seq=0, kind="put", bucket=bucket, key=key, access_key=access_key, lane=lane, acked_at=0
             )
@@ -367,6 +380,7 @@ class Drainer:
         qid = s3_quote(upload_id, safe="")
         state = self._spool.state
         finished = False
+        self._owned_uploads.add(upload_id)
         try:
             # Recorded before any part is sent: a crash from here on leaves an upload the next start aborts.
             await self._spool.commit([state.backend_upload_record(upload_id, entry)])
@@ -418,6 +432,7 @@ class Drainer:
                     log.debug("abort of backend upload %s failed: %s", upload_id, exc)
             raise
         finally:
+            self._owned_uploads.discard(upload_id)
             if finished:
                 with contextlib.suppress(SpoolWriteFailed):
                     await asyncio.shield(self._spool.commit([state.backend_upload_end_record(upload_id)]))

@@ -332,6 +332,8 @@ class Spool:
         if rec["t"] == "put":
             self.acked_bytes += int(self.state.entries[int(rec["seq"])].size)
         self._after(applied)
+        if rec["t"] == "bmpu_end":
+            self._wake_waiters()
         return applied
 
     def _after(self, applied: Applied) -> None:
@@ -359,7 +361,7 @@ class Spool:
         for bucket, prefix, max_seq, fut in self._flush_waiters:
             if fut.done():
                 continue
-            if self.state.pending_under(bucket, prefix, max_seq)[0] == 0:
+            if self._pending(bucket, prefix, max_seq) == 0:
                 fut.set_result(None)
             else:
                 keep.append((bucket, prefix, max_seq, fut))
@@ -370,11 +372,21 @@ class Spool:
                     if not fut.done():
                         fut.set_result(None)
 
+    def _stale_uploads(self, bucket: str, prefix: str) -> int:
+        """Backend multipart uploads a drain opened and has not completed or aborted yet, under the prefix.
+        Flush waits for them too: "durable" includes "nothing half-done left on the store"."""
+        return sum(
+            1 for b, k, _, _ in self.state.backend_uploads.values() if b == bucket and k.startswith(prefix)
+        )
+
+    def _pending(self, bucket: str, prefix: str, max_seq: int) -> int:
+        return self.state.pending_under(bucket, prefix, max_seq)[0] + self._stale_uploads(bucket, prefix)
+
     async def flush(self, bucket: str, prefix: str, timeout_s: float) -> FlushResult:
         """Wait until everything acknowledged under bucket/prefix before this call is on the backend."""
         started = self._clock.monotonic()
         max_seq = self.state.last_seq
-        if self.state.pending_under(bucket, prefix, max_seq)[0]:
+        if self._pending(bucket, prefix, max_seq):
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self._flush_waiters.append((bucket, prefix, max_seq, fut))
             self.drain_wakeup.set()
@@ -386,6 +398,7 @@ class Spool:
                 if not fut.done():
                     fut.cancel()
         count, nbytes, oldest = self.state.pending_under(bucket, prefix, max_seq)
+        count += self._stale_uploads(bucket, prefix)
         now_wall = self._clock.wall()
         return FlushResult(
             durable=count == 0,
@@ -440,6 +453,7 @@ class Spool:
             "pending_objects": len(self.state.entries),
             "pending_bytes": sum(e.size for e in self.state.entries.values()),
             "open_uploads": len(self.state.uploads),
+            "backend_uploads_open": len(self.state.backend_uploads),
             "oldest_pending_age_s": None if oldest is None else max(0.0, now_wall - oldest),
             "acked_bytes_total": self.acked_bytes,
             "drained_bytes_total": self.drained_bytes,
