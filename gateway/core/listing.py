@@ -448,7 +448,7 @@ def render_list_xml(req: ListRequest, bucket: str, page: ListPage) -> bytes:
     for entry in page.entries:
         out.append("<Contents>")
         out.append(_element("Key", enc(entry.key)))
-        out.append(_element("LastModified", _iso8601(entry.last_modified)))
+        out.append(_element("LastModified", iso8601(entry.last_modified)))
         out.append(_element("ETag", entry.etag))
         out.append(_element("Size", str(entry.size)))
         if show_owner and (entry.owner_id is not None or entry.owner_name is not None):
@@ -475,7 +475,7 @@ def _element(name: str, value: str) -> str:
     return f"<{name}>{escape(value, _XML_ENTITIES)}</{name}>"
 
 
-def _iso8601(epoch_s: float) -> str:
+def iso8601(epoch_s: float) -> str:
     """S3's listing timestamp. Whole seconds with ``.000Z``, as S3 shows them and as HEAD's Last-Modified
     (seconds) agrees with; a sync tool comparing the two must not see a sub-second difference."""
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(math.floor(epoch_s)))

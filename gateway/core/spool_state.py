@@ -153,6 +153,13 @@ def _glob_regex(globs: Sequence[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
 
 
+def _record(
+    kind: str, seq: int, bucket: str, key: str, access_key: str, lane: str, at: float
+) -> dict[str, Any]:
+    """The fields every entry-like record carries."""
+    return {"t": kind, "seq": seq, "b": bucket, "k": key, "ak": access_key, "ln": lane, "at": at}
+
+
 def _meta_tuple(raw: Any) -> tuple[tuple[str, str], ...]:
     return tuple((str(k), str(v)) for k, v in raw)
 
@@ -338,32 +345,14 @@ class SpoolState:
         lane: str,
         now_wall: float,
     ) -> dict[str, Any]:
-        return {
-            "t": "put",
-            "seq": self.next_seq(),
-            "b": bucket,
-            "k": key,
-            "f": [file],
-            "sz": size,
-            "etag": f'"{md5}"',
-            "m": [list(kv) for kv in meta],
-            "ak": access_key,
-            "ln": lane,
-            "at": now_wall,
-        }
+        rec = _record("put", self.next_seq(), bucket, key, access_key, lane, now_wall)
+        rec.update(f=[file], sz=size, etag=f'"{md5}"', m=[list(kv) for kv in meta])
+        return rec
 
     def delete_record(
         self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float
     ) -> dict[str, Any]:
-        return {
-            "t": "del",
-            "seq": self.next_seq(),
-            "b": bucket,
-            "k": key,
-            "ak": access_key,
-            "ln": lane,
-            "at": now_wall,
-        }
+        return _record("del", self.next_seq(), bucket, key, access_key, lane, now_wall)
 
     def create_upload_record(
         self,
@@ -376,17 +365,9 @@ class SpoolState:
         lane: str,
         now_wall: float,
     ) -> dict[str, Any]:
-        return {
-            "t": "mpu",
-            "seq": self.next_seq(),
-            "u": upload_id,
-            "b": bucket,
-            "k": key,
-            "m": [list(kv) for kv in meta],
-            "ak": access_key,
-            "ln": lane,
-            "at": now_wall,
-        }
+        rec = _record("mpu", self.next_seq(), bucket, key, access_key, lane, now_wall)
+        rec.update(u=upload_id, m=[list(kv) for kv in meta])
+        return rec
 
     @staticmethod
     def part_record(*, upload_id: str, number: int, file: str, size: int, md5: str) -> dict[str, Any]:
@@ -574,56 +555,28 @@ class SpoolState:
         for entry in self.entries.values():
             if entry.superseded:
                 continue
-            if entry.kind == "del":
-                items.append(
-                    (
-                        entry.seq,
-                        {
-                            "t": "del",
-                            "seq": entry.seq,
-                            "b": entry.bucket,
-                            "k": entry.key,
-                            "ak": entry.access_key,
-                            "ln": entry.lane,
-                            "at": entry.acked_at,
-                        },
-                    )
+            rec = _record(
+                entry.kind, entry.seq, entry.bucket, entry.key, entry.access_key, entry.lane, entry.acked_at
+            )
+            if entry.kind == "put":
+                rec.update(
+                    f=list(entry.files), sz=entry.size, etag=entry.etag, m=[list(kv) for kv in entry.meta]
                 )
-                continue
-            rec: dict[str, Any] = {
-                "t": "put",
-                "seq": entry.seq,
-                "b": entry.bucket,
-                "k": entry.key,
-                "f": list(entry.files),
-                "sz": entry.size,
-                "etag": entry.etag,
-                "m": [list(kv) for kv in entry.meta],
-                "ak": entry.access_key,
-                "ln": entry.lane,
-                "at": entry.acked_at,
-            }
-            if entry.multipart:
-                rec["ps"] = list(entry.part_sizes)
-                rec["pm"] = list(entry.part_md5s)
+                if entry.multipart:
+                    rec.update(ps=list(entry.part_sizes), pm=list(entry.part_md5s))
             items.append((entry.seq, rec))
         for upload in self.uploads.values():
-            items.append(
-                (
-                    upload.seq,
-                    {
-                        "t": "mpu",
-                        "seq": upload.seq,
-                        "u": upload.upload_id,
-                        "b": upload.bucket,
-                        "k": upload.key,
-                        "m": [list(kv) for kv in upload.meta],
-                        "ak": upload.access_key,
-                        "ln": upload.lane,
-                        "at": upload.created_at,
-                    },
-                )
+            rec = _record(
+                "mpu",
+                upload.seq,
+                upload.bucket,
+                upload.key,
+                upload.access_key,
+                upload.lane,
+                upload.created_at,
             )
+            rec.update(u=upload.upload_id, m=[list(kv) for kv in upload.meta])
+            items.append((upload.seq, rec))
         items.sort(key=lambda item: item[0])
         for _, rec in items:
             out.append(rec)

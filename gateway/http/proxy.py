@@ -337,7 +337,7 @@ class S3Proxy:
         cost = self._request_cost
         if upload is not None:
             if upload.expected_bytes <= SMALL_BODY_BYTES:
-                body = await _read_small(request, upload)
+                body = await read_small_body(request, upload)
                 cost += len(body)
                 arrived = self._clock.monotonic()
             else:
@@ -436,7 +436,7 @@ def _client_gone(request: web.Request) -> bool:
     return transport is None or transport.is_closing()
 
 
-async def _read_small(request: web.Request, upload: UploadBody) -> bytes:
+async def read_small_body(request: web.Request, upload: UploadBody) -> bytes:
     parts: list[bytes] = []
     while True:
         chunk = await request.content.readany()

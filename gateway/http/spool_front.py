@@ -16,7 +16,6 @@ when the spool is involved, or ``None`` to let the request pass through to the b
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import os
 import secrets
@@ -37,6 +36,7 @@ from gateway.core.listing import (
     ListEntry,
     NotOurToken,
     decode_token,
+    iso8601,
     merge_page,
     parse_backend_listing,
     parse_list_request,
@@ -61,6 +61,7 @@ from gateway.errors import (
     ServiceUnavailable,
     SlowDown,
 )
+from gateway.http.proxy import read_small_body
 from gateway.metrics import Metrics
 from gateway.runtime.backend import Backend
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
@@ -167,11 +168,6 @@ def _xml(root: str, fields: list[tuple[str, str]]) -> bytes:
         f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
         f"{inner}</{root}>"
     ).encode()
-
-
-def _iso(ts: float) -> str:
-    stamp = datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{stamp}.{int(ts * 1000) % 1000:03d}Z"
 
 
 def _our_token(q: Mapping[str, str]) -> bool:
@@ -435,14 +431,7 @@ class SpoolFront:
             return b""
         if upload.expected_bytes > MAX_XML_BODY_BYTES:
             raise MalformedXML("The request body is too large.")
-        parts: list[bytes] = []
-        while True:
-            chunk = await request.content.readany()
-            if not chunk:
-                break
-            parts.extend(upload.feed(chunk))
-        parts.append(upload.finish())
-        return b"".join(parts)
+        return await read_small_body(request, upload)
 
     # -- PutObject -------------------------------------------------------------------------------------------
 
@@ -651,7 +640,7 @@ class SpoolFront:
             key = s3_quote(upload.key, safe="/") if encode else escape(upload.key)
             extra += (
                 f"<Upload><Key>{key}</Key><UploadId>{upload.upload_id}</UploadId>"
-                f"<Initiated>{_iso(upload.created_at)}</Initiated><StorageClass>STANDARD</StorageClass></Upload>"
+                f"<Initiated>{iso8601(upload.created_at)}</Initiated><StorageClass>STANDARD</StorageClass></Upload>"
             )
         end = data.rfind(b"</ListMultipartUploadsResult>")
         if end < 0:
@@ -785,7 +774,7 @@ class SpoolFront:
         finally:
             for fd, _, _ in files:
                 os.close(fd)
-        body = _xml("CopyObjectResult", [("LastModified", _iso(self._clock.wall())), ("ETag", etag)])
+        body = _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
         return self._response(ctx, decision, body=body)
 
     async def _put_through(
@@ -955,7 +944,7 @@ class SpoolFront:
             md5, writer = await self._part_from_backend(
                 ctx, decision, upload, number, src_bucket, src_key, read_headers
             )
-        body = _xml("CopyPartResult", [("LastModified", _iso(self._clock.wall())), ("ETag", f'"{md5}"')])
+        body = _xml("CopyPartResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", f'"{md5}"')])
         return self._response(ctx, decision, body=body)
 
     async def _part_from_backend(
@@ -1100,7 +1089,7 @@ class SpoolFront:
         for n in page:
             part = upload.parts[n]
             inner += (
-                f"<Part><PartNumber>{n}</PartNumber><LastModified>{_iso(upload.created_at)}</LastModified>"
+                f"<Part><PartNumber>{n}</PartNumber><LastModified>{iso8601(upload.created_at)}</LastModified>"
                 f"<ETag>&quot;{part.md5}&quot;</ETag><Size>{part.size}</Size></Part>"
             )
         body = (
