@@ -26,6 +26,7 @@ run: $(STAMP)
 
 ## Quick start 2: the whole test suite (starts its own SeaweedFS).
 test: $(TORCH_STAMP)
+	scripts/system-deps
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 check: lint typecheck contracts

@@ -19,7 +19,8 @@ from gateway.clock import SystemClock
 from gateway.config import Config, Credential, load_config
 from gateway.core.journal import JournalCorrupt
 from gateway.errors import ConfigError
-from gateway.http.app import build_app, start_listeners
+from gateway.http.app import LIFECYCLE_KEY, build_app, drain_for_shutdown, start_listeners
+from gateway.logsetup import configure_logging
 from gateway.runtime.backend import Backend
 
 log = logging.getLogger("s3lanes")
@@ -262,10 +263,18 @@ async def serve(cfg: Config, ready_file: Path | None) -> int:
             tmp.write_text(json.dumps({"endpoints": urls, "backend": endpoint, "pid": os.getpid()}))
             os.replace(tmp, ready_file)
 
+        app[LIFECYCLE_KEY].state = "ready"
         stop = asyncio.Event()
+        again = asyncio.Event()  # a second signal skips the drain
+
+        def on_signal() -> None:
+            if stop.is_set():
+                again.set()
+            stop.set()
+
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
         if weed is not None:
             waiters.append(asyncio.ensure_future(weed.wait_exit()))
@@ -280,6 +289,9 @@ async def serve(cfg: Config, ready_file: Path | None) -> int:
             )
             code = 1
         log.info("shutting down")
+        if code == 0 and cfg.server.drain_on_shutdown_s > 0:
+            await drain_for_shutdown(app, cfg.server.drain_on_shutdown_s, again)
+        app[LIFECYCLE_KEY].state = "stopping"
         return code
     finally:
         if runner is not None:
@@ -312,9 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"s3lanes: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=cfg.server.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(cfg.server.log_level, cfg.server.log_format)
     import uvloop
 
     try:

@@ -13,6 +13,8 @@ Environment overrides use ``S3LANES_<SECTION>_<KEY>`` for scalar settings (``S3L
 from __future__ import annotations
 
 import os
+import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -56,6 +58,13 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     # Serve /metrics and /_s3lanes/status to every peer, not only loopback ones.
     admin_open: bool = False
+    # Admin endpoints also answer peers sending "Authorization: Bearer <admin_token>" (None = loopback only).
+    admin_token: str | None = field(default=None, repr=False)
+    # "text" (human) or "json" (one object per line, for log pipelines).
+    log_format: str = "text"
+    # On SIGTERM: seconds to keep draining the spool after in-flight requests finish (0 = stop at once;
+    # recovery on the next start resumes what is left).
+    drain_on_shutdown_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +177,44 @@ class SpoolConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """A cluster-wide budget for shared lanes, through a Redis all gateways reach (docs/cluster.md).
+
+    ``redis_url=None``: the gateway runs alone (nothing of the cluster code runs)."""
+
+    redis_url: str | None = None
+    # Namespace of the cluster's keys (s3lanes:<name>:...): gateways with one name share their budgets.
+    name: str = "default"
+    # This gateway in the cluster; unique per gateway.
+    node_id: str = field(default_factory=socket.gethostname)
+    # Every interval each gateway publishes its report and recomputes its allowance.
+    interval_s: float = 0.5
+    # A report not refreshed for ttl_intervals intervals is dropped (its gateway is gone).
+    ttl_intervals: int = 3
+    # Socket timeout of every Redis operation (a dead Redis must not hold the loop).
+    redis_timeout_s: float = 0.25
+    # Lanes whose budget is cluster-wide.
+    lanes: tuple[str, ...] = ("checkpoint",)
+
+    @property
+    def enabled(self) -> bool:
+        return self.redis_url is not None
+
+    @property
+    def ttl_s(self) -> float:
+        return self.interval_s * self.ttl_intervals
+
+    def __repr__(self) -> str:  # never print a Redis password
+        url = self.redis_url
+        if url is not None and urlsplit(url).password:
+            url = re.sub(r"//([^:@/]*):[^@/]*@", r"//\1:***@", url)
+        return (
+            f"ClusterConfig(redis_url={url!r}, name={self.name!r}, node_id={self.node_id!r}, "
+            f"interval_s={self.interval_s}, ttl_intervals={self.ttl_intervals}, lanes={self.lanes!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     backend: BackendConfig = field(default_factory=BackendConfig)
@@ -175,6 +222,7 @@ class Config:
     embedded: EmbeddedConfig = field(default_factory=EmbeddedConfig)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     spool: SpoolConfig = field(default_factory=SpoolConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     lanes: Mapping[str, LaneParams] = field(default_factory=default_lane_params)
     rules: tuple[Rule, ...] = ()
     # access key -> lanes it may ask for with the x-s3lanes-lane hint (absent: every lane)
@@ -341,6 +389,9 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "log_level": "str",
         "shutdown_grace_s": "float",
         "admin_open": "bool",
+        "admin_token": "opt_str",
+        "log_format": "str",
+        "drain_on_shutdown_s": "float",
     },
     "backend": {
         "endpoint": "opt_str",
@@ -383,9 +434,20 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "journal_compact_bytes": "size",
         "abandoned_upload_s": "float",
     },
+    "cluster": {
+        "redis_url": "opt_str",
+        "name": "str",
+        "node_id": "str",
+        "interval_s": "float",
+        "ttl_intervals": "int",
+        "redis_timeout_s": "float",
+        "lanes": "str_list",
+    },
 }
 
 _NULLABLE = {
+    "redis_url",
+    "admin_token",
     "listen",
     "https_listen",
     "tls_cert",
@@ -536,6 +598,7 @@ def load_config(
         embedded=_build(EmbeddedConfig, sections["embedded"], "embedded", problems),
         scheduler=_build(SchedulerSettings, sections["scheduler"], "scheduler", problems),
         spool=_build(SpoolConfig, sections["spool"], "spool", problems),
+        cluster=_build(ClusterConfig, sections["cluster"], "cluster", problems),
     )
     _validate(cfg, problems)
     if problems.items:
@@ -570,6 +633,10 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[server].log_level", f"expected DEBUG, INFO, WARNING or ERROR, got {s.log_level!r}")
     if s.max_skew_s <= 0:
         problems.add("[server].max_skew_s", "must be positive")
+    if s.log_format not in ("text", "json"):
+        problems.add("[server].log_format", f"expected 'text' or 'json', got {s.log_format!r}")
+    if s.admin_token is not None and len(s.admin_token) < 16:
+        problems.add("[server].admin_token", "must be at least 16 characters (or unset)")
     for d in s.domains:
         if not d or d.startswith(".") or "/" in d:
             problems.add("[server].domains", f"not a host name: {d!r}")
@@ -631,3 +698,41 @@ def _validate(cfg: Config, problems: _Problems) -> None:
             problems.add("[spool].commit_markers", f"a marker is a file-name glob without '/': {glob!r}")
     if not 0 <= cfg.embedded.s3_port <= 65535:
         problems.add("[embedded].s3_port", "out of range")
+    _validate_cluster(cfg, problems)
+
+
+_CLUSTER_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_NODE_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+
+
+def _validate_cluster(cfg: Config, problems: _Problems) -> None:
+    cl = cfg.cluster
+    if cl.redis_url is not None and urlsplit(cl.redis_url).scheme not in ("redis", "rediss", "unix"):
+        problems.add(
+            "[cluster].redis_url",
+            "expected redis://host:port[/db], rediss://... or unix:///path, "
+            f"got scheme {urlsplit(cl.redis_url).scheme!r}",
+        )
+    if not _CLUSTER_NAME_RE.fullmatch(cl.name):
+        problems.add("[cluster].name", f"1-64 letters, digits, '_', '.' or '-', got {cl.name!r}")
+    if not _NODE_ID_RE.fullmatch(cl.node_id):
+        problems.add("[cluster].node_id", f"1-200 letters, digits, '_', '.', ':' or '-', got {cl.node_id!r}")
+    if not 0.05 <= cl.interval_s <= 60:
+        problems.add("[cluster].interval_s", f"must be within [0.05, 60] seconds, got {cl.interval_s}")
+    if cl.ttl_intervals < 2:
+        problems.add("[cluster].ttl_intervals", "must be at least 2 (a report must outlive one missed round)")
+    if not 0 < cl.redis_timeout_s < cl.interval_s:
+        problems.add("[cluster].redis_timeout_s", "must be positive and shorter than interval_s")
+    if not cl.lanes:
+        problems.add("[cluster].lanes", "name at least one lane whose budget is cluster-wide")
+    if len(set(cl.lanes)) != len(cl.lanes):
+        problems.add("[cluster].lanes", f"a lane is named twice: {list(cl.lanes)}")
+    for lane in cl.lanes:
+        params = cfg.lanes.get(lane)
+        if params is None:
+            problems.add("[cluster].lanes", f"unknown lane {lane!r} (lanes: {', '.join(sorted(cfg.lanes))})")
+        elif params.read_protected:
+            problems.add(
+                "[cluster].lanes",
+                f"{lane!r} is the read-protected lane: the cluster budget caps write lanes to protect it",
+            )

@@ -676,6 +676,7 @@ listen = "127.0.0.1:0"
 state_dir = "{d / "state"}"
 log_level = "WARNING"
 shutdown_grace_s = 5
+drain_on_shutdown_s = 0
 
 [backend]
 endpoint = "{stack.weed.endpoint_url}"

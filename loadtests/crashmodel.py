@@ -647,6 +647,7 @@ listen = "127.0.0.1:{port}"
 state_dir = "{state_dir}"
 log_level = "INFO"
 shutdown_grace_s = 5
+drain_on_shutdown_s = 0
 
 [backend]
 endpoint = "{backend_endpoint}"

@@ -36,7 +36,9 @@ for it: reservations sum to at most ``C``, and a lane within its reservation mus
 (research §7.1: reads are admitted at once and charged; the others yield). A read overdraft is forgiven
 beyond what can still be in flight, so the other lanes never wait out a stale debt. Every grant also needs
 the lane's ceiling bucket (GCRA with tau ``burst_bytes``). The ceiling is, as a fraction of ``C``: the
-lane's ``limit``; in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
+lane's ``limit``; an *external limit* (:meth:`Scheduler.set_external_limit`: this node's allowance of a
+cluster-wide budget, in force whatever the local read activity, since the readers may be on another node);
+in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
 (checkpoint and restore 0.30); for ``paced_by_guard`` lanes, while reads are active, times the latency
 guard's multiplier ``m``; times a SlowDown cut; and never below ``floor``. A floor is also a guarantee:
 the reservation used is ``max(reservation, floor)``. ``work_conserving`` mode drops
@@ -270,6 +272,7 @@ class LaneSnapshot:
     guard_multiplier: float  # 1.0 unless the guard is pacing this lane right now
     slowdown_fraction: float | None  # the SlowDown ceiling (fraction of C) while recovering from a 503
     achieved_share: float  # of the bytes delivered over the last second (granted, if none delivered)
+    external_limit_bps: float | None = None  # set_external_limit (a cluster allowance); None = none
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +335,7 @@ class _Lane:
         "ceiling",
         "delivered_total",
         "done_total",
+        "external_bps",
         "granted_bytes_total",
         "granted_tickets_total",
         "hist_delivered",
@@ -370,6 +374,7 @@ class _Lane:
         self.res_bucket = TokenBucket(0.0, burst, now)
         self.limit_bucket = TokenBucket(math.inf, burst, now)
         self.ceiling = math.inf  # fraction of C
+        self.external_bps: float | None = None  # set_external_limit
         self.vstart = 0.0  # virtual start tag of the head (valid while backlogged)
         self.vfinish = 0.0  # virtual finish tag of the last grant
         self.slowdown = SlowdownCut()
@@ -587,6 +592,19 @@ class Scheduler:
         ln.delivered_total += nbytes
         self._delivered_seen = True
 
+    def set_external_limit(self, lane: str, bps: float | None, now: float) -> None:
+        """Cap ``lane`` at ``bps`` from ``now`` on (``None`` lifts the cap), whether or not reads are active
+        here: the cluster budget (``gateway.runtime.cluster``) hands each node its allowance this way, and the
+        readers it protects may be on another node. The lane's floor still holds. Raises ``KeyError`` for an
+        unknown lane, ``ValueError`` for a negative or NaN rate."""
+        ln = self._by_name[lane]
+        if bps is not None and not bps >= 0:
+            raise ValueError(f"an external limit must be >= 0 bytes/s, got {bps}")
+        now = self._advance(now)
+        if bps != ln.external_bps:
+            ln.external_bps = bps
+            self._apply_rates(now)
+
     def snapshot(self, now: float) -> SchedulerSnapshot:
         now = self._advance(now)
         cap = self._capacity()
@@ -615,6 +633,7 @@ class Scheduler:
                     guard_multiplier=self._guard.multiplier if paced else 1.0,
                     slowdown_fraction=ln.slowdown.fraction(now),
                     achieved_share=b / total if total > 0 else 0.0,
+                    external_limit_bps=ln.external_bps,
                 )
             )
         return SchedulerSnapshot(
@@ -753,6 +772,8 @@ class Scheduler:
     def _ceiling_fraction(self, ln: _Lane, now: float, *, slowdown: bool = True) -> float:
         s = ln.spec
         f = s.limit if s.limit is not None else math.inf
+        if ln.external_bps is not None:
+            f = min(f, ln.external_bps / self._capacity())
         if self._reads_active:
             if self._cfg.write_cap_mode == "strict" and s.limit_while_reads_active is not None:
                 f = min(f, s.limit_while_reads_active)

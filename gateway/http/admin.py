@@ -3,16 +3,21 @@
 ``/metrics`` answers unsigned GETs only (a signed ``GET /metrics`` lists a bucket named "metrics");
 ``/_s3lanes/metrics`` is the same document under the gateway's own prefix.
 
-They are answered only for peers on loopback unless ``[server].admin_open`` is set: a node-local Prometheus or
-``s3lanes status`` on the node reaches them, the training fleet does not. ``_s3lanes`` can never be a bucket
-name (S3 bucket names start with a letter or digit), so the paths cannot shadow a bucket.
+They are answered for peers on loopback, for requests carrying
+``Authorization: Bearer <[server].admin_token>``, or for everyone if ``[server].admin_open`` is set: a
+node-local Prometheus or ``s3lanes status`` on the node reaches them, the training fleet does not.
+``/_s3lanes/healthz`` (liveness) and ``/_s3lanes/readyz`` (readiness) answer every peer: kubelets probe
+from the node's address and the answers reveal nothing. ``_s3lanes`` can never be a bucket name (S3 bucket
+names start with a letter or digit), so the paths cannot shadow a bucket.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import ipaddress
 import json
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -27,6 +32,8 @@ from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.spool import Spool
 
 STATUS_PATH = "/_s3lanes/status"
+HEALTH_PATH = "/_s3lanes/healthz"
+READY_PATH = "/_s3lanes/readyz"
 FLUSH_PATH = "/_s3lanes/flush"
 FLUSH_HEADER = "x-s3lanes-flush"
 MAX_FLUSH_TIMEOUT_S = 3600.0
@@ -57,6 +64,9 @@ class Admin:
         secrets: dict[str, str] | None = None,
         max_skew_s: float = 900.0,
         drainer_status: Any = None,
+        admin_token: str | None = None,
+        lifecycle: Lifecycle | None = None,
+        cluster_status: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._metrics = metrics
         self._dispatcher = dispatcher
@@ -66,12 +76,31 @@ class Admin:
         self._secrets = secrets or {}
         self._max_skew_s = max_skew_s
         self._drainer_status = drainer_status
+        self._token = admin_token.encode() if admin_token else None
+        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()
+        self._cluster_status = cluster_status
 
-    def _allowed(self, request: web.Request) -> bool:
-        return self._open or _is_loopback(request)
+    def allowed(self, request: web.Request) -> bool:
+        return self._open or _is_loopback(request) or self._bearer_ok(request)
+
+    def _bearer_ok(self, request: web.Request) -> bool:
+        if self._token is None:
+            return False
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        """Liveness: the event loop answers. Never fails on the backend's account (restarting won't help)."""
+        return web.Response(text="ok\n", headers={"Cache-Control": "no-store"})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        """Readiness: recovery done and listeners open, not shutting down. 503 with the reason otherwise."""
+        state = self.lifecycle.state
+        status = 200 if state == "ready" else 503
+        return web.Response(status=status, text=f"{state}\n", headers={"Cache-Control": "no-store"})
 
     async def metrics(self, request: web.Request) -> web.Response:
-        if not self._allowed(request):
+        if not self.allowed(request):
             return web.Response(status=403, text="admin endpoints are served to loopback peers only\n")
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
@@ -84,9 +113,11 @@ class Admin:
                 spool["drain"] = self._drainer_status()
         return {
             "version": __version__,
+            "state": self.lifecycle.state,
             "scheduler": _plain(snap),
             "dispatcher": {"waiting": self._dispatcher.waiting, "in_flight": self._dispatcher.in_flight},
             "spool": spool,
+            "cluster": self._cluster_status() if self._cluster_status is not None else {"enabled": False},
         }
 
     def _signed_by_a_tenant(self, request: web.Request) -> bool:
@@ -115,7 +146,7 @@ class Admin:
         backend; 504 with ``durable: false`` and what is still pending when the timeout expires first.
         Loopback peers, or requests SigV4-signed by a configured key pair.
         """
-        if not (self._allowed(request) or self._signed_by_a_tenant(request)):
+        if not (self.allowed(request) or self._signed_by_a_tenant(request)):
             return web.Response(
                 status=403,
                 text="flush needs a loopback peer or a SigV4-signed request\n",
@@ -145,11 +176,19 @@ class Admin:
         return web.json_response(doc, status=200 if result.durable else 504, headers={FLUSH_HEADER: "1"})
 
     async def status(self, request: web.Request) -> web.Response:
-        if not self._allowed(request):
+        if not self.allowed(request):
             return web.Response(status=403, text="admin endpoints are served to loopback peers only\n")
         return web.Response(
             text=json.dumps(self.status_document(), indent=2), content_type="application/json"
         )
+
+
+class Lifecycle:
+    """``starting`` -> ``ready`` -> ``draining`` (SIGTERM: new checkpoint writes go to the backend directly,
+    the spool drains) -> ``stopping`` (listeners close, in-flight requests finish)."""
+
+    def __init__(self) -> None:
+        self.state = "starting"
 
 
 def _plain(value: Any) -> Any:

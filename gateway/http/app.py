@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -15,11 +15,22 @@ from gateway.clock import Clock
 from gateway.config import Config
 from gateway.core.classify import CheckpointPrefixes, Classifier
 from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig
-from gateway.http.admin import ADMIN_METRICS_PATH, FLUSH_PATH, METRICS_PATH, STATUS_PATH, Admin
+from gateway.http.admin import (
+    ADMIN_METRICS_PATH,
+    FLUSH_PATH,
+    HEALTH_PATH,
+    METRICS_PATH,
+    READY_PATH,
+    STATUS_PATH,
+    Admin,
+    Lifecycle,
+)
 from gateway.http.proxy import S3Proxy
 from gateway.http.spool_front import SpoolFront
+from gateway.http.status_page import BARE_PATH, PAGE_PATH, StatusPage
 from gateway.metrics import Metrics
 from gateway.runtime.backend import Backend
+from gateway.runtime.cluster import ClusterMember, spool_backlog
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.drainer import Drainer
 from gateway.runtime.lane_metrics import scheduler_collector
@@ -34,6 +45,11 @@ DISPATCHER_KEY = web.AppKey("dispatcher", LaneDispatcher)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 SPOOL_KEY = web.AppKey("spool", Spool)
 DRAINER_KEY = web.AppKey("drainer", Drainer)
+CLUSTER_KEY = web.AppKey("cluster", ClusterMember)
+LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
+FRONT_KEY = web.AppKey("spool_front", SpoolFront)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # aiohttp's parser limits, set from config: S3 rejects header sections over 8 KiB.
 _MAX_FIELD_BYTES = 8190
@@ -97,6 +113,13 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         app[SPOOL_KEY] = spool
         app[DRAINER_KEY] = drainer
+        app[FRONT_KEY] = front
+    cluster: ClusterMember | None = None
+    if cfg.cluster.enabled:  # [cluster].redis_url set: shared lanes get a cluster-wide budget
+        backlog = spool_backlog(spool) if spool is not None else None
+        cluster = ClusterMember(cfg.cluster, scheduler, clock, backlog_bytes=backlog, wake=dispatcher.wake)
+        metrics.add_snapshot_collector(cluster.collector())
+        app[CLUSTER_KEY] = cluster
     admin = Admin(
         metrics,
         dispatcher,
@@ -106,7 +129,10 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         secrets={c.access_key: c.secret_key for c in cfg.credentials},
         max_skew_s=cfg.server.max_skew_s,
         drainer_status=drainer.status if drainer is not None else None,
+        admin_token=cfg.server.admin_token,
+        cluster_status=cluster.status if cluster is not None else None,
     )
+    app[LIFECYCLE_KEY] = admin.lifecycle
     app[BACKEND_KEY] = backend
     app[PROXY_KEY] = proxy
     app[DISPATCHER_KEY] = dispatcher
@@ -122,7 +148,16 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
                 proxy.spool_front.remember_buckets()
             drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
             drain_task.add_done_callback(crash_on_failure)
+        cluster_task: asyncio.Task[None] | None = None
+        if cluster is not None:
+            cluster_task = asyncio.create_task(cluster.run(), name="cluster-budget")
+            cluster_task.add_done_callback(crash_on_failure)
         yield
+        if cluster is not None and cluster_task is not None:
+            cluster_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await cluster_task
+            await cluster.close()
         if drainer is not None and drain_task is not None:
             await drainer.close()
             drain_task.cancel()
@@ -134,9 +169,17 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
 
     app.cleanup_ctx.append(backend_ctx)
     app.on_cleanup.append(lambda _app: _close(dispatcher))
-    app.router.add_get(STATUS_PATH, admin.status)
+    status_page = StatusPage(admin.allowed)
+    for path, handler in (
+        (HEALTH_PATH, admin.healthz),
+        (READY_PATH, admin.readyz),
+        (STATUS_PATH, admin.status),
+        (ADMIN_METRICS_PATH, admin.metrics),
+        (PAGE_PATH, status_page.page),
+        (BARE_PATH, status_page.redirect),
+    ):
+        app.router.add_get(path, _unless_signed(handler, proxy))
     app.router.add_post(FLUSH_PATH, admin.flush)
-    app.router.add_get(ADMIN_METRICS_PATH, admin.metrics)
 
     async def s3_or_metrics(request: web.Request) -> web.StreamResponse:
         # GET /metrics is also ListObjects of a bucket named "metrics": only an unsigned request is a scrape.
@@ -152,8 +195,61 @@ def spool_dir(cfg: Config) -> Path:
     return cfg.spool.dir if cfg.spool.dir is not None else cfg.server.state_dir / "spool"
 
 
+def _unless_signed(handler: Handler, proxy: S3Proxy) -> Handler:
+    """Admin GETs are unsigned (or carry the admin bearer token). A SigV4-signed GET of the same path is an S3
+    request: a virtual-hosted ``GET b.<domain>/_s3lanes/status`` reads the key ``_s3lanes/status`` of bucket
+    ``b``, and a path-style one names the bucket ``_s3lanes``, which S3 refuses as InvalidBucketName."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        if _signed(request):
+            return await proxy.handle(request)
+        return await handler(request)
+
+    return route
+
+
 def _signed(request: web.Request) -> bool:
-    return "Authorization" in request.headers or "X-Amz-Signature" in request.query
+    auth = request.headers.get("Authorization")
+    if auth is not None and not auth.lower().startswith("bearer "):
+        return True
+    return "X-Amz-Signature" in request.query
+
+
+async def drain_for_shutdown(app: web.Application, timeout_s: float, abort: asyncio.Event) -> None:
+    """SIGTERM, step 1: stop spooling new writes (they go to the backend directly), keep serving, and let the
+    drainer empty the spool for up to ``timeout_s`` (or until ``abort``: a second signal). Readiness answers
+    503 from here on, so load balancers move new traffic away. What is left is resumed by recovery."""
+    lifecycle = app[LIFECYCLE_KEY]
+    lifecycle.state = "draining"
+    spool = app.get(SPOOL_KEY)
+    front = app.get(FRONT_KEY)
+    if spool is None or front is None:
+        return
+    front.stop_accepting()
+    status = spool.status()
+    log.info(
+        "shutdown: draining %d objects (%d bytes) for up to %.0f s; new writes go to the backend directly",
+        status["pending_objects"],
+        status["pending_bytes"],
+        timeout_s,
+    )
+    waiter = asyncio.ensure_future(spool.wait_empty(timeout_s))
+    aborter = asyncio.ensure_future(abort.wait())
+    try:
+        await asyncio.wait({waiter, aborter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        aborter.cancel()
+        waiter.cancel()
+    status = spool.status()
+    if status["pending_objects"] or status["backend_uploads_open"]:
+        log.warning(
+            "shutdown: %d objects (%d bytes) not yet on the backend; they stay in %s and drain after restart",
+            status["pending_objects"],
+            status["pending_bytes"],
+            spool.root,
+        )
+    else:
+        log.info("shutdown: spool drained")
 
 
 async def _close(dispatcher: LaneDispatcher) -> None:

@@ -61,6 +61,7 @@ from gateway.errors import (
     XAmzContentSHA256Mismatch,
 )
 from gateway.http.s3xml import error_xml
+from gateway.logsetup import REQUEST_ID
 from gateway.metrics import Metrics
 from gateway.runtime.backend import Backend
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
@@ -102,6 +103,7 @@ _DROP_REQUEST = _HOP_BY_HOP | {
     LANE_HINT_HEADER,
 }
 _DROP_RESPONSE = _HOP_BY_HOP | {"content-length"}
+BACKEND_REQUEST_ID_HEADER = "x-s3lanes-backend-request-id"
 
 CTX_KEY = "s3lanes.ctx"
 
@@ -118,6 +120,15 @@ class RequestContext:
 
 def new_request_id() -> str:
     return secrets.token_hex(8).upper()
+
+
+def echo_request_id(out: web.StreamResponse, request_id: str) -> None:
+    """Answer with the gateway's request id (the one in its logs); keep the backend's beside it."""
+    backend_id = out.headers.getall("x-amz-request-id", [])
+    if backend_id:
+        del out.headers["x-amz-request-id"]
+        out.headers[BACKEND_REQUEST_ID_HEADER] = backend_id[0]
+    out.headers["x-amz-request-id"] = request_id
 
 
 def lower_headers(request: web.Request) -> dict[str, str]:
@@ -189,6 +200,7 @@ class S3Proxy:
     async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
         """Answer ``Expect: 100-continue`` only once the signature checks out, else the final error."""
         request["s3lanes.rid"] = new_request_id()
+        REQUEST_ID.set(request["s3lanes.rid"])
         if request.headers.get("Expect", "").lower() != "100-continue":
             return web.Response(status=417, text="Unsupported Expect value")
         try:
@@ -205,6 +217,7 @@ class S3Proxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         rid = request.get("s3lanes.rid") or new_request_id()
         request["s3lanes.rid"] = rid
+        REQUEST_ID.set(rid)
         try:
             ctx = self.authenticate(request)
         except S3Error as err:
@@ -398,6 +411,7 @@ class S3Proxy:
         for name, value in resp.headers.items():
             if name.lower() not in _DROP_RESPONSE:
                 out.headers.add(name, value)
+        echo_request_id(out, ctx.request_id)
         if resp.content_length is not None:
             out.content_length = resp.content_length
         if request.body_exists and not request.content.is_eof():

@@ -230,6 +230,7 @@ class SpoolFront:
         self._bucket_ok: dict[tuple[str, str], float] = {}
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
+        self._closing = False
 
     # -- routing ---------------------------------------------------------------------------------------------
 
@@ -302,9 +303,14 @@ class SpoolFront:
         self._proxy._lane_headers(resp, decision)
         return resp
 
+    def stop_accepting(self) -> None:
+        """Shutdown: new writes go to the backend directly (after the key's spooled data, as always);
+        uploads already in the spool carry on, and reads still see the spool."""
+        self._closing = True
+
     def _spoolable(self, ctx: RequestContext, decision: Decision, bucket: str, key: str) -> bool:
         h = ctx.view.headers
-        if self.spool.degraded is not None:
+        if self.spool.degraded is not None or self._closing:
             return False
         if _odd_path_segments(key):
             # Stores disagree on keys with "."/".." or empty segments (SeaweedFS refuses or folds them):

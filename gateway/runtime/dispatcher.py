@@ -81,6 +81,10 @@ class LaneDispatcher:
     def observe_delivered(self, lane: str, nbytes: int) -> None:
         self.scheduler.observe_delivered(lane, nbytes, self._clock.monotonic())
 
+    def wake(self) -> None:
+        """Grant what the scheduler now allows, after a change made to it directly (a cluster allowance)."""
+        self._pump()
+
     # -- the one timer ------------------------------------------------------------------------------------
 
     def _pump(self) -> None:

@@ -408,6 +408,18 @@ class Spool:
             waited_s=self._clock.monotonic() - started,
         )
 
+    async def wait_empty(self, timeout_s: float, *, poll_s: float = 0.1) -> bool:
+        """Wait until every acknowledged object is on the backend and no drain upload is left half-done
+        (client multipart uploads still open do not count: they are the client's to finish). False on
+        timeout. Used on shutdown, so it polls rather than adding another waiter kind."""
+        deadline = self._clock.monotonic() + timeout_s
+        while self.state.entries or self.state.backend_uploads:
+            if self.degraded is not None or self._clock.monotonic() >= deadline:
+                return False
+            self.drain_wakeup.set()
+            await asyncio.sleep(poll_s)
+        return True
+
     async def wait_key_clear(self, bucket: str, key: str, timeout_s: float) -> bool:
         """Wait until no entry of the key is in the spool (drained or dropped); False on timeout."""
         ident = (bucket, key)
@@ -450,6 +462,7 @@ class Spool:
             "used_bytes": self.space.used_bytes,
             "reserved_bytes": self.space.reserved_bytes,
             "full": self.space.full,
+            "when_full": self.cfg.when_full,
             "pending_objects": len(self.state.entries),
             "pending_bytes": sum(e.size for e in self.state.entries.values()),
             "open_uploads": len(self.state.uploads),

@@ -133,3 +133,21 @@ def test_parse_listen(text: str, expected: Listen):
 def test_parse_listen_rejects(text: str):
     with pytest.raises(ValueError):
         parse_listen(text)
+
+
+def test_operations_settings_are_validated_and_the_admin_token_stays_secret():
+    cfg = load_config(
+        env={
+            "S3LANES_SERVER_ADMIN_TOKEN": "a-long-enough-admin-token",
+            "S3LANES_SERVER_LOG_FORMAT": "json",
+            "S3LANES_SERVER_DRAIN_ON_SHUTDOWN_S": "5",
+        }
+    )
+    assert cfg.server.admin_token == "a-long-enough-admin-token"
+    assert (cfg.server.log_format, cfg.server.drain_on_shutdown_s) == ("json", 5.0)
+    assert "a-long-enough-admin-token" not in repr(cfg)
+    with pytest.raises(ConfigError) as info:
+        load_config(env={"S3LANES_SERVER_ADMIN_TOKEN": "short", "S3LANES_SERVER_LOG_FORMAT": "xml"})
+    text = str(info.value)
+    assert "admin_token" in text and "log_format" in text
+    assert "short" not in text.replace("[server].admin_token", "")

@@ -102,6 +102,7 @@ def start_gateway(
     cfg_path = tmp / "s3lanes.toml"
     cfg_path.write_text(config_toml)
     ready = tmp / "ready.json"
+    ready.unlink(missing_ok=True)  # a previous gateway's, in a reused directory
     log_path = tmp / "gateway.log"
     # The child gets its own copy of the descriptor; ours is closed at once (else a ResourceWarning).
     with open(log_path, "wb") as log_fh:
@@ -132,16 +133,18 @@ def start_gateway(
 
 
 def start_plain_gateway(
-    tmp: Path, seaweed: Any, *, backend_endpoint: str, extra_toml: str = ""
+    tmp: Path, seaweed: Any, *, backend_endpoint: str, extra_toml: str = "", server_toml: str = ""
 ) -> tuple[subprocess.Popen[bytes], Gateway]:
     """A second gateway (HTTP only, the admin identity) with extra config sections, for tests that need
-    settings the session gateway does not have. The caller stops it with :func:`stop_gateway`."""
+    settings the session gateway does not have. ``extra_toml`` goes inside ``[backend]`` (and may open
+    further sections), ``server_toml`` inside ``[server]``. The caller stops it with :func:`stop_gateway`."""
     admin = seaweed.admin
     toml = f"""
 [server]
 listen = "127.0.0.1:0"
 state_dir = "{tmp / "state"}"
 shutdown_grace_s = 5
+{server_toml}
 
 [backend]
 endpoint = "{backend_endpoint}"
@@ -167,14 +170,49 @@ secret_key = "{admin.secret_key}"
     return proc, gw
 
 
-def stop_gateway(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> int:
+def slow_spool_toml(rate_bps: int, *, drain_concurrency: int = 2, spool_extra: str = "") -> str:
+    """``extra_toml`` for :func:`start_plain_gateway`: a spooling gateway whose drain runs at ``rate_bps``.
+
+    Small scheduler chunks and burst so the drain is paced from its first byte; a small per-request cost so
+    that listings are not queued ~0.1 s each behind the drain (the metadata lane's share of a few MB/s); a
+    latency target the 2-core machine cannot miss by CPU contention alone (see test_lanes.py), so the
+    guard does not cut the checkpoint lane to its floor."""
+    return f"""
+bandwidth = "{rate_bps}"
+
+[scheduler]
+latency_target_ms = 2000
+request_cost_bytes = "4KiB"
+chunk_bytes = "256KiB"
+burst_bytes = "256KiB"
+
+[spool]
+drain_concurrency = {drain_concurrency}
+{spool_extra}"""
+
+
+def stop_and_check(proc: subprocess.Popen[bytes], gw: Gateway) -> None:
+    """Stop a gateway; it must exit 0 without having logged a traceback."""
+    code = stop_gateway(proc)
+    text = gw.log_path.read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    assert "Traceback" not in text, text[-8000:]
+
+
+def stop_gateway(proc: subprocess.Popen[bytes], timeout_s: float = 30.0, drain_wait_s: float = 10.0) -> int:
+    """SIGTERM; after ``drain_wait_s`` a second SIGTERM (the gateway then skips the rest of its shutdown
+    drain: the spool keeps what is left for the next start); SIGKILL after ``timeout_s`` in all."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout_s)
+            proc.wait(min(drain_wait_s, timeout_s))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(max(0.0, timeout_s - drain_wait_s))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     return proc.returncode
 
 

@@ -37,7 +37,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from tests.conftest import s3_client
-from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
+from tests.e2e.conftest import Gateway, slow_spool_toml, start_plain_gateway, stop_and_check
 
 pytestmark = pytest.mark.e2e
 
@@ -50,24 +50,7 @@ WRITE_THROUGH_HEADER = "x-s3lanes-write-through"
 # The slow gateway's backend bandwidth: drains of a few MiB take about a second.
 SLOW_RATE_BPS = 4_000_000
 HOLD_S = 1.5
-# start_plain_gateway puts this inside its [backend] section. Small scheduler chunks and burst so the drain
-# is paced from its first byte; a small per-request cost so that listings are not queued ~0.1 s each behind
-# the drain (the metadata lane's share of 4 MB/s); a latency target the 2-core machine cannot miss by CPU
-# contention alone (see test_lanes.py), so the guard does not cut the checkpoint lane to its floor.
-SLOW_TOML = f"""
-bandwidth = "{SLOW_RATE_BPS}"
-
-[scheduler]
-latency_target_ms = 2000
-request_cost_bytes = "4KiB"
-chunk_bytes = "256KiB"
-burst_bytes = "256KiB"
-
-[spool]
-drain_concurrency = 2
-retry_base_s = 0.1
-retry_max_s = 0.5
-"""
+SLOW_TOML = slow_spool_toml(SLOW_RATE_BPS, spool_extra="retry_base_s = 0.1\nretry_max_s = 0.5\n")
 
 HEX_FILE_NAME = re.compile(r"[0-9a-f]{32}")
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -271,13 +254,6 @@ class PlainGateway:
         return self.tmp / "state" / "spool" / "data"
 
 
-def check_stopped(proc: Any, gw: Gateway) -> None:
-    code = stop_gateway(proc)
-    text = gw.log_path.read_text(errors="replace")
-    assert code == 0, text[-4000:]
-    assert "Traceback" not in text, text[-8000:]
-
-
 @pytest.fixture(scope="module")
 def slow_gateway(seaweed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlainGateway]:
     """A spooling gateway (HTTP, admin identity) whose drain runs at SLOW_RATE_BPS, two uploads at a time."""
@@ -286,7 +262,7 @@ def slow_gateway(seaweed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         yield PlainGateway(gw, tmp)
     finally:
-        check_stopped(proc, gw)
+        stop_and_check(proc, gw)
 
 
 @pytest.fixture
@@ -989,7 +965,7 @@ def tiny_spool(
         yield PlainGateway(gw, tmp_path)
         gw.flush(bucket)
     finally:
-        check_stopped(proc, gw)
+        stop_and_check(proc, gw)
 
 
 def fill_above_high_water(s3: Any, bucket: str) -> None:
@@ -1295,4 +1271,4 @@ def test_keys_with_dot_or_empty_segments_are_answered_by_the_backend_not_the_spo
         assert Path("/etc/x").exists() == etc_x_existed
         assert spool_status(gw)["pending_objects"] == 0
     finally:
-        check_stopped(proc, gw)
+        stop_and_check(proc, gw)

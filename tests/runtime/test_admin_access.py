@@ -1,0 +1,77 @@
+"""Who may reach the admin endpoints: loopback peers, holders of the admin token, everyone if admin_open.
+
+Requests are built with aiohttp's request factory and a transport that reports the peer address, so the
+non-loopback case is checked without a second network interface."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from unittest import mock
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from gateway.clock import FakeClock
+from gateway.core.scheduler import Scheduler, SchedulerConfig, default_lanes
+from gateway.http.admin import Admin
+from gateway.metrics import Metrics
+from gateway.runtime.dispatcher import LaneDispatcher
+
+TOKEN = "0123456789abcdef-admin-token"
+
+
+def request(peer: str, headers: dict[str, str] | None = None, path: str = "/_s3lanes/status") -> Any:
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: (
+        (peer, 40000) if name == "peername" else default
+    )
+    return make_mocked_request("GET", path, headers=headers or {}, transport=transport)
+
+
+def admin(*, open_to_all: bool = False, token: str | None = TOKEN) -> Admin:
+    clock = FakeClock()
+    scheduler = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=1e9), clock.monotonic())
+    return Admin(
+        Metrics(), LaneDispatcher(scheduler, clock), clock, open_to_all=open_to_all, admin_token=token
+    )
+
+
+@pytest.mark.parametrize(
+    ("peer", "headers", "expected"),
+    [
+        ("127.0.0.1", {}, True),
+        ("::1", {}, True),
+        ("10.1.2.3", {}, False),
+        ("10.1.2.3", {"Authorization": f"Bearer {TOKEN}"}, True),
+        ("10.1.2.3", {"Authorization": f"bearer {TOKEN}"}, True),
+        ("10.1.2.3", {"Authorization": f"Bearer {TOKEN}x"}, False),
+        ("10.1.2.3", {"Authorization": f"Basic {TOKEN}"}, False),
+        ("10.1.2.3", {"Authorization": "Bearer "}, False),
+        ("10.1.2.3", {"Authorization": "AWS4-HMAC-SHA256 Credential=x"}, False),
+    ],
+)
+def test_admin_access_rule(peer: str, headers: dict[str, str], expected: bool) -> None:
+    assert admin().allowed(request(peer, headers)) is expected
+
+
+def test_without_a_token_only_loopback_or_open() -> None:
+    closed = admin(token=None)
+    assert not closed.allowed(request("10.1.2.3", {"Authorization": "Bearer "}))
+    assert not closed.allowed(request("10.1.2.3", {"Authorization": f"Bearer {TOKEN}"}))
+    assert admin(open_to_all=True, token=None).allowed(request("10.1.2.3"))
+
+
+def test_status_refuses_a_remote_peer_and_probes_do_not() -> None:
+    a = admin()
+    remote = request("10.1.2.3")
+    assert asyncio.run(a.status(remote)).status == 403
+    assert asyncio.run(a.metrics(remote)).status == 403
+    assert asyncio.run(a.healthz(remote)).status == 200
+    # Readiness follows the lifecycle, whoever asks.
+    assert asyncio.run(a.readyz(remote)).status == 503
+    a.lifecycle.state = "ready"
+    assert asyncio.run(a.readyz(remote)).status == 200
+    a.lifecycle.state = "draining"
+    resp = asyncio.run(a.readyz(remote))
+    assert (resp.status, resp.text) == (503, "draining\n")
