@@ -12,6 +12,7 @@ Environment overrides use ``S3LANES_<SECTION>_<KEY>`` for scalar settings (``S3L
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -22,8 +23,16 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from gateway.core.access import TenantPolicy
 from gateway.core.classify import Rule
-from gateway.core.lanes_config import LaneParams, default_lane_params, parse_lanes, parse_rules, parse_tenants
+from gateway.core.lanes_config import (
+    LaneParams,
+    default_lane_params,
+    parse_lanes,
+    parse_rules,
+    parse_tenant_policies,
+    parse_tenants,
+)
 from gateway.errors import ConfigError
 
 Addressing = Literal["path", "virtual"]
@@ -86,10 +95,34 @@ class BackendConfig:
     # them; a small receive buffer keeps the store from pushing megabytes ahead of that pace into kernel
     # buffers, so the lane shares hold on the wire, not only in the gateway's accounting. 0 = autotuning.
     recv_buffer_bytes: int = 128 * 1024
+    # Network planes: the local address outgoing connections are bound to (None = the kernel's choice), and
+    # per lane, e.g. {"checkpoint": "10.1.0.5"} to send checkpoint drains over the storage network.
+    source_address: str | None = None
+    lane_source_addresses: Mapping[str, str] = field(default_factory=dict)
+    # This backend's own identity (named backends): requests are re-signed as this key pair whatever the
+    # client's key. None = the client key's backend identity ([[credentials]]), as for the default backend.
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    # Another backend's name ("default" for [backend]) whose bottleneck this one shares (e.g. one array
+    # behind two endpoints): both are then scheduled together, as one capacity. None = its own scheduler.
+    shares_bottleneck_with: str | None = None
 
     @property
     def embedded(self) -> bool:
         return self.endpoint is None
+
+
+DEFAULT_BACKEND = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class RouteConfig:
+    """``[[routes]]``: every operation on client-visible ``bucket`` goes to ``backend`` (the name of a
+    ``[backends.<name>]`` table, or ``"default"``), where the bucket is called ``backend_bucket``."""
+
+    bucket: str
+    backend: str
+    backend_bucket: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,10 +256,15 @@ class Config:
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     spool: SpoolConfig = field(default_factory=SpoolConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    # Named backends besides [backend] ("default"), and the buckets routed to them (docs/pools.md).
+    backends: Mapping[str, BackendConfig] = field(default_factory=dict)
+    routes: tuple[RouteConfig, ...] = ()
     lanes: Mapping[str, LaneParams] = field(default_factory=default_lane_params)
     rules: tuple[Rule, ...] = ()
     # access key -> lanes it may ask for with the x-s3lanes-lane hint (absent: every lane)
     tenant_lanes: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # access key -> what it may read, write and which lanes it may use (tenants with read/write grants)
+    tenant_policies: Mapping[str, TenantPolicy] = field(default_factory=dict)
 
     def with_credentials(self, creds: tuple[Credential, ...]) -> Config:
         return replace(self, credentials=creds)
@@ -362,6 +400,16 @@ def _coerce(kind: str, value: Any, where: str, problems: _Problems) -> Any:
             if value in ("", None):
                 return None
             return int(parse_size(value))
+        if kind == "str_map":
+            if isinstance(value, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                return dict(value)
+            if isinstance(value, str):  # environment: "lane=addr,lane=addr"
+                pairs = [p.partition("=") for p in value.split(",") if p.strip()]
+                if all(sep and k.strip() and v.strip() for k, sep, v in pairs):
+                    return {k.strip(): v.strip() for k, _, v in pairs}
+            raise ValueError("expected a table of names to strings (or name=value,... in the environment)")
         if kind == "str_list":
             if isinstance(value, str):
                 return tuple(v.strip() for v in value.split(",") if v.strip())
@@ -404,6 +452,11 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "read_timeout_s": "float",
         "bandwidth": "rate",
         "recv_buffer_bytes": "size",
+        "source_address": "opt_str",
+        "lane_source_address": "str_map",
+        "access_key": "opt_str",
+        "secret_key": "opt_str",
+        "shares_bottleneck_with": "opt_str",
     },
     "scheduler": {
         "write_cap_mode": "str",
@@ -447,6 +500,10 @@ _SCHEMA: dict[str, dict[str, str]] = {
 
 _NULLABLE = {
     "redis_url",
+    "source_address",
+    "access_key",
+    "secret_key",
+    "shares_bottleneck_with",
     "admin_token",
     "listen",
     "https_listen",
@@ -458,11 +515,12 @@ _NULLABLE = {
     "inflight_bytes_max",
 }
 # Settings whose TOML name differs from the dataclass field (units in the name, as users write them).
-_RENAMES = {
+_RENAMES: dict[tuple[str, str], tuple[str, float | None]] = {
     ("backend", "bandwidth"): ("bandwidth_bps", 1.0),
     ("scheduler", "latency_target_ms"): ("latency_target_s", 0.001),
     ("scheduler", "window_ms"): ("window_s", 0.001),
     ("spool", "capacity"): ("capacity_bytes", 1),
+    ("backend", "lane_source_address"): ("lane_source_addresses", None),
 }
 
 
@@ -539,6 +597,8 @@ def load_config(
     lanes_raw: Mapping[str, Any] | None = None
     rules_raw: Any = None
     tenants_raw: Any = None
+    backends_raw: Any = None
+    routes_raw: Any = None
     src = "config"
 
     if path is not None:
@@ -563,12 +623,18 @@ def load_config(
                     lanes_raw = value
                 else:
                     problems.add(src, "[lanes] must be a table of [lanes.<name>] tables")
+            elif key == "backends":
+                backends_raw = value
+            elif key == "routes":
+                routes_raw = value
             elif key == "rules":
                 rules_raw = value
             elif key == "tenants":
                 tenants_raw = value
             else:
-                known = ", ".join([*_SCHEMA, "credentials", "lanes", "rules", "tenants"])
+                known = ", ".join(
+                    [*_SCHEMA, "backends", "routes", "credentials", "lanes", "rules", "tenants"]
+                )
                 problems.add(src, f"unknown section [{key}] (known: {known})")
 
     for name, schema in _SCHEMA.items():
@@ -586,12 +652,19 @@ def load_config(
     lanes = parse_lanes(lanes_raw, src, lane_problems)
     rules = parse_rules(rules_raw, lanes, src, lane_problems) if rules_raw is not None else ()
     tenants = parse_tenants(tenants_raw, lanes, src, lane_problems) if tenants_raw is not None else {}
+    policies = parse_tenant_policies(tenants_raw, src, lane_problems)
     problems.items.extend(lane_problems)
 
+    backends = _parse_backends(backends_raw, src, problems)
+    routes = _parse_routes(routes_raw, src, problems)
+
     cfg = Config(
+        backends=backends,
+        routes=routes,
         lanes=lanes,
         rules=rules,
         tenant_lanes=tenants,
+        tenant_policies=policies,
         server=_build(ServerConfig, sections["server"], "server", problems),
         backend=_build(BackendConfig, sections["backend"], "backend", problems),
         credentials=tuple(creds),
@@ -606,17 +679,129 @@ def load_config(
     return cfg
 
 
+def _parse_backends(raw: Any, src: str, problems: _Problems) -> dict[str, BackendConfig]:
+    """``[backends.<name>]`` tables: the keys of ``[backend]``, for another store."""
+    out: dict[str, BackendConfig] = {}
+    if raw is None:
+        return out
+    if not isinstance(raw, dict):
+        problems.add(src, "[backends] must be a table of [backends.<name>] tables")
+        return out
+    for name, table in raw.items():
+        where = f"{src} [backends.{name}]"
+        if not isinstance(table, dict):
+            problems.add(where, "must be a table")
+            continue
+        if name == DEFAULT_BACKEND or not _NAME.fullmatch(name):
+            problems.add(
+                where, f"a backend name is letters, digits, '-' and '_', and not {DEFAULT_BACKEND!r}"
+            )
+            continue
+        values = _section_values("backend", table, where, problems)
+        out[name] = _build(BackendConfig, values, "backend", problems)
+    return out
+
+
+def _parse_routes(raw: Any, src: str, problems: _Problems) -> tuple[RouteConfig, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        problems.add(src, "[[routes]] must be an array of tables")
+        return ()
+    out: list[RouteConfig] = []
+    for i, item in enumerate(raw):
+        where = f"{src} routes[{i}]"
+        if not isinstance(item, dict):
+            problems.add(where, "expected a table with bucket and backend")
+            continue
+        unknown = set(item) - {"bucket", "backend", "backend_bucket"}
+        if unknown:
+            problems.add(where, f"unknown keys {sorted(unknown)} (known: backend, backend_bucket, bucket)")
+        bucket, backend = item.get("bucket"), item.get("backend")
+        backend_bucket = item.get("backend_bucket", bucket)
+        if not (
+            isinstance(bucket, str)
+            and isinstance(backend, str)
+            and isinstance(backend_bucket, str)
+            and bucket
+            and backend
+            and backend_bucket
+        ):
+            problems.add(where, "bucket and backend (and backend_bucket, if given) must be non-empty strings")
+            continue
+        out.append(RouteConfig(bucket=bucket, backend=backend, backend_bucket=backend_bucket))
+    return tuple(out)
+
+
 def _build(cls: Any, values: dict[str, Any], name: str, problems: _Problems) -> Any:
     values = dict(values)
     for (section, key), (field_name, scale) in _RENAMES.items():
         if section == name and key in values:
             raw = values.pop(key)
-            values[field_name] = raw * scale if raw is not None else None
+            values[field_name] = raw if scale is None or raw is None else raw * scale
     try:
         return cls(**values)
     except TypeError as exc:  # pragma: no cover - schema and dataclasses out of step is a bug
         problems.add(f"[{name}]", str(exc))
         return cls()
+
+
+_TABLES = ("backends", "routes", "credentials", "lanes", "rules", "tenants")
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+# S3's rules for bucket names (the part that matters for routing: 3-63 of a-z 0-9 . -, no IP address).
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+
+
+def _validate_backend(name: str, b: BackendConfig, cfg: Config, problems: _Problems) -> None:
+    where = "[backend]" if name == DEFAULT_BACKEND else f"[backends.{name}]"
+    if name != DEFAULT_BACKEND and b.endpoint is None:
+        problems.add(
+            f"{where}.endpoint", "a named backend needs an endpoint (only [backend] can be embedded)"
+        )
+    for addr in (b.source_address, *b.lane_source_addresses.values()):
+        if addr is None:
+            continue
+        try:
+            ipaddress.ip_address(addr)
+        except ValueError:
+            problems.add(f"{where}", f"source address {addr!r} is not an IP address")
+    for lane in b.lane_source_addresses:
+        if lane not in cfg.lanes:
+            problems.add(f"{where}.lane_source_address", f"unknown lane {lane!r}")
+    if (b.access_key is None) != (b.secret_key is None):
+        problems.add(where, "access_key and secret_key go together")
+    other = b.shares_bottleneck_with
+    if other is not None and (other == name or (other != DEFAULT_BACKEND and other not in cfg.backends)):
+        problems.add(f"{where}.shares_bottleneck_with", f"no other backend named {other!r}")
+
+
+def _validate_routes(cfg: Config, problems: _Problems) -> None:
+    seen: set[str] = set()
+    targets: set[tuple[str, str]] = set()
+    for r in cfg.routes:
+        where = f"[[routes]] bucket {r.bucket!r}"
+        if r.bucket in seen:
+            problems.add(where, "routed twice")
+        seen.add(r.bucket)
+        for label, name in (("bucket", r.bucket), ("backend_bucket", r.backend_bucket)):
+            if not _BUCKET.fullmatch(name) or ".." in name:
+                problems.add(where, f"{label} {name!r} is not a valid S3 bucket name")
+        if r.backend != DEFAULT_BACKEND and r.backend not in cfg.backends:
+            known = ", ".join([DEFAULT_BACKEND, *sorted(cfg.backends)])
+            problems.add(where, f"unknown backend {r.backend!r} (known: {known})")
+        if (r.backend, r.backend_bucket) in targets:
+            problems.add(where, f"another route already maps to {r.backend}:{r.backend_bucket}")
+        targets.add((r.backend, r.backend_bucket))
+    # A chain of shares_bottleneck_with must end (no cycles).
+    for name in cfg.backends:
+        hops, cur = 0, name
+        while cur != DEFAULT_BACKEND and cur in cfg.backends and hops <= len(cfg.backends):
+            nxt = cfg.backends[cur].shares_bottleneck_with
+            if nxt is None:
+                break
+            cur, hops = nxt, hops + 1
+        if hops > len(cfg.backends):
+            problems.add(f"[backends.{name}].shares_bottleneck_with", "forms a cycle")
 
 
 def _validate(cfg: Config, problems: _Problems) -> None:
@@ -650,14 +835,24 @@ def _validate(cfg: Config, problems: _Problems) -> None:
             problems.add(
                 "[credentials]", "an external backend needs at least one credential (or S3LANES_CREDENTIALS)"
             )
-    if b.addressing not in ("path", "virtual"):
-        problems.add("[backend].addressing", f"expected 'path' or 'virtual', got {b.addressing!r}")
-    if b.pool_size < 1:
-        problems.add("[backend].pool_size", "must be at least 1")
-    if b.connect_timeout_s <= 0 or b.read_timeout_s <= 0:
-        problems.add("[backend]", "timeouts must be positive")
-    if b.ca_file is not None and not b.ca_file.is_file():
-        problems.add("[backend].ca_file", f"no such file: {b.ca_file}")
+    for name, bc in ((DEFAULT_BACKEND, b), *cfg.backends.items()):
+        where = "[backend]" if name == DEFAULT_BACKEND else f"[backends.{name}]"
+        if name != DEFAULT_BACKEND and bc.endpoint is not None:
+            parts = urlsplit(bc.endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                problems.add(f"{where}.endpoint", f"expected http(s)://host[:port], got {bc.endpoint!r}")
+        if bc.addressing not in ("path", "virtual"):
+            problems.add(f"{where}.addressing", f"expected 'path' or 'virtual', got {bc.addressing!r}")
+        if bc.pool_size < 1:
+            problems.add(f"{where}.pool_size", "must be at least 1")
+        if bc.connect_timeout_s <= 0 or bc.read_timeout_s <= 0:
+            problems.add(where, "timeouts must be positive")
+        if bc.ca_file is not None and not bc.ca_file.is_file():
+            problems.add(f"{where}.ca_file", f"no such file: {bc.ca_file}")
+        if bc.bandwidth_bps is not None and bc.bandwidth_bps <= 0:
+            problems.add(f"{where}.bandwidth", "must be positive")
+        _validate_backend(name, bc, cfg, problems)
+    _validate_routes(cfg, problems)
     seen: set[str] = set()
     for c in cfg.credentials:
         if c.access_key in seen:

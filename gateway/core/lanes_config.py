@@ -29,6 +29,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gateway.core.access import Grant, TenantPolicy
 from gateway.core.classify import (
     CHECKPOINT,
     DATASET,
@@ -276,7 +277,7 @@ def _string_list(value: Any) -> tuple[str, ...] | None:
 
 # --- tenants ------------------------------------------------------------------------------------------------
 
-_TENANT_KEYS = ("lanes",)
+_TENANT_KEYS = ("lanes", "read", "write", "list_buckets")
 
 
 def parse_tenants(
@@ -318,4 +319,43 @@ def parse_tenants(
             )
             continue
         out[access_key] = frozenset(value)
+    return out
+
+
+def parse_tenant_policies(raw: Any, where: str, problems: list[str]) -> dict[str, TenantPolicy]:
+    """Access policies of the ``[tenants.<access key>]`` tables that have ``read`` or ``write`` grants
+    (:mod:`gateway.core.access`). Their ``lanes`` (checked by :func:`parse_tenants`) become the lanes the
+    tenant may use."""
+    out: dict[str, TenantPolicy] = {}
+    if not isinstance(raw, Mapping):
+        return out
+    for access_key, table in raw.items():
+        if not isinstance(table, Mapping) or not ("read" in table or "write" in table):
+            continue
+        place = f"{where} [tenants.{access_key}]"
+        grants: dict[str, tuple[Grant, ...]] = {}
+        for name in ("read", "write"):
+            value = table.get(name, [])
+            if isinstance(value, str):
+                value = [value]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                problems.append(
+                    f"{place}.{name}: expected a list of 'bucket' or 'bucket/prefix' (got {value!r})"
+                )
+                continue
+            try:
+                grants[name] = tuple(Grant.parse(v) for v in value)
+            except ValueError as exc:
+                problems.append(f"{place}.{name}: {exc}")
+        list_buckets = table.get("list_buckets", False)
+        if not isinstance(list_buckets, bool):
+            problems.append(f"{place}.list_buckets: expected true or false")
+            list_buckets = False
+        lanes = table.get("lanes")
+        out[str(access_key)] = TenantPolicy(
+            read=grants.get("read", ()),
+            write=grants.get("write", ()),
+            lanes=frozenset(lanes) if isinstance(lanes, list) else None,
+            list_buckets=list_buckets,
+        )
     return out

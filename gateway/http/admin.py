@@ -17,13 +17,14 @@ import dataclasses
 import hmac
 import ipaddress
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
 
 from gateway import __version__
 from gateway.clock import Clock
+from gateway.core.access import TenantPolicy
 from gateway.core.s3request import query_names, split_target
 from gateway.core.sigv4 import RequestView, parse_auth, verify
 from gateway.errors import S3Error
@@ -67,6 +68,8 @@ class Admin:
         admin_token: str | None = None,
         lifecycle: Lifecycle | None = None,
         cluster_status: Callable[[], dict[str, Any]] | None = None,
+        pools_status: Callable[[], dict[str, Any]] | None = None,
+        policies: Mapping[str, TenantPolicy] | None = None,
     ) -> None:
         self._metrics = metrics
         self._dispatcher = dispatcher
@@ -79,6 +82,8 @@ class Admin:
         self._token = admin_token.encode() if admin_token else None
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()
         self._cluster_status = cluster_status
+        self._pools_status = pools_status
+        self._policies = dict(policies or {})
 
     def allowed(self, request: web.Request) -> bool:
         return self._open or _is_loopback(request) or self._bearer_ok(request)
@@ -114,14 +119,16 @@ class Admin:
         return {
             "version": __version__,
             "state": self.lifecycle.state,
-            "scheduler": _plain(snap),
+            "scheduler": plain(snap),
             "dispatcher": {"waiting": self._dispatcher.waiting, "in_flight": self._dispatcher.in_flight},
             "spool": spool,
             "cluster": self._cluster_status() if self._cluster_status is not None else {"enabled": False},
+            "pools": self._pools_status() if self._pools_status is not None else {},
         }
 
-    def _signed_by_a_tenant(self, request: web.Request) -> bool:
-        """A SigV4 signature by any configured key pair (the flush API is a tenant operation)."""
+    def _signed_by_a_tenant(self, request: web.Request) -> str | None:
+        """The access key of a valid SigV4 signature by a configured key pair (the flush API is a tenant
+        operation), else None."""
         raw_path, raw_query = split_target(request.raw_path)
         headers: dict[str, str] = {}
         for name, value in request.headers.items():
@@ -131,13 +138,13 @@ class Admin:
         try:
             auth = parse_auth(view)
             if auth is None or auth.access_key not in self._secrets:
-                return False
+                return None
             verify(
                 view, auth, self._secrets[auth.access_key], self._clock.wall(), max_skew_s=self._max_skew_s
             )
         except S3Error:
-            return False
-        return True
+            return None
+        return auth.access_key
 
     async def flush(self, request: web.Request) -> web.Response:
         """``POST /_s3lanes/flush?bucket=B&prefix=P&timeout=S``: wait until spooled data is on the backend.
@@ -146,7 +153,8 @@ class Admin:
         backend; 504 with ``durable: false`` and what is still pending when the timeout expires first.
         Loopback peers, or requests SigV4-signed by a configured key pair.
         """
-        if not (self.allowed(request) or self._signed_by_a_tenant(request)):
+        tenant = None if self.allowed(request) else self._signed_by_a_tenant(request)
+        if not self.allowed(request) and tenant is None:
             return web.Response(
                 status=403,
                 text="flush needs a loopback peer or a SigV4-signed request\n",
@@ -155,6 +163,11 @@ class Admin:
         q = query_names(split_target(request.raw_path)[1])
         bucket = q.get("bucket", "")
         prefix = q.get("prefix", "")
+        policy = self._policies.get(tenant) if tenant is not None else None
+        if policy is not None and not policy.may_see(bucket, prefix):
+            return web.Response(
+                status=403, text="this key has no grant on that bucket/prefix\n", headers={FLUSH_HEADER: "1"}
+            )
         try:
             timeout_s = float(q.get("timeout", "30"))
         except ValueError:
@@ -172,7 +185,7 @@ class Admin:
             )
             return web.json_response(doc, headers={FLUSH_HEADER: "1"})
         result = await self._spool.flush(bucket, prefix, timeout_s)
-        doc.update(_plain(result))
+        doc.update(plain(result))
         return web.json_response(doc, status=200 if result.durable else 504, headers={FLUSH_HEADER: "1"})
 
     async def status(self, request: web.Request) -> web.Response:
@@ -191,14 +204,14 @@ class Lifecycle:
         self.state = "starting"
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """Dataclasses, mappings and sequences to JSON-able data (inf/nan become None)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | frozenset | set):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
         return None
     return value

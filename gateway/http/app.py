@@ -8,12 +8,14 @@ import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from gateway.clock import Clock
-from gateway.config import Config
+from gateway.config import DEFAULT_BACKEND, Config
 from gateway.core.classify import CheckpointPrefixes, Classifier
+from gateway.core.routing import RouteTable
 from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig
 from gateway.http.admin import (
     ADMIN_METRICS_PATH,
@@ -24,6 +26,7 @@ from gateway.http.admin import (
     STATUS_PATH,
     Admin,
     Lifecycle,
+    plain,
 )
 from gateway.http.proxy import S3Proxy
 from gateway.http.spool_front import SpoolFront
@@ -33,7 +36,8 @@ from gateway.runtime.backend import Backend
 from gateway.runtime.cluster import ClusterMember, spool_backlog
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.drainer import Drainer
-from gateway.runtime.lane_metrics import scheduler_collector
+from gateway.runtime.lane_metrics import pool_collector, scheduler_collector
+from gateway.runtime.pools import Pools, bottleneck_of
 from gateway.runtime.spool import Spool, crash_on_failure
 from gateway.runtime.spool_metrics import spool_collector
 
@@ -53,9 +57,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # aiohttp's parser limits, set from config: S3 rejects header sections over 8 KiB.
 _MAX_FIELD_BYTES = 8190
+_PARSER_MAX_HEADERS = 4096
 
 
-def scheduler_config(cfg: Config) -> SchedulerConfig:
+_DEFAULT: Any = object()
+
+
+def scheduler_config(cfg: Config, bandwidth_bps: float | None = _DEFAULT) -> SchedulerConfig:
+    """The scheduler of one bottleneck: the lanes and scheduler settings, at that store's bandwidth (by
+    default the default backend's)."""
     s = cfg.scheduler
     lanes = tuple(
         LaneSpec(
@@ -73,7 +83,7 @@ def scheduler_config(cfg: Config) -> SchedulerConfig:
     )
     return SchedulerConfig(
         lanes=lanes,
-        capacity_bps=cfg.backend.bandwidth_bps,
+        capacity_bps=cfg.backend.bandwidth_bps if bandwidth_bps is _DEFAULT else bandwidth_bps,
         write_cap_mode=s.write_cap_mode,
         request_cost_bytes=s.request_cost_bytes,
         burst_bytes=s.burst_bytes,
@@ -85,21 +95,28 @@ def scheduler_config(cfg: Config) -> SchedulerConfig:
 
 
 def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
-    app = web.Application(client_max_size=0, handler_args={"max_field_size": _MAX_FIELD_BYTES})
+    app = web.Application(
+        client_max_size=0,
+        handler_args={"max_field_size": _MAX_FIELD_BYTES, "max_headers": _PARSER_MAX_HEADERS},
+    )
     metrics = Metrics()
-    scheduler = Scheduler(scheduler_config(cfg), clock.monotonic())
-    dispatcher = LaneDispatcher(scheduler, clock)
+    pools = build_pools(cfg, backend, clock)
+    dispatcher = pools.dispatcher_of(DEFAULT_BACKEND)
+    scheduler = dispatcher.scheduler
     classifier = Classifier(cfg.rules, frozenset(cfg.lanes), cfg.tenant_lanes, CheckpointPrefixes())
     metrics.add_snapshot_collector(scheduler_collector(scheduler, clock))
-    proxy = S3Proxy(cfg, backend, clock, classifier=classifier, dispatcher=dispatcher, metrics=metrics)
+    if len(pools.dispatchers) > 1:
+        metrics.add_snapshot_collector(
+            pool_collector({name: d.scheduler for name, d in pools.dispatchers.items()}, clock)
+        )
+    proxy = S3Proxy(cfg, pools, clock, classifier=classifier, metrics=metrics)
     spool: Spool | None = None
     drainer: Drainer | None = None
     if cfg.spool.enabled:
         spool = Spool(cfg.spool, spool_dir(cfg), clock)
         drainer = Drainer(
             spool,
-            backend,
-            dispatcher,
+            pools,
             {c.access_key: c for c in cfg.credentials},
             cfg.spool,
             clock,
@@ -108,7 +125,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             request_cost_bytes=cfg.scheduler.request_cost_bytes,
             lane_names=frozenset(cfg.lanes),
         )
-        front = SpoolFront(spool, proxy, cfg, backend, dispatcher, clock, metrics)
+        front = SpoolFront(spool, proxy, cfg, pools, clock, metrics)
         proxy.spool_front = front
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         app[SPOOL_KEY] = spool
@@ -131,6 +148,8 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         drainer_status=drainer.status if drainer is not None else None,
         admin_token=cfg.server.admin_token,
         cluster_status=cluster.status if cluster is not None else None,
+        pools_status=lambda: pools_status(pools, clock),
+        policies=cfg.tenant_policies,
     )
     app[LIFECYCLE_KEY] = admin.lifecycle
     app[BACKEND_KEY] = backend
@@ -139,7 +158,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     app[METRICS_KEY] = metrics
 
     async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
-        await backend.start()
+        await pools.start()
         drain_task: asyncio.Task[None] | None = None
         if spool is not None and drainer is not None:
             # Recovery runs here, before the listeners open: replay, truncate, drop orphans.
@@ -165,10 +184,10 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
                 await drain_task
         if spool is not None:
             await spool.close()
-        await backend.close()
+        await pools.close()
 
     app.cleanup_ctx.append(backend_ctx)
-    app.on_cleanup.append(lambda _app: _close(dispatcher))
+    app.on_cleanup.append(lambda _app: _close(pools))
     status_page = StatusPage(admin.allowed)
     for path, handler in (
         (HEALTH_PATH, admin.healthz),
@@ -189,6 +208,48 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
 
     app.router.add_route("*", "/{tail:(?s:.*)}", s3_or_metrics, expect_handler=proxy.expect_handler)
     return app
+
+
+def build_pools(cfg: Config, backend: Backend, clock: Clock) -> Pools:
+    """The default backend (given: it may be the embedded one), the named ones, a scheduler per bottleneck."""
+    backends = {DEFAULT_BACKEND: backend}
+    for name, bcfg in cfg.backends.items():
+        assert bcfg.endpoint is not None  # validated
+        backends[name] = Backend(bcfg, bcfg.endpoint, clock, name=name)
+    configs = {DEFAULT_BACKEND: cfg.backend, **cfg.backends}
+    bottlenecks = {name: bottleneck_of(name, configs) for name in configs}
+    dispatchers = {
+        root: LaneDispatcher(
+            Scheduler(scheduler_config(cfg, configs[root].bandwidth_bps), clock.monotonic()), clock
+        )
+        for root in sorted(set(bottlenecks.values()))
+    }
+    table = RouteTable((r.bucket, r.backend, r.backend_bucket) for r in cfg.routes)
+    return Pools(table, backends, dispatchers, bottlenecks)
+
+
+def pools_status(pools: Pools, clock: Clock) -> dict[str, Any]:
+    """The ``pools`` section of the status: backends (endpoint, bottleneck, buckets routed to them) and,
+    per bottleneck, its scheduler's snapshot."""
+    now = clock.monotonic()
+    routes: dict[str, list[dict[str, str]]] = {}
+    for r in pools.table.routes:
+        routes.setdefault(r.backend, []).append({"bucket": r.bucket, "backend_bucket": r.backend_bucket})
+    return {
+        "backends": {
+            name: {
+                "endpoint": b.endpoint,
+                "bottleneck": pools.bottleneck(name),
+                "source_address": b.cfg.source_address,
+                "lane_source_addresses": dict(b.cfg.lane_source_addresses),
+                "routes": routes.get(name, []),
+            }
+            for name, b in sorted(pools.backends.items())
+        },
+        "schedulers": {
+            name: plain(d.scheduler.snapshot(now)) for name, d in sorted(pools.dispatchers.items())
+        },
+    }
 
 
 def spool_dir(cfg: Config) -> Path:
@@ -252,8 +313,9 @@ async def drain_for_shutdown(app: web.Application, timeout_s: float, abort: asyn
         log.info("shutdown: spool drained")
 
 
-async def _close(dispatcher: LaneDispatcher) -> None:
-    dispatcher.close()
+async def _close(pools: Pools) -> None:
+    for dispatcher in pools.dispatchers.values():
+        dispatcher.close()
 
 
 def tls_context(cfg: Config) -> ssl.SSLContext | None:
@@ -274,6 +336,9 @@ async def start_listeners(cfg: Config, app: web.Application) -> tuple[web.AppRun
         handle_signals=False,
         max_line_size=max(cfg.server.max_url_bytes + 64, 8190),
         max_field_size=_MAX_FIELD_BYTES,
+        # aiohttp's own limit (128) would answer a bare 400 and log a traceback; the gateway's limit
+        # (gateway.core.limits.MAX_HEADERS) answers S3's error instead, so aiohttp's is set far above it.
+        max_headers=_PARSER_MAX_HEADERS,
     )
     await runner.setup()
     urls: list[str] = []

@@ -17,6 +17,7 @@ import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
@@ -24,6 +25,7 @@ from aiohttp.http import HttpVersion11
 
 from gateway.clock import Clock
 from gateway.config import Config, Credential
+from gateway.core.access import TenantPolicy
 from gateway.core.body import UploadBody
 from gateway.core.checksums import BodyVerifier
 from gateway.core.chunked import AwsChunkedDecoder
@@ -35,7 +37,9 @@ from gateway.core.classify import (
     Decision,
     RequestFacts,
 )
-from gateway.core.s3request import S3Target, parse_target, split_target
+from gateway.core.limits import check_limits
+from gateway.core.routing import rename_copy_source, split_copy_source
+from gateway.core.s3request import S3Target, parse_target, query_names, split_target
 from gateway.core.sigv4 import (
     EMPTY_SHA256,
     STREAMING_SIGNED,
@@ -60,11 +64,12 @@ from gateway.errors import (
     S3Error,
     XAmzContentSHA256Mismatch,
 )
+from gateway.http.pool_front import PoolFront, names_bucket
 from gateway.http.s3xml import error_xml
 from gateway.logsetup import REQUEST_ID
 from gateway.metrics import Metrics
-from gateway.runtime.backend import Backend
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
+from gateway.runtime.pools import Pools
 
 if TYPE_CHECKING:
     from gateway.http.spool_front import SpoolFront
@@ -149,22 +154,21 @@ class S3Proxy:
     def __init__(
         self,
         cfg: Config,
-        backend: Backend,
+        pools: Pools,
         clock: Clock,
         *,
         classifier: Classifier,
-        dispatcher: LaneDispatcher,
         metrics: Metrics,
     ) -> None:
         self._cfg = cfg
-        self._backend = backend
+        self.pools = pools
         self._clock = clock
         self._classifier = classifier
-        self._dispatcher = dispatcher
         self._metrics = metrics
         self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
+        self._pool_front = PoolFront(self)
         # Set by build_app when the write spool is enabled; it answers the operations it holds data for.
         self.spool_front: SpoolFront | None = None
 
@@ -228,6 +232,12 @@ class S3Proxy:
         decision = self._classifier.classify(facts)
         status = 500
         try:
+            check_limits(
+                ctx.target.operation, query_names(ctx.view.raw_query), facts.size_bytes, len(request.headers)
+            )
+            policy = self._cfg.tenant_policies.get(ctx.auth.access_key)
+            if policy is not None:
+                self._check_access(policy, ctx, facts, decision)
             resp = await self._proxy(request, ctx, decision)
             status = resp.status
             if 200 <= status < 300:
@@ -248,6 +258,37 @@ class S3Proxy:
             return self._lane_headers(self.error_response(request, InternalError(), rid), decision)
         finally:
             self._metrics.requests.labels(decision.lane, ctx.target.operation, str(status)).inc()
+
+    @staticmethod
+    def _check_access(
+        policy: TenantPolicy, ctx: RequestContext, facts: RequestFacts, decision: Decision
+    ) -> None:
+        """A restricted tenant's grants and lanes (gateway.core.access), before anything reaches a backend."""
+        t = ctx.target
+        copy_source = None
+        if "x-amz-copy-source" in ctx.view.headers:
+            src_bucket, rest = split_copy_source(ctx.view.headers["x-amz-copy-source"])
+            copy_source = (src_bucket, unquote(rest.lstrip("/").partition("?")[0]))
+        policy.check(t.operation, t.bucket, t.key, query_names(ctx.view.raw_query), copy_source=copy_source)
+        hinted = facts.hint.strip().lower() if facts.hint else None
+        policy.check_lane(decision.lane, hinted=hinted)
+
+    @property
+    def request_cost(self) -> int:
+        return self._request_cost
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self._chunk
+
+    def wall(self) -> float:
+        return self._clock.wall()
+
+    def finish_headers(self, resp: web.Response, ctx: RequestContext, decision: Decision) -> web.Response:
+        """The gateway's own answer: its request id and the lane headers."""
+        echo_request_id(resp, ctx.request_id)
+        self._lane_headers(resp, decision)
+        return resp
 
     @staticmethod
     def _lane_headers(resp: web.StreamResponse, decision: Decision) -> web.StreamResponse:
@@ -339,11 +380,23 @@ class S3Proxy:
                 return spooled
         lane = decision.lane
         arrived = self._clock.monotonic()
+        if self.pools.routed:
+            if ctx.target.operation == "ListBuckets":
+                return await self._pool_front.list_buckets(request, ctx, decision)
+            if "x-amz-copy-source" in ctx.view.headers and self._pool_front.crosses_backends(ctx):
+                return await self._pool_front.copy_across(request, ctx, decision)
         upload = self._upload_body(request, ctx)
         headers = self._request_headers(ctx, upload)
         payload_hash = ctx.auth.payload_hash
         backend_hash = payload_hash if len(payload_hash) == 64 else UNSIGNED_PAYLOAD
-        target = self._backend.target(ctx.target.bucket, ctx.target.key, ctx.view.raw_query)
+        backend, target = self.pools.target(ctx.target.bucket, ctx.target.key, ctx.view.raw_query)
+        dispatcher = self.pools.dispatcher_of(backend.name)
+        if "x-amz-copy-source" in headers:
+            src_route = self.pools.route(split_copy_source(headers["x-amz-copy-source"])[0])
+            if src_route is not None and src_route.renamed:
+                headers["x-amz-copy-source"] = rename_copy_source(
+                    headers["x-amz-copy-source"], src_route.backend_bucket
+                )
 
         body: bytes | AsyncIterator[bytes] | None = None
         pipe: _BodyStream | None = None
@@ -354,7 +407,7 @@ class S3Proxy:
                 cost += len(body)
                 arrived = self._clock.monotonic()
             else:
-                budget = StreamBudget(self._dispatcher, lane, self._chunk, upload.expected_bytes)
+                budget = StreamBudget(dispatcher, lane, self._chunk, upload.expected_bytes)
                 pipe = _BodyStream(request, upload, budget)
                 body = pipe.iterate()
         # The request's own cost: here requests queue in their lane, in the order the scheduler picks.
@@ -362,23 +415,29 @@ class S3Proxy:
         # exchange would count a long upload as in flight while it waits for its next chunk, and a paced
         # lane whose window share is used up by such tickets could never be granted that chunk (a stall
         # the store ends with a read timeout).
-        ticket = await self._dispatcher.acquire(lane, cost)
-        self._dispatcher.release(ticket)
+        ticket = await dispatcher.acquire(lane, cost)
+        dispatcher.release(ticket)
         sent = self._clock.monotonic()
         wait_s = sent - arrived
         self._metrics.wait.labels(lane).observe(wait_s)
         if isinstance(body, bytes) and body:
-            self._dispatcher.observe_delivered(lane, len(body))
+            dispatcher.observe_delivered(lane, len(body))
             self._metrics.bytes.labels(lane, "up").inc(len(body))
         try:
-            resp = await self._backend.request(
-                request.method, target, headers, ctx.credential, body=body, payload_hash=backend_hash
+            resp = await backend.request(
+                request.method,
+                target,
+                headers,
+                ctx.credential,
+                body=body,
+                payload_hash=backend_hash,
+                lane=lane,
             )
         except S3Error as err:
             if pipe is not None and pipe.failure is not None:
                 raise pipe.failure from None
             self._metrics.backend_errors.labels(lane, err.code).inc()
-            self._dispatcher.observe_backend(lane, err.status)
+            dispatcher.observe_backend(lane, err.status)
             raise
         except Exception:
             if pipe is not None and pipe.failure is not None:
@@ -392,20 +451,39 @@ class S3Proxy:
         try:
             ttfb_s = self._clock.monotonic() - sent
             self._metrics.backend_latency.labels(lane).observe(ttfb_s)
-            self._dispatcher.observe_backend(lane, resp.status)
+            dispatcher.observe_backend(lane, resp.status)
             if resp.status >= 500:
                 self._metrics.backend_errors.labels(lane, str(resp.status)).inc()
             if ctx.target.operation in _READ_OPERATIONS:
-                self._dispatcher.observe_read(lane, wait_s, ttfb_s)
+                dispatcher.observe_read(lane, wait_s, ttfb_s)
             if pipe is not None and pipe.failure is not None:
                 raise pipe.failure
-            return await self._relay(request, resp, ctx, decision)
+            return await self._relay(request, resp, ctx, decision, dispatcher)
         finally:
             resp.release()
 
     async def _relay(
-        self, request: web.Request, resp: aiohttp.ClientResponse, ctx: RequestContext, decision: Decision
+        self,
+        request: web.Request,
+        resp: aiohttp.ClientResponse,
+        ctx: RequestContext,
+        decision: Decision,
+        dispatcher: LaneDispatcher,
     ) -> web.StreamResponse:
+        route = self.pools.route(ctx.target.bucket)
+        if route is not None and route.renamed and names_bucket(ctx.target.operation, resp):
+            return await self._pool_front.relay_renamed(request, resp, ctx, decision, dispatcher, route)
+        return await self.relay_stream(request, resp, ctx, decision, dispatcher)
+
+    async def relay_stream(
+        self,
+        request: web.Request,
+        resp: aiohttp.ClientResponse,
+        ctx: RequestContext,
+        decision: Decision,
+        dispatcher: LaneDispatcher,
+    ) -> web.StreamResponse:
+        """The backend's answer to the client as it streams, paced through the lane of its pool."""
         lane = decision.lane
         out = web.StreamResponse(status=resp.status, reason=resp.reason)
         for name, value in resp.headers.items():
@@ -419,7 +497,7 @@ class S3Proxy:
         self._lane_headers(out, decision)
         await out.prepare(request)
         if request.method != "HEAD" and resp.status not in (204, 304):
-            budget = StreamBudget(self._dispatcher, lane, self._chunk, resp.content_length)
+            budget = StreamBudget(dispatcher, lane, self._chunk, resp.content_length)
             moved = 0
             try:
                 # One buffered piece at a time: iter_any() joins what is buffered (a copy of every byte).

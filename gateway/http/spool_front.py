@@ -63,8 +63,8 @@ from gateway.errors import (
 )
 from gateway.http.proxy import read_small_body
 from gateway.metrics import Metrics
-from gateway.runtime.backend import Backend
-from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
+from gateway.runtime.dispatcher import StreamBudget
+from gateway.runtime.pools import Pools
 from gateway.runtime.spool import Spool, SpoolFileWriter
 
 if TYPE_CHECKING:
@@ -212,16 +212,14 @@ class SpoolFront:
         spool: Spool,
         proxy: S3Proxy,
         cfg: Config,
-        backend: Backend,
-        dispatcher: LaneDispatcher,
+        pools: Pools,
         clock: Clock,
         metrics: Metrics,
     ) -> None:
         self.spool = spool
         self._proxy = proxy
         self._cfg = cfg
-        self._backend = backend
-        self._dispatcher = dispatcher
+        self._pools = pools
         self._clock = clock
         self._metrics = metrics
         self._lanes = frozenset(cfg.spool.lanes)
@@ -352,11 +350,12 @@ class SpoolFront:
         headers: dict[str, str] | None = None,
         body: bytes | AsyncIterator[bytes] | None = None,
     ) -> aiohttp.ClientResponse:
-        ticket = await self._dispatcher.acquire(lane, self._request_cost)
-        self._dispatcher.release(ticket)
-        target = self._backend.target(bucket, key, raw_query)
-        resp = await self._backend.request(method, target, headers or {}, ctx.credential, body=body)
-        self._dispatcher.observe_backend(lane, resp.status)
+        backend, target = self._pools.target(bucket, key, raw_query)
+        dispatcher = self._pools.dispatcher_of(backend.name)
+        ticket = await dispatcher.acquire(lane, self._request_cost)
+        dispatcher.release(ticket)
+        resp = await backend.request(method, target, headers or {}, ctx.credential, body=body, lane=lane)
+        dispatcher.observe_backend(lane, resp.status)
         return resp
 
     async def _check_bucket(self, ctx: RequestContext, bucket: str) -> None:
@@ -797,7 +796,7 @@ class SpoolFront:
         lane = decision.lane
 
         async def body() -> AsyncIterator[bytes]:
-            budget = StreamBudget(self._dispatcher, lane, self._chunk, size)
+            budget = StreamBudget(self._pools.dispatcher_for(bucket), lane, self._chunk, size)
             try:
                 for fd, offset, count in files:
                     while count > 0:
@@ -985,7 +984,9 @@ class SpoolFront:
                 writer = self.spool.writer(size)
                 await writer.open()
                 try:
-                    budget = StreamBudget(self._dispatcher, decision.lane, self._chunk, size)
+                    budget = StreamBudget(
+                        self._pools.dispatcher_for(src_bucket), decision.lane, self._chunk, size
+                    )
                     try:
                         async for chunk, _ in resp.content.iter_chunks():
                             await budget.take(len(chunk))

@@ -72,16 +72,27 @@ def forward_query(raw_query: str) -> str:
 class Backend:
     """One S3 endpoint. Not thread-safe; lives on the gateway's event loop."""
 
-    def __init__(self, cfg: BackendConfig, endpoint: str, clock: Clock) -> None:
+    def __init__(self, cfg: BackendConfig, endpoint: str, clock: Clock, *, name: str = "default") -> None:
         self.cfg = cfg
+        self.name = name
         self.endpoint = endpoint.rstrip("/")
         parts = urlsplit(self.endpoint)
         self._scheme = parts.scheme
         self._netloc = parts.netloc
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
+        # Network planes: one pool per lane with its own source address (the rest use the backend's).
+        self._lane_sessions: dict[str, aiohttp.ClientSession] = {}
 
     async def start(self) -> None:
+        self._session = self._new_session(self.cfg.source_address)
+        by_addr: dict[str, aiohttp.ClientSession] = {}
+        for lane, addr in sorted(self.cfg.lane_source_addresses.items()):
+            if addr not in by_addr:
+                by_addr[addr] = self._new_session(addr)
+            self._lane_sessions[lane] = by_addr[addr]
+
+    def _new_session(self, source_address: str | None) -> aiohttp.ClientSession:
         ssl_ctx: ssl.SSLContext | bool
         if self._scheme == "https":
             if not self.cfg.verify_tls:
@@ -103,6 +114,7 @@ class Backend:
 
         connector = aiohttp.TCPConnector(
             socket_factory=socket_factory,
+            local_addr=(source_address, 0) if source_address else None,
             limit=self.cfg.pool_size,
             limit_per_host=self.cfg.pool_size,
             ssl=ssl_ctx,
@@ -115,7 +127,7 @@ class Backend:
             sock_connect=self.cfg.connect_timeout_s,
             sock_read=self.cfg.read_timeout_s,
         )
-        self._session = aiohttp.ClientSession(
+        return aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
             auto_decompress=False,
@@ -125,6 +137,9 @@ class Backend:
         )
 
     async def close(self) -> None:
+        for session in {id(s): s for s in self._lane_sessions.values()}.values():
+            await session.close()
+        self._lane_sessions.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -153,12 +168,20 @@ class Backend:
         *,
         body: Body = None,
         payload_hash: str = UNSIGNED_PAYLOAD,
+        lane: str | None = None,
     ) -> aiohttp.ClientResponse:
         """Sign and send; return the response with its body unread (the caller streams and releases it).
 
-        ``headers`` have lower-case names and must not contain host, authorization or x-amz-date.
+        ``headers`` have lower-case names and must not contain host, authorization or x-amz-date. ``lane``
+        picks the connection pool where lanes have their own source address (network planes). The request
+        is signed as this backend's own identity if it has one, else as the client key's backend identity.
         """
         assert self._session is not None, "Backend.start() was not awaited"
+        session = self._lane_sessions.get(lane, self._session) if lane is not None else self._session
+        if self.cfg.access_key is not None and self.cfg.secret_key is not None:
+            access_key, secret_key = self.cfg.access_key, self.cfg.secret_key
+        else:
+            access_key, secret_key = cred.backend_access_key, cred.backend_secret_key
         out = dict(headers)
         out["host"] = target.host
         out.update(
@@ -167,8 +190,8 @@ class Backend:
                 target.raw_path,
                 target.raw_query,
                 out,
-                access_key=cred.backend_access_key,
-                secret_key=cred.backend_secret_key,
+                access_key=access_key,
+                secret_key=secret_key,
                 region=self.cfg.region,
                 payload_hash=payload_hash,
                 now_wall=self._clock.wall(),
@@ -178,7 +201,7 @@ class Backend:
         if body is not None:
             kwargs["data"] = body
         try:
-            return await self._session.request(
+            return await session.request(
                 method, target.url, headers=out, allow_redirects=False, compress=None, **kwargs
             )
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:

@@ -35,8 +35,8 @@ from gateway.core.spool_state import Entry, EntryState
 from gateway.core.uri import s3_quote
 from gateway.errors import S3Error
 from gateway.metrics import Metrics
-from gateway.runtime.backend import Backend
-from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
+from gateway.runtime.dispatcher import StreamBudget
+from gateway.runtime.pools import Pools
 from gateway.runtime.spool import Spool, SpoolWriteFailed
 
 log = logging.getLogger("s3lanes.drain")
@@ -65,8 +65,7 @@ class Drainer:
     def __init__(
         self,
         spool: Spool,
-        backend: Backend,
-        dispatcher: LaneDispatcher,
+        pools: Pools,
         credentials: Mapping[str, Credential],
         cfg: SpoolConfig,
         clock: Clock,
@@ -79,8 +78,7 @@ class Drainer:
     ) -> None:
         self._lane_names = lane_names
         self._spool = spool
-        self._backend = backend
-        self._dispatcher = dispatcher
+        self._pools = pools
         self._creds = credentials
         self._cfg = cfg
         self._clock = clock
@@ -287,18 +285,25 @@ class Drainer:
         body: bytes | AsyncIterator[bytes] | None = None,
     ) -> tuple[int, bytes, Mapping[str, str]]:
         lane = self._lane(entry)
-        ticket = await self._dispatcher.acquire(lane, self._request_cost)
-        self._dispatcher.release(ticket)
-        target = self._backend.target(entry.bucket, entry.key, raw_query)
+        backend, target = self._pools.target(entry.bucket, entry.key, raw_query)
+        dispatcher = self._pools.dispatcher_of(backend.name)
+        ticket = await dispatcher.acquire(lane, self._request_cost)
+        dispatcher.release(ticket)
         try:
-            resp = await self._backend.request(
-                method, target, headers, self._credential(entry), body=body, payload_hash=UNSIGNED_PAYLOAD
+            resp = await backend.request(
+                method,
+                target,
+                headers,
+                self._credential(entry),
+                body=body,
+                payload_hash=UNSIGNED_PAYLOAD,
+                lane=lane,
             )
         except S3Error as exc:
-            self._dispatcher.observe_backend(lane, exc.status)
+            dispatcher.observe_backend(lane, exc.status)
             raise DrainError(f"{method} {target.raw_path}: {exc.code}: {exc.message}") from exc
         try:
-            self._dispatcher.observe_backend(lane, resp.status)
+            dispatcher.observe_backend(lane, resp.status)
             data = await resp.read()
             return resp.status, data, resp.headers.copy()  # case-insensitive (Go sends Etag)
         finally:
@@ -310,7 +315,7 @@ class Drainer:
         """The file's bytes, paced through the lane. ``commits``: this body's last byte makes the request
         complete (a single PUT): from then on the upload may no longer be cancelled."""
         lane = self._lane(entry)
-        budget = StreamBudget(self._dispatcher, lane, self._chunk, size)
+        budget = StreamBudget(self._pools.dispatcher_for(entry.bucket), lane, self._chunk, size)
         path = self._spool.file_path(file_id)
         fd = await self._spool.run_io(os.open, path, os.O_RDONLY)
         try:

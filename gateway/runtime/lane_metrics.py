@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -62,5 +62,50 @@ def scheduler_collector(scheduler: Scheduler, clock: Clock) -> Callable[[], Iter
             out["reservation"].add_metric([ln.name], ln.reservation_bps)
             out["multiplier"].add_metric([ln.name], ln.guard_multiplier)
         yield from out.values()
+
+    return collect
+
+
+def pool_collector(schedulers: Mapping[str, Scheduler], clock: Clock) -> Callable[[], Iterable[Metric]]:
+    """Per storage pool (bottleneck), when there are several: capacity, read activity and each lane's rate,
+    share, limit and queue, labelled ``pool``. (The unlabelled families above describe the default pool.)"""
+
+    def collect() -> Iterable[Metric]:
+        cap = GaugeMetricFamily(
+            "s3lanes_pool_capacity_bytes_per_second", "Capacity of the pool's scheduler.", labels=["pool"]
+        )
+        active = GaugeMetricFamily(
+            "s3lanes_pool_reads_active", "1 while reads are active in the pool.", labels=["pool"]
+        )
+        lane_families = {
+            "rate": GaugeMetricFamily(
+                "s3lanes_pool_lane_rate_bytes_per_second",
+                "Granted rate, last second.",
+                labels=["pool", "lane"],
+            ),
+            "share": GaugeMetricFamily(
+                "s3lanes_pool_lane_share", "Achieved share of the pool's bytes.", labels=["pool", "lane"]
+            ),
+            "limit": GaugeMetricFamily(
+                "s3lanes_pool_lane_limit_bytes_per_second", "Ceiling in force.", labels=["pool", "lane"]
+            ),
+            "queue": GaugeMetricFamily(
+                "s3lanes_pool_lane_queue_depth", "Tickets waiting in the lane.", labels=["pool", "lane"]
+            ),
+        }
+        now = clock.monotonic()
+        for pool, scheduler in sorted(schedulers.items()):
+            snap = scheduler.snapshot(now)
+            cap.add_metric([pool], snap.capacity_bps)
+            active.add_metric([pool], 1.0 if snap.reads_active else 0.0)
+            for ln in snap.lanes:
+                lane_families["rate"].add_metric([pool, ln.name], ln.granted_rate_bps)
+                lane_families["share"].add_metric([pool, ln.name], ln.achieved_share)
+                if ln.limit_bps is not None:
+                    lane_families["limit"].add_metric([pool, ln.name], ln.limit_bps)
+                lane_families["queue"].add_metric([pool, ln.name], ln.queued_tickets)
+        yield cap
+        yield active
+        yield from lane_families.values()
 
     return collect

@@ -350,7 +350,8 @@ def test_every_tenant_mistake_is_reported_at_once():
     assert problems == [
         "s3lanes.toml [tenants.AKTYPO].lanes: unknown lane(s) 'restor', 'fast'"
         " (lanes: checkpoint, dataset, metadata, restore)",
-        "s3lanes.toml [tenants.AKEXTRA].buckets: unknown tenant setting (known: lanes)",
+        "s3lanes.toml [tenants.AKEXTRA].buckets: unknown tenant setting"
+        " (known: lanes, read, write, list_buckets)",
         "s3lanes.toml [tenants.AKNOLANES].lanes: required: the lanes this tenant may ask for ([] for none)",
         "s3lanes.toml [tenants.AKSTRING].lanes: expected a list of lane names (got 'dataset')",
         "s3lanes.toml [tenants.AKFLAT]: expected a table with lanes = [...] (got ['dataset'])",

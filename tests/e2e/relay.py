@@ -27,6 +27,7 @@ class CountingRelay:
         self._lock = threading.Lock()
         # window index -> [bytes up (to backend), bytes down (from backend)]
         self._windows: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0])
+        self._by_peer: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.base_events.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()  # both legs of every relayed connection
@@ -81,18 +82,26 @@ class CountingRelay:
         self._thread.join(10)
         self._loop.close()
 
-    def _count(self, direction: int, n: int) -> None:
+    def _count(self, direction: int, n: int, peer: str) -> None:
         w = int(time.monotonic() / self.window_s)
         with self._lock:
             self._windows[w][direction] += n
+            self._by_peer[peer][direction] += n
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: int) -> None:
+    def bytes_by_peer(self) -> dict[str, tuple[int, int]]:
+        """(up, down) bytes so far per client address (the gateway's source address: network planes)."""
+        with self._lock:
+            return {peer: (up, down) for peer, (up, down) in self._by_peer.items()}
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: int, peer: str
+    ) -> None:
         try:
             while True:
                 data = await reader.read(RELAY_READ_BYTES)
                 if not data:
                     break
-                self._count(direction, len(data))
+                self._count(direction, len(data), peer)
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
@@ -123,7 +132,10 @@ class CountingRelay:
             w.transport.set_write_buffer_limits(high=RELAY_READ_BYTES)
         self._open.update((c_writer, b_writer))
         try:
-            await asyncio.gather(self._pipe(c_reader, b_writer, 0), self._pipe(b_reader, c_writer, 1))
+            peer = str(c_writer.get_extra_info("peername")[0])
+            await asyncio.gather(
+                self._pipe(c_reader, b_writer, 0, peer), self._pipe(b_reader, c_writer, 1, peer)
+            )
         finally:
             self._open.difference_update((c_writer, b_writer))
 

@@ -75,3 +75,41 @@ def test_status_refuses_a_remote_peer_and_probes_do_not() -> None:
     a.lifecycle.state = "draining"
     resp = asyncio.run(a.readyz(remote))
     assert (resp.status, resp.text) == (503, "draining\n")
+
+
+def test_flush_signed_by_a_restricted_tenant_needs_a_grant_on_the_prefix() -> None:
+    """A remote tenant may wait only for what its grants cover (the SigV4 path of the flush API)."""
+    import botocore.auth
+    import botocore.awsrequest
+    import botocore.credentials
+
+    from gateway.clock import SystemClock
+    from gateway.core.access import Grant, TenantPolicy
+
+    clock = SystemClock()
+    scheduler = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=1e9), clock.monotonic())
+    a = Admin(
+        Metrics(),
+        LaneDispatcher(scheduler, clock),
+        clock,
+        open_to_all=False,
+        secrets={"AKJOB": "secret-of-job"},
+        policies={"AKJOB": TenantPolicy(write=(Grant("ckpt", "job-42/"),))},
+    )
+
+    def flush(prefix: str) -> int:
+        path = f"/_s3lanes/flush?bucket=ckpt&prefix={prefix}&timeout=0"
+        req = botocore.awsrequest.AWSRequest(method="POST", url=f"http://gw.example:9000{path}", data=b"")
+        creds = botocore.credentials.Credentials("AKJOB", "secret-of-job")
+        botocore.auth.S3SigV4Auth(creds, "s3", "us-east-1").add_auth(req)
+        headers = {**dict(req.headers.items()), "Host": "gw.example:9000"}
+        transport = mock.Mock()
+        transport.get_extra_info.side_effect = lambda name, default=None: (
+            ("10.1.2.3", 40000) if name == "peername" else default
+        )
+        r = make_mocked_request("POST", path, headers=headers, transport=transport)
+        return int(asyncio.run(a.flush(r)).status)
+
+    assert flush("job-42/step-3/") == 200
+    assert flush("job-7/") == 403
+    assert flush("") == 403

@@ -1,0 +1,40 @@
+"""S3's request limits: object and part sizes, part numbers, header count."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.limits import MAX_HEADERS, MAX_SINGLE_UPLOAD_BYTES, check_limits
+from gateway.errors import S3Error
+
+
+@pytest.mark.parametrize(
+    ("operation", "query", "size", "headers", "code"),
+    [
+        ("PutObject", {}, MAX_SINGLE_UPLOAD_BYTES + 1, 10, "EntityTooLarge"),
+        ("UploadPart", {"partNumber": "1"}, MAX_SINGLE_UPLOAD_BYTES + 1, 10, "EntityTooLarge"),
+        ("UploadPart", {"partNumber": "0"}, 10, 10, "InvalidArgument"),
+        ("UploadPart", {"partNumber": "10001"}, 10, 10, "InvalidArgument"),
+        ("UploadPartCopy", {"partNumber": "x"}, None, 10, "InvalidArgument"),
+        ("GetObject", {}, None, MAX_HEADERS + 1, "RequestHeaderSectionTooLarge"),
+    ],
+)
+def test_over_the_limit(
+    operation: str, query: dict[str, str], size: int | None, headers: int, code: str
+) -> None:
+    with pytest.raises(S3Error) as info:
+        check_limits(operation, query, size, headers)
+    assert info.value.code == code and info.value.status in (400, 431)
+
+
+@pytest.mark.parametrize(
+    ("operation", "query", "size"),
+    [
+        ("PutObject", {}, MAX_SINGLE_UPLOAD_BYTES),
+        ("UploadPart", {"partNumber": "10000"}, MAX_SINGLE_UPLOAD_BYTES),
+        ("CompleteMultipartUpload", {}, 50 * MAX_SINGLE_UPLOAD_BYTES),  # its body is XML, not the object
+        ("GetObject", {}, None),
+    ],
+)
+def test_within_the_limits(operation: str, query: dict[str, str], size: int | None) -> None:
+    check_limits(operation, query, size, MAX_HEADERS)
