@@ -243,6 +243,7 @@ def pools_status(pools: Pools, clock: Clock) -> dict[str, Any]:
                 "source_address": b.cfg.source_address,
                 "lane_source_addresses": dict(b.cfg.lane_source_addresses),
                 "routes": routes.get(name, []),
+                "health": {"state": b.health.state, **plain(b.health)},
             }
             for name, b in sorted(pools.backends.items())
         },

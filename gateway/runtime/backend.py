@@ -69,6 +69,43 @@ def forward_query(raw_query: str) -> str:
     return "&".join(out)
 
 
+@dataclass(slots=True)
+class BackendHealth:
+    """What the gateway has seen of a backend lately (for the status page and operators): transport failures
+    and 5xx answers in a row, the last of each kind, totals."""
+
+    requests: int = 0
+    failures: int = 0  # transport failures (no answer)
+    server_errors: int = 0  # 5xx answers (including 503 SlowDown)
+    consecutive_failures: int = 0
+    last_ok_at: float | None = None  # wall time of the last answer below 500
+    last_failure_at: float | None = None
+    last_failure: str | None = None
+
+    def answered(self, now_wall: float, status: int) -> None:
+        self.requests += 1
+        if status >= 500:
+            self.server_errors += 1
+            self.consecutive_failures += 1
+            self.last_failure_at, self.last_failure = now_wall, f"HTTP {status}"
+        else:
+            self.consecutive_failures = 0
+            self.last_ok_at = now_wall
+
+    def failed(self, now_wall: float, what: str) -> None:
+        self.requests += 1
+        self.failures += 1
+        self.consecutive_failures += 1
+        self.last_failure_at, self.last_failure = now_wall, what[:300]
+
+    @property
+    def state(self) -> str:
+        """``ok``, ``degraded`` (recent failures, still answering) or ``down`` (5+ failures in a row)."""
+        if self.consecutive_failures >= 5:
+            return "down"
+        return "degraded" if self.consecutive_failures else "ok"
+
+
 class Backend:
     """One S3 endpoint. Not thread-safe; lives on the gateway's event loop."""
 
@@ -83,6 +120,7 @@ class Backend:
         self._session: aiohttp.ClientSession | None = None
         # Network planes: one pool per lane with its own source address (the rest use the backend's).
         self._lane_sessions: dict[str, aiohttp.ClientSession] = {}
+        self.health = BackendHealth()
 
     async def start(self) -> None:
         self._session = self._new_session(self.cfg.source_address)
@@ -201,17 +239,22 @@ class Backend:
         if body is not None:
             kwargs["data"] = body
         try:
-            return await session.request(
+            resp = await session.request(
                 method, target.url, headers=out, allow_redirects=False, compress=None, **kwargs
             )
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             log.warning("backend timeout: %s %s: %r", method, target.url, exc)
+            self.health.failed(self._clock.wall(), f"timeout: {exc!r}")
             raise GatewayTimeout() from exc
         except aiohttp.ClientConnectorError as exc:
             log.warning("backend unreachable: %s %s: %r", method, target.url, exc)
+            self.health.failed(self._clock.wall(), f"unreachable: {exc!r}")
             raise ServiceUnavailable("The backend storage service is unreachable. Please retry.") from exc
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             # ClientOSError, ServerDisconnectedError, ClientConnectionResetError ("Cannot write to closing
             # transport" when a pooled connection was closed by the store) and the rest of the family.
             log.warning("backend connection failed: %s %s: %r", method, target.url, exc)
+            self.health.failed(self._clock.wall(), f"connection failed: {exc!r}")
             raise ServiceUnavailable("The connection to the backend storage service failed.") from exc
+        self.health.answered(self._clock.wall(), resp.status)
+        return resp

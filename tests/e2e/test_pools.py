@@ -355,6 +355,8 @@ def test_each_backend_has_its_own_scheduler_and_status(pools: Pools) -> None:
         {"bucket": pools.checkpoints, "backend_bucket": pools.renamed}
     ]
     assert set(status["schedulers"]) == {"default", "ckpt"}
+    health = status["backends"]["ckpt"]["health"]
+    assert health["state"] == "ok" and health["requests"] > 0 and health["last_ok_at"] is not None
     import urllib.request
 
     with urllib.request.urlopen(f"{pools.gw.http_url}/_s3lanes/metrics", timeout=10) as resp:
@@ -397,5 +399,31 @@ backend = "twin"
         status = gw.status()["pools"]
         assert status["backends"]["twin"]["bottleneck"] == "default"
         assert set(status["schedulers"]) == {"default"}
+    finally:
+        stop_and_check(proc, gw)
+
+
+def test_an_unreachable_backend_shows_as_down_in_the_status(seaweed: Any, tmp_path: Path) -> None:
+    extra = f"""
+[backends.gone]
+endpoint = "http://127.0.0.1:9"
+connect_timeout_s = 1
+
+[[routes]]
+bucket = "gone-{uuid.uuid4().hex[:8]}"
+backend = "gone"
+"""
+    proc, gw = start_plain_gateway(tmp_path, seaweed, backend_endpoint=seaweed.endpoint_url, extra_toml=extra)
+    try:
+        bucket = extra.split('bucket = "')[1].split('"')[0]
+        s3 = gw.client()
+        for _ in range(5):
+            with pytest.raises(ClientError) as info:
+                s3.head_bucket(Bucket=bucket)
+            assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+        backends = gw.status()["pools"]["backends"]
+        assert backends["gone"]["health"]["state"] == "down"
+        assert "unreachable" in backends["gone"]["health"]["last_failure"]
+        assert backends["default"]["health"]["state"] == "ok"
     finally:
         stop_and_check(proc, gw)
