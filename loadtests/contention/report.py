@@ -8,15 +8,27 @@ re-run on a kept ``results.json``/``raw/`` and tested on made-up data.
 
 Definitions (the same for every scenario):
 
-- **Burst window** of a checkpoint: from the start of its save until it is durable on the store. For (a)
-  and (b) that is the save itself (acknowledged = on the store); for (c) it runs until the flush API
-  answers, because the spool's drain is when the store sees the checkpoint's bytes. A probe read belongs
+- **Burst window** of a checkpoint: from the start of its save until it is durable on the store. For (a),
+  (b) and (e) that is the save itself (acknowledged = on the store); for (c) and (d) it runs until the flush
+  API answers, because the spool's drain is when the store sees the checkpoint's bytes. A probe read belongs
   to the window its *scheduled* start falls in.
 - **Outside**: reads scheduled outside every burst window and outside the ``settle_s`` after one (the FIFO
   empties then), after the first ``WARMUP_S`` of the probe (connections being opened).
-- **Read share**: of the bytes that crossed the bottleneck during burst windows, the share that went
-  store -> client (read data); the client -> store direction carries the checkpoint. Through a gateway,
-  also the dataset lane's share of the bytes the gateway's scheduler saw delivered (``/_s3lanes/status``).
+- **Read share**: of the bytes that crossed the dataset store's bottleneck during burst windows, the share
+  that went store -> client (read data); with one store the client -> store direction carries the
+  checkpoint. Through a gateway, also the dataset lane's share of the bytes delivered by the scheduler of the
+  dataset's pool (``/_s3lanes/status``). Write MB/s counts client -> store bytes on every bottleneck.
+- **Separate pools** (issue 9; (d), (e)): the checkpoint bucket lives on a second store behind its own
+  bottleneck. Its FIFO is reported apart (``wire_ckpt``). "Unaffected" is judged against noise measured in
+  the same segments: the **quiet-window band** of a scenario is the 95th percentile of the same statistic
+  (pooled p99 / outside p99) computed on *quiet windows*: in each round one window of the burst's length
+  placed anywhere in the outside time (sliding in 0.25 s steps), drawn ``BOOTSTRAP_RESAMPLES`` times. A
+  burst lasting 2 s holds only ~40 probe reads, whose "p99" is nearly their maximum, and the loader's reads
+  come in batches that collide with the probe in stretches; the band answers "how high does this ratio get
+  in a window as long as the burst with no checkpoint anywhere". (d) is **unaffected** if its ratio is
+  within its band. Also reported: the round-to-round spread of the outside p99 (max / min over rounds) and
+  a 90% bootstrap interval of each ratio (resampling reads as if independent: it understates the noise of
+  reads that queue behind each other).
 - **Trainer time lost**: (time waiting for samples + time blocked in saves) / trainer wall time.
 
 Percentiles pool the samples of all rounds (p99.9 needs them); per-round figures (trainer time lost,
@@ -28,6 +40,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +52,12 @@ SCENARIO_LABELS = {
     "a": "(a) direct to the store",
     "b": "(b) s3lanes, lanes only",
     "c": "(c) s3lanes, lanes + spool",
+    "d": "(d) separate pools, s3lanes (lanes + spool)",
+    "e": "(e) separate pools, direct",
 }
+BOOTSTRAP_RESAMPLES = 400
+BOOTSTRAP_SEED = 9
+QUIET_WINDOW_STEP_S = 0.25
 LANE_COLORS = {
     "dataset": "#1f77b4",
     "checkpoint": "#d62728",
@@ -114,6 +132,23 @@ def merge_windows(windows: Sequence[tuple[float, float]]) -> list[tuple[float, f
     return out
 
 
+def bootstrap_ratio(
+    num: Sequence[float], den: Sequence[float], q: float, seed: int = BOOTSTRAP_SEED
+) -> tuple[float, float] | None:
+    """90% bootstrap interval of percentile ``q`` of ``num`` over that of ``den`` (each resampled with
+    replacement, ``BOOTSTRAP_RESAMPLES`` times, from a seeded RNG: the same data give the same interval)."""
+    if len(num) < 2 or len(den) < 2:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        r = ratio(percentile(rng.choices(num, k=len(num)), q), percentile(rng.choices(den, k=len(den)), q))
+        if r is not None:
+            ratios.append(r)
+    lo, hi = percentile(ratios, 5), percentile(ratios, 95)
+    return None if lo is None or hi is None else (lo, hi)
+
+
 def latency_stats(values: Sequence[float]) -> dict[str, Any]:
     return {
         "n": len(values),
@@ -136,6 +171,25 @@ def burst_windows(trainer: dict[str, Any]) -> list[tuple[float, float]]:
     return merge_windows(out)
 
 
+def quiet_windows(
+    outside: Sequence[tuple[float, float]], excluded: Sequence[tuple[float, float]], length_s: float
+) -> list[list[float]]:
+    """Latencies of the ``outside`` reads (scheduled at, latency) in each window of ``length_s`` that lies
+    within them and overlaps no ``excluded`` span, one window every ``QUIET_WINDOW_STEP_S``."""
+    if not outside or length_s <= 0:
+        return []
+    out: list[list[float]] = []
+    t, last = outside[0][0], outside[-1][0]
+    while t + length_s <= last:
+        end = t + length_s
+        if not any(t <= b and a <= end for a, b in excluded):
+            reads = [lat for at, lat in outside if t <= at <= end]
+            if reads:
+                out.append(reads)
+        t += QUIET_WINDOW_STEP_S
+    return out
+
+
 def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
     probe, trainer = seg["probe"], seg["trainer"]
     windows = burst_windows(trainer)
@@ -143,6 +197,7 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
     first_sample = probe["samples"][0][0] if probe["samples"] else 0.0
     warm_until = first_sample + WARMUP_S
     lat: dict[str, list[float]] = {"outside": [], "during": []}
+    outside_reads: list[tuple[float, float]] = []
     errors = {"outside": 0, "during": 0}
     for at, latency_ms, err in probe["samples"]:
         if at < warm_until:
@@ -157,6 +212,8 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
             errors[group] += 1
         else:
             lat[group].append(float(latency_ms))
+            if group == "outside":
+                outside_reads.append((float(at), float(latency_ms)))
 
     t_start, t_end = float(trainer["t0"]), float(trainer["end"])
     burst_s = sum(b - a for a, b in windows)
@@ -164,6 +221,15 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
     up = [(float(w["at"]), float(w["up_bytes"])) for w in seg["wire"]]
     down = [(float(w["at"]), float(w["down_bytes"])) for w in seg["wire"]]
     up_during, down_during = in_windows(up, windows), in_windows(down, windows)
+    # The checkpoint store's FIFO, when the testbed has one (idle unless the scenario uses it).
+    wire_ckpt = seg.get("wire_ckpt") or []
+    ckpt_up = [(float(w["at"]), float(w["up_bytes"])) for w in wire_ckpt]
+    ckpt_down = [(float(w["at"]), float(w["down_bytes"])) for w in wire_ckpt]
+    ckpt_up_during = in_windows(ckpt_up, windows) if ckpt_up else 0.0
+    ckpt_down_during = in_windows(ckpt_down, windows) if ckpt_down else 0.0
+    ckpt_backlog_during = [
+        float(w["backlog_bytes"]) for w in wire_ckpt if any(a <= w["at"] <= b for a, b in windows)
+    ]
     down_all = in_windows(down, [(t_start, t_end)])
     backlog = [(float(w["at"]), float(w["backlog_bytes"])) for w in seg["wire"]]
     backlog_during = [v for t, v in backlog if any(a <= t <= b for a, b in windows)]
@@ -173,19 +239,30 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
     wire = {
         "read_share_during": ratio(down_during, up_during + down_during),
         "read_MBps_during": down_during / burst_s / MB if burst_s else None,
-        "write_MBps_during": up_during / burst_s / MB if burst_s else None,
+        "write_MBps_during": (up_during + ckpt_up_during) / burst_s / MB if burst_s else None,
         "read_MBps_outside": (down_all - down_during) / quiet_s / MB if quiet_s else None,
         "backlog_max_MB_during": max(backlog_during) / MB if backlog_during else None,
         "backlog_max_MB_outside": max(backlog_outside) / MB if backlog_outside else None,
         "drops": (seg["wire"][-1]["drops"] - seg["wire"][0]["drops"]) if seg["wire"] else 0,
+        "ckpt_fifo_MBps_during": (ckpt_up_during + ckpt_down_during) / burst_s / MB
+        if burst_s and wire_ckpt
+        else None,
+        "ckpt_fifo_backlog_max_MB_during": max(ckpt_backlog_during) / MB if ckpt_backlog_during else None,
+        "ckpt_fifo_drops": (wire_ckpt[-1]["drops"] - wire_ckpt[0]["drops"]) if wire_ckpt else 0,
     }
     gateway: dict[str, Any] | None = None
     samples = trainer.get("status_samples") or []
     if samples:
-        lanes = sorted({name for s in samples for name in s["lanes"]})
+        # The read share is the dataset pool's ("default"): with separate pools, its scheduler alone decides
+        # how reads and writes share the dataset store.
+        def lanes_of(sample: dict[str, Any]) -> dict[str, Any]:
+            pools = sample.get("pools") or {}
+            return dict(pools["default"]["lanes"]) if "default" in pools else dict(sample["lanes"])
+
+        lanes = sorted({name for s in samples for name in lanes_of(s)})
         per_lane = {
             name: in_windows(
-                [(s["at"], float(s["lanes"].get(name, {}).get("delivered", 0))) for s in samples], windows
+                [(s["at"], float(lanes_of(s).get(name, {}).get("delivered", 0))) for s in samples], windows
             )
             for name in lanes
         }
@@ -204,8 +281,12 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
         "name": seg["name"],
         "round": seg["round"],
         "scenario": seg["scenario"],
+        "separate_pools": bool(seg.get("separate_pools")),
         "latency": {k: latency_stats(v) for k, v in lat.items()},
         "latencies_ms": lat,
+        "quiet_windows_ms": quiet_windows(
+            outside_reads, [(a, b + settle_s) for a, b in windows], sum(b - a for a, b in windows)
+        ),
         "probe_errors": errors,
         "burst_windows_s": [[a - t_start, b - t_start] for a, b in windows],
         "save_s": [c["save_s"] for c in ckpts],
@@ -226,16 +307,42 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
     }
 
 
+def quiet_band(segs: list[dict[str, Any]], seed: int = BOOTSTRAP_SEED) -> float | None:
+    """95th percentile of pooled p99 / outside p99 over quiet windows, one per round per draw (None if a
+    round has no window as long as its burst)."""
+    per_round = [s["quiet_windows_ms"] for s in segs]
+    if not per_round or not all(per_round):
+        return None
+    outside_p99 = percentile([x for s in segs for x in s["latencies_ms"]["outside"]], 99)
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(BOOTSTRAP_RESAMPLES):
+        r = ratio(percentile([x for windows in per_round for x in rng.choice(windows)], 99), outside_p99)
+        if r is not None:
+            ratios.append(r)
+    return percentile(ratios, 95)
+
+
 def summarize_scenario(segs: list[dict[str, Any]]) -> dict[str, Any]:
     pooled = {g: [x for s in segs for x in s["latencies_ms"][g]] for g in ("outside", "during")}
     lat = {g: latency_stats(v) for g, v in pooled.items()}
     saves = [x for s in segs for x in s["save_s"]]
     durables = [x for s in segs for x in s["durable_s"]]
     gw = [s["gateway"] for s in segs if s["gateway"]]
+    outside_p99s = [s["latency"]["outside"]["p99_ms"] for s in segs]
+    outside_known = [v for v in outside_p99s if v]
     return {
         "segments": [s["name"] for s in segs],
+        "separate_pools": any(s["separate_pools"] for s in segs),
         "latency": lat,
         "p99_ratio": ratio(lat["during"]["p99_ms"], lat["outside"]["p99_ms"]),
+        "p99_ratio_ci90": bootstrap_ratio(pooled["during"], pooled["outside"], 99),
+        "p99_ratio_quiet_band": quiet_band(segs),
+        "quiet_windows_per_round": [len(s["quiet_windows_ms"]) for s in segs],
+        # how far the quiet-time p99 moved between rounds (max / min): the run's round-to-round noise
+        "p99_outside_round_spread": max(outside_known) / min(outside_known)
+        if len(outside_known) >= 2
+        else None,
         "p99_ratio_per_round": [
             ratio(s["latency"]["during"]["p99_ms"], s["latency"]["outside"]["p99_ms"]) for s in segs
         ],
@@ -260,6 +367,11 @@ def summarize_scenario(segs: list[dict[str, Any]]) -> dict[str, Any]:
         "backlog_max_MB_during": max((s["wire"]["backlog_max_MB_during"] or 0.0) for s in segs),
         "backlog_max_MB_outside": max((s["wire"]["backlog_max_MB_outside"] or 0.0) for s in segs),
         "fifo_drops": sum(s["wire"]["drops"] for s in segs),
+        "ckpt_fifo_MBps_during": median([s["wire"]["ckpt_fifo_MBps_during"] for s in segs]),
+        "ckpt_fifo_backlog_max_MB_during": max(
+            (s["wire"]["ckpt_fifo_backlog_max_MB_during"] or 0.0 for s in segs), default=0.0
+        ),
+        "ckpt_fifo_drops": sum(s["wire"]["ckpt_fifo_drops"] for s in segs),
         "guard_multiplier_min": min((g["guard_multiplier_min"] for g in gw), default=None),
         "loader_errors": sum(s["loader_errors"] for s in segs),
         "retries": sum(s["retries"] for s in segs),
@@ -296,14 +408,45 @@ def targets(sc: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def noise_band(sc: dict[str, dict[str, Any]]) -> float | None:
+    """The largest round-to-round spread of an outside p99 in this run (None with one round)."""
+    spreads = [x["p99_outside_round_spread"] for x in sc.values() if x["p99_outside_round_spread"]]
+    return max(spreads) if spreads else None
+
+
+def pools_verdict(sc: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Issue 9: dataset read p99 during bursts is unaffected by the checkpoint pool's load, in (d): the p99
+    during / outside ratio within (d)'s quiet-window band (see the module docstring)."""
+    d = sc.get("d")
+    if d is None:
+        return None
+    band = d["p99_ratio_quiet_band"]
+    measured = d["p99_ratio"]
+    met = None if band is None or measured is None else measured <= band
+    return {
+        "measured": measured,
+        "quiet_band": band,
+        "per_round": d["p99_ratio_per_round"],
+        "ci90": d["p99_ratio_ci90"],
+        "outside_round_spread": noise_band(sc),
+        "met": met,
+    }
+
+
 def summarize(segments: list[dict[str, Any]], settle_s: float) -> dict[str, Any]:
     per_seg = [summarize_segment(s, settle_s) for s in segments]
     scenarios: dict[str, dict[str, Any]] = {}
-    for key in ("a", "b", "c"):
+    for key in SCENARIO_LABELS:
         mine = [s for s in per_seg if s["scenario"] == key]
         if mine:
             scenarios[key] = summarize_scenario(mine)
-    return {"scenarios": scenarios, "targets": targets(scenarios), "segments": per_seg}
+    return {
+        "scenarios": scenarios,
+        "targets": targets(scenarios),
+        "pools": pools_verdict(scenarios),
+        "noise_band": noise_band(scenarios),
+        "segments": per_seg,
+    }
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -336,7 +479,8 @@ def markdown(doc: dict[str, Any]) -> str:
         f"| TCP | {tb['tcp_congestion_control']} |",
         f"| store | {tb['store']} |",
         f"| gateways | `[backend] bandwidth` = {tb['rate_MBps']:g} MB/s, default lanes and scheduler; "
-        "(b) `[spool] enabled = false`, (c) spool on the local disk |",
+        "(b) `[spool] enabled = false`, (c) spool on the local disk, (d) as (c) + `[backends.ckpt]` "
+        "(the second store, same bandwidth) + `[[routes]]` for the checkpoint bucket |",
         "",
         "| workload | |",
         "|---|---|",
@@ -354,19 +498,21 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         "### Read latency (probe), ms",
         "",
-        "Burst = from a checkpoint's save start until it is durable on the store (for (c): until the flush "
-        "API answers, i.e. while the spool drains). Percentiles pool all rounds.",
+        "Burst = from a checkpoint's save start until it is durable on the store (for (c) and (d): until the "
+        "flush API answers, i.e. while the spool drains). Percentiles pool all rounds; 90% CI: bootstrap "
+        "interval of the pooled ratio.",
         "",
         "| scenario | outside p50 | outside p99 | outside p99.9 | during p50 | during p99 | during p99.9 "
-        "| p99 during / outside | reads outside / during | errors |",
+        "| p99 during / outside (per round; 90% CI) | reads outside / during | errors |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, x in sc.items():
         out, dur = x["latency"]["outside"], x["latency"]["during"]
+        per_round = ", ".join(_f(v, ".2f", "x") for v in x["p99_ratio_per_round"])
         lines.append(
             f"| {SCENARIO_LABELS[key]} | {_f(out['p50_ms'])} | {_f(out['p99_ms'])} | {_f(out['p999_ms'])} "
             f"| {_f(dur['p50_ms'])} | {_f(dur['p99_ms'])} | {_f(dur['p999_ms'])} "
-            f"| {_f(x['p99_ratio'], '.2f', 'x')} "
+            f"| {_f(x['p99_ratio'], '.2f', 'x')} ({per_round}; {_ci(x['p99_ratio_ci90'])}) "
             f"| {out['n']} / {dur['n']} | {x['probe_errors']['outside'] + x['probe_errors']['during']} |"
         )
     lines += [
@@ -374,8 +520,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "### Checkpoints, reads and the trainer",
         "",
         "| scenario | save time seen by the trainer, s | until durable on the store, s "
-        "| read share during bursts: wire / gateway lanes | read MB/s during / outside bursts "
-        "| FIFO backlog max during bursts, MB "
+        "| read share during bursts: dataset FIFO / its pool's lanes | read MB/s during / outside bursts "
+        "| FIFO backlog max during bursts, MB (separate pools: dataset / checkpoint FIFO) "
         "| trainer time lost | of which data stalls / saves, s per segment |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -386,7 +532,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"| {_f(x['durable_s_median'], '.2f')} | {_pct(x['read_share_wire_during'], 0)} / "
             f"{_pct(x['read_share_gateway_during'], 0)} "
             f"| {_f(x['read_MBps_during'])} / {_f(x['read_MBps_outside'])} "
-            f"| {_f(x['backlog_max_MB_during'])} | {_pct(x['lost_fraction_median'], 2)} "
+            f"| {_backlog(x)} | {_pct(x['lost_fraction_median'], 2)} "
             f"({', '.join(_pct(v, 1) for v in x['lost_fraction_per_round'])}) "
             f"| {_f(x['stall_s_median'], '.2f')} / {_f(x['saves_total_s_median'], '.2f')} |"
         )
@@ -406,6 +552,7 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(
             f"| {t['target']} | {_f(t['measured'], '.4g')} | {t['op']} {t['limit']:.3g} | {verdict} |"
         )
+    lines += pools_markdown(s)
     lines += ["", "### Run", ""]
     noise = {k: x["other_cores_median"] for k, x in sc.items()}
     lines.append(
@@ -420,6 +567,8 @@ def markdown(doc: dict[str, Any]) -> str:
     for k, x in sc.items():
         if x["fifo_drops"]:
             lines.append(f"- ({k}): the FIFO dropped {x['fifo_drops']} packets (tail drop at its depth)")
+        if x["separate_pools"] and x["ckpt_fifo_drops"]:
+            lines.append(f"- ({k}): the checkpoint store's FIFO dropped {x['ckpt_fifo_drops']} packets")
         if x["guard_multiplier_min"] is not None and x["guard_multiplier_min"] < 1.0:
             lines.append(
                 f"- ({k}): the gateway's latency guard cut the paced lanes to "
@@ -432,6 +581,73 @@ def markdown(doc: dict[str, Any]) -> str:
     lines.append(f"Set-up (SeaweedFS, dataset, gateways) took {doc['setup_s']:.0f} s.")
     lines += ["", "| machine | |", "|---|---|", *[f"| {k} | {v} |" for k, v in doc["machine"].items()]]
     return "\n".join(lines) + "\n"
+
+
+def _ci(ci: Sequence[float] | None) -> str:
+    return "CI n/a" if ci is None else f"{ci[0]:.2f}-{ci[1]:.2f}x"
+
+
+def _backlog(x: dict[str, Any]) -> str:
+    if x["separate_pools"]:
+        return f"{_f(x['backlog_max_MB_during'])} / {_f(x['ckpt_fifo_backlog_max_MB_during'])}"
+    return _f(x["backlog_max_MB_during"])
+
+
+def pools_markdown(s: dict[str, Any]) -> list[str]:
+    """The issue-9 section: shared vs separate pools side by side, and the verdict for (d)."""
+    sc, verdict = s["scenarios"], s["pools"]
+    if not any(x["separate_pools"] for x in sc.values()):
+        return []
+    lines = [
+        "",
+        "### Separate pools (issue 9)",
+        "",
+        "(d)/(e): the checkpoint bucket on a second store behind its own FIFO (same rate and depth); the "
+        "dataset on the first. Shared-pool rows for comparison.",
+        "",
+        "| scenario | read p50 outside / during, ms | read p99 outside / during, ms "
+        "| p99 during / outside (per round; 90% CI) | quiet-window band | checkpoint store's FIFO during "
+        "bursts, MB/s | until durable, s | trainer time lost |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key, x in sc.items():
+        if key == "b":
+            continue
+        out, dur = x["latency"]["outside"], x["latency"]["during"]
+        per_round = ", ".join(_f(v, ".2f", "x") for v in x["p99_ratio_per_round"])
+        fifo = _f(x["ckpt_fifo_MBps_during"]) if x["separate_pools"] else "- (one shared FIFO)"
+        lines.append(
+            f"| {SCENARIO_LABELS[key]} | {_f(out['p50_ms'])} / {_f(dur['p50_ms'])} "
+            f"| {_f(out['p99_ms'])} / {_f(dur['p99_ms'])} "
+            f"| {_f(x['p99_ratio'], '.2f', 'x')} ({per_round}; {_ci(x['p99_ratio_ci90'])}) "
+            f"| {_f(x['p99_ratio_quiet_band'], '.2f', 'x')} | {fifo} "
+            f"| {_f(x['durable_s_median'], '.2f')} | {_pct(x['lost_fraction_median'], 2)} |"
+        )
+    spread = s["noise_band"]
+    lines += [
+        "",
+        "Quiet-window band: the 95th percentile of the same ratio over windows as long as the bursts, one "
+        "per round, placed outside bursts (n/a where no such window fits). Round-to-round spread of the "
+        "outside p99 (largest max/min of one scenario): "
+        + ("n/a (needs 2 rounds)" if spread is None else f"{spread:.2f}x")
+        + ".",
+        "",
+    ]
+    if verdict is not None:
+        text = (
+            "n/a"
+            if verdict["met"] is None
+            else (
+                "**unaffected** (within its quiet-window band)"
+                if verdict["met"]
+                else "**affected** (beyond its quiet-window band)"
+            )
+        )
+        lines.append(
+            f"(d) dataset read p99 during bursts / outside: {_f(verdict['measured'], '.2f', 'x')} "
+            f"(quiet-window band {_f(verdict['quiet_band'], '.2f', 'x')}): {text}."
+        )
+    return lines
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -448,7 +664,7 @@ def _shade(ax: Any, seg: dict[str, Any]) -> None:
 
 
 def _grid(segments: list[dict[str, Any]]) -> tuple[list[str], list[int]]:
-    scen = [k for k in ("a", "b", "c") if any(s["scenario"] == k for s in segments)]
+    scen = [k for k in SCENARIO_LABELS if any(s["scenario"] == k for s in segments)]
     rounds = sorted({int(s["round"]) for s in segments})
     return scen, rounds
 
@@ -501,6 +717,10 @@ def _rates(series: list[tuple[float, float]], t0: float) -> tuple[list[float], l
     return xs, ys
 
 
+def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:
+    return at_time(list(zip(xs, ys, strict=True)), x) if xs else 0.0
+
+
 def plot_throughput(segments: list[dict[str, Any]], rate_MBps: float, path: Path) -> None:
     import matplotlib
 
@@ -509,13 +729,16 @@ def plot_throughput(segments: list[dict[str, Any]], rate_MBps: float, path: Path
 
     scen, rounds = _grid(segments)
     fig, axes = plt.subplots(
-        len(scen), len(rounds), figsize=(6.5 * len(rounds), 2.8 * len(scen)), squeeze=False, sharey=True
+        len(scen), len(rounds), figsize=(6.5 * len(rounds), 2.8 * len(scen)), squeeze=False
     )
     for seg in segments:
         ax = axes[scen.index(seg["scenario"])][rounds.index(int(seg["round"]))]
         t0 = seg["trainer"]["t0"]
         _shade(ax, seg)
         wire = seg["wire"]
+        separate = bool(seg.get("separate_pools")) and bool(seg.get("wire_ckpt"))
+        # the checkpoint writes' wire: the second store's FIFO with separate pools, else the shared one
+        up_wire = seg["wire_ckpt"] if separate else wire
         samples = seg["trainer"].get("status_samples") or []
         if samples:
             lanes = [n for n in LANE_COLORS if any(n in s["lanes"] for s in samples)]
@@ -528,26 +751,41 @@ def plot_throughput(segments: list[dict[str, Any]], rate_MBps: float, path: Path
                 stacks.append(ys)
             if xs:
                 ax.stackplot(xs, *stacks, labels=lanes, colors=[LANE_COLORS[n] for n in lanes], alpha=0.8)
-            title = "gateway lanes (bytes delivered to/from the store)"
+            title = (
+                "gateway lanes of both pools (bytes to/from the stores)"
+                if separate
+                else "gateway lanes (bytes delivered to/from the store)"
+            )
         else:
             xs_d, down = _rates([(w["at"], float(w["down_bytes"])) for w in wire], t0)
-            _, up = _rates([(w["at"], float(w["up_bytes"])) for w in wire], t0)
+            xs_u, up = _rates([(w["at"], float(w["up_bytes"])) for w in up_wire], t0)
+            if separate:  # two FIFOs sampled at the same ticks: align on the dataset FIFO's times
+                up = [float(_interp(xs_u, up, x)) for x in xs_d]
             n = min(len(down), len(up))
             if n:
                 ax.stackplot(xs_d[:n], down[:n], up[:n], labels=["dataset reads (wire, down)",
                              "checkpoint writes (wire, up)"], colors=[LANE_COLORS["dataset"],
                              LANE_COLORS["checkpoint"]], alpha=0.8)  # fmt: skip
-            title = "no gateway: bottleneck bytes by direction"
+            title = "no gateway: " + (
+                "dataset FIFO down, checkpoint FIFO up" if separate else "bottleneck bytes by direction"
+            )
         xw, tot = _rates([(w["at"], float(w["up_bytes"] + w["down_bytes"])) for w in wire], t0)
-        ax.plot(xw, tot, color="black", lw=0.8, label="bottleneck total (wire)")
+        ax.plot(xw, tot, color="black", lw=0.8, label="dataset FIFO total" if separate else
+                "bottleneck total (wire)")  # fmt: skip
+        if separate:
+            xc, totc = _rates(
+                [(w["at"], float(w["up_bytes"] + w["down_bytes"])) for w in seg["wire_ckpt"]], t0
+            )
+            ax.plot(xc, totc, color="#7f7f7f", lw=0.8, label="checkpoint FIFO total")
         ax.axhline(rate_MBps, color="black", ls=":", lw=0.8)
-        ax.axhline(0.3 * rate_MBps, color="#d62728", ls="--", lw=0.8, label="30% write cap")
+        if not separate:
+            ax.axhline(0.3 * rate_MBps, color="#d62728", ls="--", lw=0.8, label="30% write cap")
         ax.set_title(
             f"{SCENARIO_LABELS[seg['scenario']]}, round {int(seg['round']) + 1}: {title}", fontsize=8
         )
         ax.set_xlabel("s since the trainer started", fontsize=8)
         ax.set_ylabel("MB/s", fontsize=8)
-        ax.set_ylim(0, rate_MBps * 1.25)
+        ax.set_ylim(0, rate_MBps * (1.6 if separate else 1.25))  # two FIFOs: the sum may exceed one rate
         ax.set_xlim(left=-1)
         ax.legend(fontsize=6, loc="upper left")
         ax.grid(True, alpha=0.3)
@@ -574,6 +812,7 @@ def build(
     summary = summarize(segments, float(options["settle_s"]))
     for seg in summary["segments"]:
         seg.pop("latencies_ms")  # in raw/, not in the summary
+        seg.pop("quiet_windows_ms")
     doc: dict[str, Any] = {
         "command": command,
         "options": options,

@@ -1,4 +1,5 @@
-"""The contention benchmark's orchestration: the matrix (a) direct, (b) lanes only, (c) lanes + spool.
+"""The contention benchmark's orchestration: the matrix (a) direct, (b) lanes only, (c) lanes + spool, and
+with storage pools (issue 9) (d) separate pools through s3lanes, (e) separate pools direct.
 
 Run it as ``python -m loadtests.contention`` (``make bench-contention``); ``--help`` lists the knobs,
 ``--quick`` is a small run of under a minute (CI runs it with ``--testbed model``). Results go to
@@ -7,24 +8,27 @@ Run it as ``python -m loadtests.contention`` (``make bench-contention``); ``--he
 
 Theory of operation
 -------------------
-1. The testbed (:mod:`.testbed`) builds the shared bottleneck and starts SeaweedFS behind it. The dataset is
-   loaded at full speed first; then the bottleneck goes into the path.
-2. Two gateways start on the client side (it is the node-local gateway), both with ``[backend] bandwidth`` =
-   the testbed's rate and the default lanes: (b) with ``[spool] enabled = false``, (c) with the spool in a
-   directory on the local disk. They stay up for the whole run; only one is used at a time.
-3. The matrix runs in ``--rounds`` rounds, each one *segment* per scenario, in the order a, b, c and then
-   c, b, a (so slow drift of a shared machine hits every scenario alike). A segment starts a probe and a
-   trainer (:mod:`.workload`) against the scenario's endpoint at the same instant, lets the trainer run
-   ``--lead-s`` and then ``--checkpoints`` checkpoint intervals, waits until its last checkpoint is durable,
-   keeps probing ``--tail-s`` longer, and stops. Meanwhile this process samples the bottleneck's counters
-   (bytes per direction, FIFO backlog) and the CPU of every process of ours and of the machine every
-   ``SAMPLE_INTERVAL_S``, and shows a progress bar.
+1. The testbed (:mod:`.testbed`) builds the shared bottleneck and starts SeaweedFS behind it; with (d) or
+   (e) in the matrix, also a second SeaweedFS behind a second bottleneck of the same rate and depth (the
+   checkpoint pool). The dataset is loaded at full speed first; then the bottlenecks go into the path.
+2. The gateways start on the client side (it is the node-local gateway), each with ``[backend] bandwidth``
+   = the testbed's rate and the default lanes: (b) with ``[spool] enabled = false``, (c) with the spool in a
+   directory on the local disk, (d) as (c) plus ``[backends.ckpt]`` (the second store, same bandwidth) and a
+   ``[[routes]]`` entry sending the checkpoint bucket there. They stay up for the whole run; only one is used
+   at a time. (e) sends the trainer's checkpoints straight to the second store, its reads to the first.
+3. The matrix runs in ``--rounds`` rounds, each one *segment* per scenario, in the order a, b, c, d, e and
+   then e, d, c, b, a (so slow drift of a shared machine hits every scenario alike). A segment starts a
+   probe and a trainer (:mod:`.workload`) against the scenario's endpoint at the same instant, lets the
+   trainer run ``--lead-s`` and then ``--checkpoints`` checkpoint intervals, waits until its last
+   checkpoint is durable, keeps probing ``--tail-s`` longer, and stops. Meanwhile this process samples
+   each bottleneck's counters (bytes per direction, FIFO backlog) and the CPU of every process of ours and
+   of the machine every ``SAMPLE_INTERVAL_S``, and shows a progress bar.
 4. :mod:`.report` turns the raw segments into the summary (pure), the Markdown table and the plots.
 
 Everything runs under one ``try/finally``: gateways, probes, trainers, the relay and SeaweedFS are stopped
 by pid, and the namespaces deleted, on success, on error, on Ctrl-C and on SIGTERM/SIGHUP (``atexit`` as a
-last resort). The workload processes run the same seeds in every scenario of a round, so the three see the
-same reads and the same checkpoint bytes.
+last resort). The workload processes run the same seeds in every scenario of a round, so all scenarios see
+the same reads and the same checkpoint bytes.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ from loadtests.contention.testbed import (
     ACCESS_KEY,
     CHECKPOINT_BUCKET,
     DATASET_BUCKET,
+    LINK_CKPT,
+    LINK_DATA,
     MB,
     MIB,
     REGION,
@@ -69,18 +75,27 @@ from loadtests.contention.testbed import (
 KIB = 1024
 SAMPLE_INTERVAL_S = 0.5
 START_MARGIN_S = 2.5  # between spawning a segment's probe and trainer and their common start
+QUICK_START_MARGIN_S = 1.5  # --quick: five segments in under a minute (the processes start in < 1 s)
 GATEWAY_START_TIMEOUT_S = 60.0
 SETUP_TIMEOUT_S = 300.0
 PROBE_STOP_TIMEOUT_S = 45.0
 SETTLE_BACKLOG_BYTES = 64 * KIB
 SETTLE_MAX_S = 20.0
 SETTLE_MIN_S = 1.5
+QUICK_SETTLE_MIN_S = 0.5
 
 SCENARIOS: dict[str, str] = {
     "a": "direct to the store",
     "b": "s3lanes, lanes only (spool off)",
     "c": "s3lanes, lanes + spool",
+    "d": "separate pools: s3lanes (lanes + spool), checkpoint bucket routed to a second store",
+    "e": "separate pools, direct: dataset on the first store, checkpoints on the second",
 }
+# Scenario -> whether its gateway spools (the scenarios without one go direct to the store).
+GATEWAY_SPOOL = {"b": False, "c": True, "d": True}
+# Scenarios with the checkpoint bucket on a second store behind its own bottleneck (storage pools, issue 9).
+SEPARATE_POOLS = frozenset("de")
+CKPT_BACKEND = "ckpt"  # the [backends.<name>] of (d)
 
 
 class BenchError(RuntimeError):
@@ -122,6 +137,7 @@ class Options:
     gateway_toml: Path | None
     keep_tmp: bool
     progress: bool | None
+    rebuild_report: Path | None
 
     def as_json(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()}
@@ -141,7 +157,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="netns (root: namespaces + tbf FIFO, default) or model (no root: asyncio FIFO relay)",
     )
     p.add_argument("--out", type=Path, help="results directory (default results/contention-<UTC timestamp>)")
-    p.add_argument("--scenarios", default="abc", help="which of a, b, c to run (default abc)")
+    p.add_argument(
+        "--scenarios",
+        default="".join(SCENARIOS),
+        help="which of a-e to run (default abcde): (a) direct, (b) lanes only, (c) lanes + spool, "
+        "(d) separate pools through s3lanes, (e) separate pools direct",
+    )
     p.add_argument("--rate-mbs", type=float, default=40.0, help="bottleneck rate, MB/s (default 40)")
     p.add_argument(
         "--fifo-mib", type=float, default=16.0, help="FIFO depth, MiB (default 16 = 0.42 s at 40 MB/s)"
@@ -149,10 +170,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--rounds", type=int, help="rounds of the matrix (default 2; quick 1)")
     p.add_argument("--checkpoints", type=int, help="checkpoints per segment (default 1; quick 1)")
     p.add_argument(
-        "--lead-s", type=float, help="trainer time before the first checkpoint (default 8; quick 2.5)"
+        "--lead-s", type=float, help="trainer time before the first checkpoint (default 8; quick 2)"
     )
-    p.add_argument("--interval-s", type=float, help="checkpoint interval, s (default 25; quick 6)")
-    p.add_argument("--tail-s", type=float, help="probe time after the trainer ends (default 3; quick 1)")
+    p.add_argument("--interval-s", type=float, help="checkpoint interval, s (default 25; quick 4)")
+    p.add_argument("--tail-s", type=float, help="probe time after the trainer ends (default 3; quick 0.5)")
     p.add_argument(
         "--settle-s",
         type=float,
@@ -176,9 +197,15 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument(
         "--gateway-toml",
         type=Path,
-        help="TOML appended to both gateways' generated configs (experiments: [scheduler], [lanes])",
+        help="TOML appended to every gateway's generated config (experiments: [scheduler], [lanes])",
     )
     p.add_argument("--keep-tmp", action="store_true", help="keep the temporary state (SeaweedFS data, spool)")
+    p.add_argument(
+        "--rebuild-report",
+        type=Path,
+        metavar="DIR",
+        help="run nothing: recompute the report, JSON and plots of the finished run in DIR from raw/",
+    )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="show a progress bar (default: when stderr is a terminal)")  # fmt: skip
     a = p.parse_args(argv)
@@ -190,9 +217,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
             p.error("sizes, counts, rates and times must be positive")
         return chosen
 
-    scenarios = tuple(s for s in "abc" if s in a.scenarios)
-    if not scenarios or set(a.scenarios) - set("abc"):
-        p.error("--scenarios takes letters from abc")
+    scenarios = tuple(s for s in SCENARIOS if s in a.scenarios)
+    if not scenarios or set(a.scenarios) - set(SCENARIOS):
+        p.error(f"--scenarios takes letters from {''.join(SCENARIOS)}")
     out = a.out or Path("results") / f"contention-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}"
     return Options(
         quick=q,
@@ -203,9 +230,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         fifo_mib=pick(a.fifo_mib, 16.0, 16.0),
         rounds=pick(a.rounds, 2, 1),
         checkpoints=pick(a.checkpoints, 1, 1),
-        lead_s=pick(a.lead_s, 8.0, 2.5),
-        interval_s=pick(a.interval_s, 25.0, 6.0),
-        tail_s=pick(a.tail_s, 3.0, 1.0),
+        lead_s=pick(a.lead_s, 8.0, 2.0),
+        interval_s=pick(a.interval_s, 25.0, 4.0),
+        tail_s=pick(a.tail_s, 3.0, 0.5),
         settle_s=a.settle_s,
         ckpt_mib=pick(a.ckpt_mib, 64, 8),
         ckpt_shards=pick(a.ckpt_shards, 4, 2),
@@ -224,6 +251,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         gateway_toml=a.gateway_toml,
         keep_tmp=a.keep_tmp,
         progress=a.progress,
+        rebuild_report=a.rebuild_report,
     )
 
 
@@ -235,12 +263,29 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
 class Gateway:
     scenario: str
     child: Child
-    url: str
+    url: str  # set once it serves
     config_text: str
+    ready: Path
 
 
-def gateway_toml(d: Path, backend_url: str, rate_bps: float, spool: bool, extra: str) -> str:
+def gateway_toml(
+    d: Path, backend_url: str, rate_bps: float, spool: bool, extra: str, ckpt_url: str | None = None
+) -> str:
+    """The generated config; with ``ckpt_url``, the checkpoint bucket is routed to a second backend there
+    (its own pool and scheduler, at the same bandwidth)."""
     spool_section = f'enabled = true\ndir = "{d / "spool"}"' if spool else "enabled = false"
+    pools = ""
+    if ckpt_url is not None:
+        pools = f"""
+[backends.{CKPT_BACKEND}]  # the checkpoint pool: the second store, behind its own bottleneck
+endpoint = "{ckpt_url}"
+region = "{REGION}"
+bandwidth = {rate_bps:.0f}
+
+[[routes]]
+bucket = "{CHECKPOINT_BUCKET}"
+backend = "{CKPT_BACKEND}"
+"""
     return f"""[server]
 listen = "127.0.0.1:0"
 state_dir = "{d / "state"}"
@@ -252,7 +297,7 @@ drain_on_shutdown_s = 0
 endpoint = "{backend_url}"
 region = "{REGION}"
 bandwidth = {rate_bps:.0f}  # bytes/s: the testbed's rate
-
+{pools}
 [spool]
 {spool_section}
 
@@ -262,10 +307,17 @@ secret_key = "{SECRET_KEY}"
 {extra}"""
 
 
-def start_gateway(tb: Testbed, work: Path, scenario: str, spool: bool, extra: str) -> Gateway:
+def start_gateways(tb: Testbed, work: Path, scenarios: Sequence[str], extra: str) -> dict[str, Gateway]:
+    """Start the scenarios' gateways together (each takes a second or two), then wait until each serves."""
+    started = [spawn_gateway(tb, work, scenario, extra) for scenario in scenarios]
+    return {gw.scenario: wait_gateway(gw) for gw in started}
+
+
+def spawn_gateway(tb: Testbed, work: Path, scenario: str, extra: str) -> Gateway:
     d = work / f"gateway-{scenario}"
     d.mkdir(parents=True)
-    text = gateway_toml(d, tb.store_url, tb.spec.rate_bps, spool, extra)
+    ckpt_url = tb.ckpt_store_url if scenario in SEPARATE_POOLS else None
+    text = gateway_toml(d, tb.store_url, tb.spec.rate_bps, GATEWAY_SPOOL[scenario], extra, ckpt_url)
     cfg = d / "s3lanes.toml"
     cfg.write_text(text)
     ready = d / "ready.json"
@@ -274,12 +326,16 @@ def start_gateway(tb: Testbed, work: Path, scenario: str, spool: bool, extra: st
     )
     child = spawn(f"gateway-{scenario}", argv, d / "gateway.log", cwd=GATEWAY_SOURCE)
     tb.children.append(child)  # the testbed's teardown stops it too, should we fail before we do
+    return Gateway(scenario, child, "", text, ready)
+
+
+def wait_gateway(gw: Gateway) -> Gateway:
     try:
-        doc = wait_ready_file(child, ready, GATEWAY_START_TIMEOUT_S, f"gateway ({scenario})")
+        doc = wait_ready_file(gw.child, gw.ready, GATEWAY_START_TIMEOUT_S, f"gateway ({gw.scenario})")
     except TestbedError as exc:
         raise BenchError(str(exc)) from None
-    url = next(u for u in doc["endpoints"] if u.startswith("http://"))
-    return Gateway(scenario, child, url.rstrip("/"), text)
+    gw.url = next(u for u in doc["endpoints"] if u.startswith("http://")).rstrip("/")
+    return gw
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -288,15 +344,20 @@ def start_gateway(tb: Testbed, work: Path, scenario: str, spool: bool, extra: st
 
 @dataclass(slots=True)
 class Sampler:
-    """Bottleneck counters and CPU seconds of our processes and of the machine, every SAMPLE_INTERVAL_S."""
+    """Bottleneck counters and CPU seconds of our processes and of the machine, every SAMPLE_INTERVAL_S.
+    ``wire``: the dataset store's FIFO (the only one without a second store); ``wire_ckpt``: the checkpoint
+    store's, if the testbed has one (sampled in every scenario: idle in (a)-(c))."""
 
     tb: Testbed
     wire: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    wire_ckpt: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     cpu: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def tick(self, extra_pids: dict[str, int]) -> None:
-        w = self.tb.sample()
-        self.wire.append(dataclasses.asdict(w))
+        links = self.tb.sample()
+        self.wire.append(dataclasses.asdict(links[LINK_DATA]))
+        if LINK_CKPT in links:
+            self.wire_ckpt.append(dataclasses.asdict(links[LINK_CKPT]))
         pids = {**self.tb.pids(), **extra_pids}
         row: dict[str, Any] = {"at": time.monotonic(), "machine": machine_busy_seconds()}
         t = os.times()
@@ -384,11 +445,15 @@ class Run:
         self.dataset: list[list[Any]] = []
         self.segments: list[dict[str, Any]] = []
         self.setup_s = 0.0
+        self.start_margin_s = QUICK_START_MARGIN_S if opts.quick else START_MARGIN_S
+        self.settle_min_s = QUICK_SETTLE_MIN_S if opts.quick else SETTLE_MIN_S
         self.progress = Progress(self.planned_s(), opts.progress)
 
     def segment_planned_s(self) -> float:
         o = self.opts
-        return START_MARGIN_S + o.lead_s + o.checkpoints * o.interval_s + o.tail_s + SETTLE_MIN_S + 3.0
+        return (
+            self.start_margin_s + o.lead_s + o.checkpoints * o.interval_s + o.tail_s + self.settle_min_s + 3.0
+        )
 
     def planned_s(self) -> float:
         return 25.0 + len(self.opts.scenarios) * self.opts.rounds * self.segment_planned_s()
@@ -420,7 +485,7 @@ class Run:
 
     def setup(self) -> None:
         o = self.opts
-        self.progress.describe("starting SeaweedFS")
+        self.progress.describe("starting SeaweedFS" + (" x 2" if self.tb.ckpt_store else ""))
         t0 = time.monotonic()
         self.tb.up()
         self.tb.start_store()
@@ -444,9 +509,8 @@ class Run:
         self.progress.advance()
         self.progress.describe("starting the gateways")
         extra = o.gateway_toml.read_text() if o.gateway_toml else ""
-        for scenario, spool in (("b", False), ("c", True)):
-            if scenario in o.scenarios:
-                self.gateways[scenario] = start_gateway(self.tb, self.work, scenario, spool, extra)
+        wanted = [scenario for scenario in GATEWAY_SPOOL if scenario in o.scenarios]
+        self.gateways = start_gateways(self.tb, self.work, wanted, extra)
         self.setup_s = time.monotonic() - t0
         self.progress.advance()
 
@@ -459,14 +523,15 @@ class Run:
                 yield r, s
 
     def settle(self, sampler: Sampler) -> None:
-        """Until the FIFO is (nearly) empty, and at least SETTLE_MIN_S."""
+        """Until the FIFOs are (nearly) empty, and at least ``settle_min_s``."""
         t0 = time.monotonic()
         while True:
             sampler.tick({})
             self.progress.advance()
-            quiet = sampler.wire[-1]["backlog_bytes"] <= SETTLE_BACKLOG_BYTES
+            last = [sampler.wire[-1], *sampler.wire_ckpt[-1:]]
+            quiet = all(w["backlog_bytes"] <= SETTLE_BACKLOG_BYTES for w in last)
             waited = time.monotonic() - t0
-            if (quiet and waited >= SETTLE_MIN_S) or waited >= SETTLE_MAX_S:
+            if (quiet and waited >= self.settle_min_s) or waited >= SETTLE_MAX_S:
                 return
             time.sleep(SAMPLE_INTERVAL_S)
 
@@ -478,7 +543,10 @@ class Run:
         endpoint = gw.url if gw else self.tb.store_url
         sampler = Sampler(self.tb)
         self.settle(sampler)
-        start_at = time.monotonic() + START_MARGIN_S
+        # (e): the trainer writes its checkpoints straight to the second store; (d) through the gateway,
+        # which routes the checkpoint bucket there.
+        ckpt_endpoint = self.tb.ckpt_store_url if scenario == "e" else endpoint
+        start_at = time.monotonic() + self.start_margin_s
         common = {
             "endpoint": endpoint,
             "bucket": DATASET_BUCKET,
@@ -499,6 +567,7 @@ class Run:
             "samples_per_step": o.samples_per_step,
             "workers": o.workers,
             "prefetch": o.prefetch,
+            "ckpt_endpoint": ckpt_endpoint,
             "ckpt_bucket": CHECKPOINT_BUCKET,
             "ckpt_prefix": f"run-{name}",
             "ckpt_first_at_s": o.lead_s,
@@ -509,7 +578,7 @@ class Run:
             "ckpt_part_bytes": o.part_mib * MIB,
             "ckpt_writers": o.ckpt_writers,
             "gateway_url": gw.url if gw else None,
-            "flush": scenario == "c",
+            "flush": bool(gw) and GATEWAY_SPOOL[scenario],
             "status_interval_s": SAMPLE_INTERVAL_S,
         }
         self.progress.describe(f"round {rnd + 1}/{o.rounds}: ({scenario}) {SCENARIOS[scenario]}")
@@ -545,9 +614,12 @@ class Run:
             "round": rnd,
             "scenario": scenario,
             "endpoint": endpoint,
+            "ckpt_endpoint": ckpt_endpoint,
+            "separate_pools": scenario in SEPARATE_POOLS,
             "probe": probe_doc,
             "trainer": trainer_doc,
             "wire": sampler.wire,
+            "wire_ckpt": sampler.wire_ckpt,
             "cpu": cpu_summary(sampler.cpu),
         }
         (d / "segment.json").write_text(
@@ -577,6 +649,8 @@ class Run:
 
     def stop_gateways(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        for gw in self.gateways.values():  # all at once: each takes its shutdown grace
+            gw.child.signal_stop()
         for scenario, gw in self.gateways.items():
             code = gw.child.stop()
             problems = [
@@ -595,14 +669,46 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def load_segments(out: Path, names: Sequence[str]) -> list[dict[str, Any]]:
+    """The raw segments of a finished run, as :meth:`Run.segment` returned them."""
+    segments = []
+    for name in names:
+        d = out / "raw" / name
+        seg: dict[str, Any] = json.loads((d / "segment.json").read_text())
+        seg["probe"] = json.loads((d / "probe.json").read_text())
+        seg["trainer"] = json.loads((d / "trainer.json").read_text())
+        segments.append(seg)
+    return segments
+
+
+def rebuild_report(out: Path) -> int:
+    """Recompute a finished run's summary from its raw records (after a change to :mod:`.report`)."""
+    old: dict[str, Any] = json.loads((out / "results.json").read_text())
+    segments = load_segments(out, [s["name"] for s in old["summary"]["segments"]])
+    doc = report.build(
+        command=old["command"],
+        options=old["options"],
+        testbed=old["testbed"],
+        machine=old["machine"],
+        segments=segments,
+        gateways=old["gateways"],
+        setup_s=old["setup_s"],
+    )
+    report.write_all(doc, segments, out)
+    print(doc["markdown"])
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     opts = parse_args(argv)
+    if opts.rebuild_report is not None:
+        return rebuild_report(opts.rebuild_report)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_interrupt)  # a killed benchmark still tears down
     opts.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="s3lanes-contention-"))
     spec = BottleneckSpec(rate_bps=opts.rate_mbs * MB, depth_bytes=round(opts.fifo_mib * MIB))
-    tb = make_testbed(opts.testbed, spec, work)
+    tb = make_testbed(opts.testbed, spec, work, ckpt_store=bool(SEPARATE_POOLS & set(opts.scenarios)))
     facts = machine_facts()
     command = "python -m loadtests.contention " + " ".join(sys.argv[1:] if argv is None else argv)
     run: Run | None = None

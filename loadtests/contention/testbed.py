@@ -1,4 +1,5 @@
-"""Testbeds for the contention benchmark: one shared bottleneck between the client side and SeaweedFS.
+"""Testbeds for the contention benchmark: one shared bottleneck between the client side and SeaweedFS
+(and, for the separate-pools scenarios of issue 9, a second store behind a second bottleneck of its own).
 
 Theory of operation
 -------------------
@@ -26,6 +27,12 @@ rate between the clients and the store, which requests, write data, read data an
     nothing of ours ever appears in the root namespace. :meth:`NetnsTestbed.down` stops what runs in them
     (by pid) and deletes them; it runs from ``finally``, from ``atexit`` and on SIGTERM/SIGHUP (see
     ``run.py``), and a later run deletes namespaces left by a run that was killed with SIGKILL.
+
+With ``ckpt_store=True`` both testbeds add a *second store* for the checkpoint bucket, behind its own
+bottleneck of the same rate and depth (storage pools, issue 9): netns a second router and server namespace
+(``<run>-rtr2``, ``<run>-srv2`` 10.79.3.1, reached from the client namespace over a second veth,
+10.79.4.0/24), the model a second SeaweedFS behind a second relay. The two FIFOs share nothing; the two
+SeaweedFS processes do share the machine's CPU (and so, on a small machine, are not fully independent).
 
 ``model`` (no root, for CI and machines without netns/ifb): an asyncio TCP relay (``_relay`` below) in front
 of a SeaweedFS on loopback that pushes every byte, both directions, through one FIFO served at the link
@@ -86,6 +93,17 @@ STORE_S3_PORT = 8333
 CLIENT_DEV, ROUTER_CLIENT_DEV = "c0", "rc"
 STORE_DEV, ROUTER_STORE_DEV = "s0", "rs"
 IFB_DEV = "s3lcifb"
+# The second store's path (separate pools): its own client veth, router (same device names, its own ifb) and
+# server namespace.
+CKPT_CLIENT_IP = "10.79.4.1"
+CKPT_ROUTER_CLIENT_IP = "10.79.4.254"
+CKPT_ROUTER_STORE_IP = "10.79.3.254"
+CKPT_STORE_IP = "10.79.3.1"
+CKPT_CLIENT_DEV = "c1"
+# Link names: the FIFO in front of the dataset's store (the only one without a second store), and the one in
+# front of the checkpoint store.
+LINK_DATA = "data"
+LINK_CKPT = "ckpt"
 TCP_CC = "cubic"
 
 STORE_START_TIMEOUT_S = 120.0
@@ -144,6 +162,7 @@ class Child:
     popen: subprocess.Popen[bytes]
     log_path: Path
     exit_code: int | None = None
+    signalled: bool = False  # told to stop already: a second signal may mean "hurry" (the gateway)
 
     @property
     def pid(self) -> int:
@@ -152,12 +171,19 @@ class Child:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def signal_stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        """Send ``sig`` once, without waiting (to stop several children at once, then :meth:`stop` each)."""
+        if self.popen.poll() is None and not self.signalled:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(sig)
+            self.signalled = True
+
     def stop(self, timeout_s: float = STOP_TIMEOUT_S, sig: signal.Signals = signal.SIGTERM) -> int | None:
-        """``sig`` (SIGTERM) by pid, wait ``timeout_s``, then SIGKILL. Idempotent."""
+        """``sig`` (SIGTERM) by pid unless :meth:`signal_stop` sent it, wait ``timeout_s``, then SIGKILL.
+        Idempotent."""
         p = self.popen
         if p.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                p.send_signal(sig)
+            self.signal_stop(sig)
             try:
                 p.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -166,6 +192,14 @@ class Child:
                 p.wait()
         self.exit_code = p.returncode
         return p.returncode
+
+
+def stop_all(children: Sequence[Child], timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop ``children`` together: each shutdown takes seconds, so signal them all first, then wait."""
+    for child in children:
+        child.signal_stop()
+    for child in children:
+        child.stop(timeout_s)
 
 
 def spawn(name: str, argv: Sequence[str], log_path: Path, cwd: Path = PROJECT_ROOT) -> Child:
@@ -239,19 +273,27 @@ def _kill_pid(pid: int, timeout_s: float = 10.0) -> None:
 
 
 class Testbed(abc.ABC):
-    """The shared bottleneck and the store behind it. Use as a context manager or call :meth:`down`."""
+    """The shared bottleneck and the store behind it (and with ``ckpt_store``, a second store behind a
+    second bottleneck). Use as a context manager or call :meth:`down`."""
 
     kind: str
 
-    def __init__(self, spec: BottleneckSpec, work_dir: Path) -> None:
+    def __init__(self, spec: BottleneckSpec, work_dir: Path, ckpt_store: bool = False) -> None:
         self.spec = spec
         self.work_dir = work_dir
+        self.ckpt_store = ckpt_store
         self.children: list[Child] = []
-        self.weed_pid: int | None = None
+        self.weed_pids: dict[str, int] = {}  # process name for the report -> weed's pid
         self.store_url = ""  # S3 endpoint as clients see it, through the bottleneck
         self.setup_url = ""  # S3 endpoint for loading the dataset before the run
+        self.ckpt_store_url = ""  # the second store through its own bottleneck ("" without one)
         self._down = False
         self._atexit_registered = False
+
+    @property
+    def links(self) -> tuple[str, ...]:
+        """The bottlenecks :meth:`sample` reports: the dataset store's, then the checkpoint store's."""
+        return (LINK_DATA, LINK_CKPT) if self.ckpt_store else (LINK_DATA,)
 
     # -- life cycle ------------------------------------------------------------------------------------
 
@@ -272,19 +314,20 @@ class Testbed(abc.ABC):
 
     @abc.abstractmethod
     def start_store(self) -> None:
-        """Start SeaweedFS (and the relay, for the model); sets :attr:`store_url` and :attr:`setup_url`."""
+        """Start SeaweedFS (and the relay, for the model); sets :attr:`store_url` and :attr:`setup_url`
+        (and :attr:`ckpt_store_url` with a second store)."""
 
     @abc.abstractmethod
     def shape(self) -> None:
-        """Put the bottleneck in the path (after the dataset is loaded at full speed)."""
+        """Put the bottleneck(s) in the path (after the dataset is loaded at full speed)."""
 
     @abc.abstractmethod
     def client_argv(self, argv: Sequence[str]) -> list[str]:
         """The command that runs ``argv`` on the client side (in the client namespace)."""
 
     @abc.abstractmethod
-    def sample(self) -> WireSample:
-        """The FIFO's counters now. Blocking (it may run a command): call it from a thread."""
+    def sample(self) -> dict[str, WireSample]:
+        """Each FIFO's counters now, by link name (:attr:`links`). Blocking (it may run commands)."""
 
     @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
@@ -295,10 +338,10 @@ class Testbed(abc.ABC):
         if self._down:
             return
         self._down = True
-        for child in reversed(self.children):
-            child.stop()
-        if self.weed_pid is not None and _pid_alive(self.weed_pid):
-            _kill_pid(self.weed_pid)
+        stop_all(list(reversed(self.children)))
+        for pid in self.weed_pids.values():
+            if _pid_alive(pid):
+                _kill_pid(pid)
         self._teardown_network()
 
     def _teardown_network(self) -> None:
@@ -307,47 +350,66 @@ class Testbed(abc.ABC):
     def pids(self) -> dict[str, int]:
         """Processes of the testbed whose CPU the report accounts for."""
         out = {c.name: c.pid for c in self.children if c.alive()}
-        if self.weed_pid is not None:
-            out["seaweedfs"] = self.weed_pid
+        out.update(self.weed_pids)
         return out
 
-    def _start_weed(self, ip: str, s3_port: int, wrapper: Sequence[str]) -> str:
-        d = self.work_dir / "seaweedfs"
-        d.mkdir(parents=True, exist_ok=True)
-        ready = d / "agent-ready.json"
-        argv = [
-            *wrapper,
-            sys.executable,
-            "-m",
-            "loadtests.contention.testbed",
-            "_weed",
-            "--state-dir",
-            str(d / "state"),
-            "--ip",
-            ip,
-            "--s3-port",
-            str(s3_port),
-            "--ready-file",
-            str(ready),
-            "--bucket",
-            DATASET_BUCKET,
-            "--bucket",
-            CHECKPOINT_BUCKET,
-        ]
-        child = spawn("seaweedfs-agent", argv, d / "agent.log")
-        self.children.append(child)
-        doc = wait_ready_file(child, ready, STORE_START_TIMEOUT_S, "the SeaweedFS agent")
-        self.weed_pid = int(doc["weed_pid"])
-        return str(doc["endpoint"])
+    def _start_weeds(self, stores: Sequence[tuple[str, str, int, Sequence[str], Sequence[str]]]) -> list[str]:
+        """Start one SeaweedFS agent per ``(name, ip, s3 port, wrapper argv, buckets)``, all at once (each
+        takes a few seconds, mostly waiting), and wait for them; their endpoints, in order."""
+        waiting: list[tuple[str, Child, Path]] = []
+        for name, ip, s3_port, wrapper, buckets in stores:
+            d = self.work_dir / name
+            d.mkdir(parents=True, exist_ok=True)
+            ready = d / "agent-ready.json"
+            argv = [
+                *wrapper, sys.executable, "-m", "loadtests.contention.testbed", "_weed",
+                "--state-dir", str(d / "state"), "--ip", ip, "--s3-port", str(s3_port),
+                "--ready-file", str(ready),
+                *(arg for b in buckets for arg in ("--bucket", b)),
+            ]  # fmt: skip
+            child = spawn(f"{name}-agent", argv, d / "agent.log")
+            self.children.append(child)
+            waiting.append((name, child, ready))
+        urls = []
+        for name, child, ready in waiting:
+            doc = wait_ready_file(child, ready, STORE_START_TIMEOUT_S, f"the SeaweedFS agent ({name})")
+            self.weed_pids[name] = int(doc["weed_pid"])
+            urls.append(str(doc["endpoint"]))
+        return urls
+
+
+@dataclass(frozen=True, slots=True)
+class NetnsLink:
+    """One path client namespace -- router (with its FIFO) -- store namespace."""
+
+    name: str
+    router_ns: str
+    store_ns: str
+    client_dev: str
+    client_ip: str
+    router_client_ip: str
+    router_store_ip: str
+    store_ip: str
+    client_route: str  # what the client namespace routes over this path ("default" or a prefix)
 
 
 class NetnsTestbed(Testbed):
     kind = "netns"
 
-    def __init__(self, spec: BottleneckSpec, work_dir: Path) -> None:
-        super().__init__(spec, work_dir)
+    def __init__(self, spec: BottleneckSpec, work_dir: Path, ckpt_store: bool = False) -> None:
+        super().__init__(spec, work_dir, ckpt_store)
         base = f"{NS_PREFIX}-{os.getpid()}"
         self.ns_client, self.ns_router, self.ns_store = f"{base}-cli", f"{base}-rtr", f"{base}-srv"
+        self._links = [
+            NetnsLink(LINK_DATA, self.ns_router, self.ns_store, CLIENT_DEV, CLIENT_IP, ROUTER_CLIENT_IP,
+                      ROUTER_STORE_IP, STORE_IP, "default"),
+        ]  # fmt: skip
+        if ckpt_store:
+            self._links.append(
+                NetnsLink(LINK_CKPT, f"{base}-rtr2", f"{base}-srv2", CKPT_CLIENT_DEV, CKPT_CLIENT_IP,
+                          CKPT_ROUTER_CLIENT_IP, CKPT_ROUTER_STORE_IP, CKPT_STORE_IP,
+                          f"{CKPT_STORE_IP.rsplit('.', 1)[0]}.0/24")
+            )  # fmt: skip
         self._created: list[str] = []
         self.removed_stale: list[str] = []
 
@@ -392,7 +454,7 @@ class NetnsTestbed(Testbed):
         out = self._run(["ip", "netns", "list"], "list network namespaces")
         for line in out.splitlines():
             name = line.split()[0] if line.split() else ""
-            m = re.fullmatch(rf"{NS_PREFIX}-(\d+)-(cli|rtr|srv)", name)
+            m = re.fullmatch(rf"{NS_PREFIX}-(\d+)-(cli|rtr2?|srv2?)", name)
             if m is None or _pid_alive(int(m.group(1))):
                 continue
             self._delete_namespace(name)
@@ -412,31 +474,38 @@ class NetnsTestbed(Testbed):
         self._register_atexit()
         self.remove_stale()
         r = self._run
-        cli, rtr, srv = self.ns_client, self.ns_router, self.ns_store
-        for ns in (cli, rtr, srv):
+        cli = self.ns_client
+        namespaces = [cli, *(ns for link in self._links for ns in (link.router_ns, link.store_ns))]
+        for ns in namespaces:
             r(["ip", "netns", "add", ns], "create a network namespace", "The kernel needs CONFIG_NET_NS.")
             self._created.append(ns)
+        for ns in namespaces:
+            r(["ip", "-n", ns, "link", "set", "lo", "up"], "bring loopback up")
+        for link in self._links:
+            self._build_link(link)
+
+    def _build_link(self, link: NetnsLink) -> None:
+        r, cli, rtr, srv = self._run, self.ns_client, link.router_ns, link.store_ns
         veth_hint = "The kernel needs veth (CONFIG_VETH)."
-        r(["ip", "link", "add", CLIENT_DEV, "netns", cli, "type", "veth", "peer", "name", ROUTER_CLIENT_DEV,
-           "netns", rtr], "create the client veth pair", veth_hint)  # fmt: skip
+        r(["ip", "link", "add", link.client_dev, "netns", cli, "type", "veth", "peer", "name",
+           ROUTER_CLIENT_DEV, "netns", rtr], f"create the client veth pair ({link.name})",
+          veth_hint)  # fmt: skip
         r(["ip", "link", "add", STORE_DEV, "netns", srv, "type", "veth", "peer", "name", ROUTER_STORE_DEV,
-           "netns", rtr], "create the store veth pair", veth_hint)  # fmt: skip
+           "netns", rtr], f"create the store veth pair ({link.name})", veth_hint)  # fmt: skip
         addrs = (
-            (cli, CLIENT_DEV, CLIENT_IP),
-            (rtr, ROUTER_CLIENT_DEV, ROUTER_CLIENT_IP),
-            (rtr, ROUTER_STORE_DEV, ROUTER_STORE_IP),
-            (srv, STORE_DEV, STORE_IP),
+            (cli, link.client_dev, link.client_ip),
+            (rtr, ROUTER_CLIENT_DEV, link.router_client_ip),
+            (rtr, ROUTER_STORE_DEV, link.router_store_ip),
+            (srv, STORE_DEV, link.store_ip),
         )
         for ns, dev, ip in addrs:
             r(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev], "address a veth")
             r(["ip", "-n", ns, "link", "set", dev, "up"], "bring a veth up")
-        for ns in (cli, rtr, srv):
-            r(["ip", "-n", ns, "link", "set", "lo", "up"], "bring loopback up")
         cc_hint = f"The kernel needs TCP congestion control '{TCP_CC}' (tcp_{TCP_CC})."
-        r(["ip", "-n", cli, "route", "add", "default", "via", ROUTER_CLIENT_IP, "congctl", TCP_CC],
-          "route the client side through the router", cc_hint)  # fmt: skip
-        r(["ip", "-n", srv, "route", "add", "default", "via", ROUTER_STORE_IP, "congctl", TCP_CC],
-          "route the store side through the router", cc_hint)  # fmt: skip
+        r(["ip", "-n", cli, "route", "add", link.client_route, "via", link.router_client_ip, "congctl",
+           TCP_CC], f"route the client side through the router ({link.name})", cc_hint)  # fmt: skip
+        r(["ip", "-n", srv, "route", "add", "default", "via", link.router_store_ip, "congctl", TCP_CC],
+          f"route the store side through the router ({link.name})", cc_hint)  # fmt: skip
         r(["ip", "netns", "exec", rtr, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"],
           "enable forwarding on the router")  # fmt: skip
         r(["ip", "-n", rtr, "link", "add", IFB_DEV, "type", "ifb"], "create the ifb device",
@@ -444,36 +513,48 @@ class NetnsTestbed(Testbed):
         r(["ip", "-n", rtr, "link", "set", IFB_DEV, "up"], "bring the ifb device up")
 
     def start_store(self) -> None:
-        url = self._start_weed(STORE_IP, STORE_S3_PORT, ["ip", "netns", "exec", self.ns_store])
-        self.store_url = self.setup_url = url
+        stores: list[tuple[str, str, int, Sequence[str], Sequence[str]]] = [
+            ("seaweedfs", STORE_IP, STORE_S3_PORT, ["ip", "netns", "exec", self.ns_store],
+             (DATASET_BUCKET, CHECKPOINT_BUCKET)),
+        ]  # fmt: skip
+        if self.ckpt_store:
+            stores.append(
+                ("seaweedfs-ckpt", CKPT_STORE_IP, STORE_S3_PORT,
+                 ["ip", "netns", "exec", self._links[1].store_ns], (CHECKPOINT_BUCKET,))
+            )  # fmt: skip
+        urls = self._start_weeds(stores)
+        self.store_url = self.setup_url = urls[0]
+        if self.ckpt_store:
+            self.ckpt_store_url = urls[1]
 
     def shape(self) -> None:
-        r, rtr, s = self._run, self.ns_router, self.spec
+        r, s = self._run, self.spec
         rate = f"{round(s.rate_bps * 8)}bit"
-        r(["tc", "-n", rtr, "qdisc", "add", "dev", IFB_DEV, "root", "tbf", "rate", rate,
-           "burst", str(s.burst_bytes), "limit", str(s.depth_bytes)], "add the tbf FIFO",
-          "The kernel needs tbf (CONFIG_NET_SCH_TBF).")  # fmt: skip
-        for dev in (ROUTER_CLIENT_DEV, ROUTER_STORE_DEV):
-            r(["tc", "-n", rtr, "qdisc", "add", "dev", dev, "clsact"], "add a clsact qdisc",
-              "The kernel needs clsact (CONFIG_NET_SCH_INGRESS).")  # fmt: skip
-            r(["tc", "-n", rtr, "filter", "add", "dev", dev, "egress", "protocol", "all", "prio", "1", "u32",
-               "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", IFB_DEV],
-              "redirect the router's egress into the ifb",
-              "The kernel needs u32 and mirred (CONFIG_NET_CLS_U32, CONFIG_NET_ACT_MIRRED).")  # fmt: skip
+        for link in self._links:
+            rtr = link.router_ns
+            r(["tc", "-n", rtr, "qdisc", "add", "dev", IFB_DEV, "root", "tbf", "rate", rate,
+               "burst", str(s.burst_bytes), "limit", str(s.depth_bytes)], "add the tbf FIFO",
+              "The kernel needs tbf (CONFIG_NET_SCH_TBF).")  # fmt: skip
+            for dev in (ROUTER_CLIENT_DEV, ROUTER_STORE_DEV):
+                r(["tc", "-n", rtr, "qdisc", "add", "dev", dev, "clsact"], "add a clsact qdisc",
+                  "The kernel needs clsact (CONFIG_NET_SCH_INGRESS).")  # fmt: skip
+                r(["tc", "-n", rtr, "filter", "add", "dev", dev, "egress", "protocol", "all", "prio", "1",
+                   "u32", "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", IFB_DEV],
+                  "redirect the router's egress into the ifb",
+                  "The kernel needs u32 and mirred (CONFIG_NET_CLS_U32, CONFIG_NET_ACT_MIRRED).")  # fmt: skip
 
     def client_argv(self, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.ns_client, *argv]
 
-    def sample(self) -> WireSample:
+    def sample(self) -> dict[str, WireSample]:
+        return {link.name: self._sample_link(link.router_ns) for link in self._links}
+
+    def _sample_link(self, router_ns: str) -> WireSample:
         at = time.monotonic()
-        links = json.loads(
-            self._run(["ip", "-n", self.ns_router, "-s", "-j", "link", "show"], "read counters")
-        )
+        links = json.loads(self._run(["ip", "-n", router_ns, "-s", "-j", "link", "show"], "read counters"))
         tx = {ln["ifname"]: int(ln["stats64"]["tx"]["bytes"]) for ln in links}
         qdiscs = json.loads(
-            self._run(
-                ["tc", "-n", self.ns_router, "-s", "-j", "qdisc", "show", "dev", IFB_DEV], "read the FIFO"
-            )
+            self._run(["tc", "-n", router_ns, "-s", "-j", "qdisc", "show", "dev", IFB_DEV], "read the FIFO")
         )
         tbf: dict[str, Any] = next((q for q in qdiscs if q.get("kind") == "tbf"), {})
         return WireSample(
@@ -485,16 +566,28 @@ class NetnsTestbed(Testbed):
         )
 
     def describe(self) -> dict[str, Any]:
+        topology = (
+            f"{self.ns_client} {CLIENT_IP} (clients, gateway, spool) -- {self.ns_router} "
+            f"(one tbf FIFO via ifb, both directions) -- {self.ns_store} {STORE_IP} (SeaweedFS)"
+        )
+        store = f"SeaweedFS (weed mini) at {self.store_url}"
+        if self.ckpt_store:
+            ck = self._links[1]
+            topology += (
+                f"; second store (checkpoint pool): {self.ns_client} {ck.client_ip} -- {ck.router_ns} "
+                f"(its own tbf FIFO, same rate and depth) -- {ck.store_ns} {ck.store_ip} (SeaweedFS)"
+            )
+            store += f"; second SeaweedFS at {self.ckpt_store_url}"
         return {
             "testbed": "netns",
-            "topology": f"{self.ns_client} {CLIENT_IP} (clients, gateway, spool) -- {self.ns_router} "
-            f"(one tbf FIFO via ifb, both directions) -- {self.ns_store} {STORE_IP} (SeaweedFS)",
+            "topology": topology,
+            "stores": len(self._links),
             "rate_MBps": self.spec.rate_bps / MB,
             "fifo_depth_MiB": self.spec.depth_bytes / MIB,
             "fifo_depth_ms": round(self.spec.depth_s * 1000, 1),
             "tbf_burst_KiB": self.spec.burst_bytes / 1024,
             "tcp_congestion_control": f"{TCP_CC} (pinned per route)",
-            "store": f"SeaweedFS (weed mini) at {self.store_url}",
+            "store": store,
         }
 
     def _teardown_network(self) -> None:
@@ -512,16 +605,29 @@ class NetnsTestbed(Testbed):
 class ModelTestbed(Testbed):
     kind = "model"
 
-    def __init__(self, spec: BottleneckSpec, work_dir: Path) -> None:
-        super().__init__(spec, work_dir)
-        self._stats_path = work_dir / "relay" / "stats.json"
+    def __init__(self, spec: BottleneckSpec, work_dir: Path, ckpt_store: bool = False) -> None:
+        super().__init__(spec, work_dir, ckpt_store)
+        self._stats_paths = {link: work_dir / f"relay-{link}" / "stats.json" for link in self.links}
+        self._weed_urls: list[str] = []
 
     def up(self) -> None:
         self._register_atexit()
 
     def start_store(self) -> None:
-        weed_url = self._start_weed("127.0.0.1", 0, [])
-        d = self.work_dir / "relay"
+        stores: list[tuple[str, str, int, Sequence[str], Sequence[str]]] = [
+            ("seaweedfs", "127.0.0.1", 0, [], (DATASET_BUCKET, CHECKPOINT_BUCKET)),
+        ]
+        if self.ckpt_store:
+            stores.append(("seaweedfs-ckpt", "127.0.0.1", 0, [], (CHECKPOINT_BUCKET,)))
+        self._weed_urls = self._start_weeds(stores)
+        relays = [self._start_relay(link, url) for link, url in zip(self.links, self._weed_urls, strict=True)]
+        self.store_url = relays[0]
+        self.setup_url = self._weed_urls[0]
+        if self.ckpt_store:
+            self.ckpt_store_url = relays[1]
+
+    def _start_relay(self, link: str, weed_url: str) -> str:
+        d = self.work_dir / f"relay-{link}"
         d.mkdir(parents=True, exist_ok=True)
         ready = d / "ready.json"
         target = weed_url.removeprefix("http://")
@@ -529,13 +635,12 @@ class ModelTestbed(Testbed):
             sys.executable, "-m", "loadtests.contention.testbed", "_relay", "--listen", "127.0.0.1:0",
             "--target", target, "--rate-bps", str(self.spec.rate_bps), "--depth-bytes",
             str(self.spec.depth_bytes), "--burst-bytes", str(self.spec.burst_bytes), "--ready-file",
-            str(ready), "--stats-file", str(self._stats_path),
+            str(ready), "--stats-file", str(self._stats_paths[link]),
         ]  # fmt: skip
-        child = spawn("relay", argv, d / "relay.log")
+        child = spawn("relay" if link == LINK_DATA else f"relay-{link}", argv, d / "relay.log")
         self.children.append(child)
-        doc = wait_ready_file(child, ready, RELAY_START_TIMEOUT_S, "the FIFO relay")
-        self.store_url = f"http://127.0.0.1:{int(doc['port'])}"
-        self.setup_url = weed_url
+        doc = wait_ready_file(child, ready, RELAY_START_TIMEOUT_S, f"the FIFO relay ({link})")
+        return f"http://127.0.0.1:{int(doc['port'])}"
 
     def shape(self) -> None:
         return None  # the relay shapes from its start; the dataset is loaded around it (setup_url)
@@ -543,9 +648,13 @@ class ModelTestbed(Testbed):
     def client_argv(self, argv: Sequence[str]) -> list[str]:
         return list(argv)
 
-    def sample(self) -> WireSample:
+    def sample(self) -> dict[str, WireSample]:
+        return {link: self._sample_link(path) for link, path in self._stats_paths.items()}
+
+    @staticmethod
+    def _sample_link(path: Path) -> WireSample:
         try:
-            doc = json.loads(self._stats_path.read_text())
+            doc = json.loads(path.read_text())
         except (OSError, ValueError):
             return WireSample(time.monotonic(), 0, 0, 0, 0)
         return WireSample(
@@ -557,24 +666,32 @@ class ModelTestbed(Testbed):
         )
 
     def describe(self) -> dict[str, Any]:
+        topology = (
+            "clients, gateway, spool -- asyncio FIFO relay (one queue, both directions, loopback) -- "
+            "SeaweedFS on 127.0.0.1"
+        )
+        store = f"SeaweedFS (weed mini) at {self.setup_url}, behind the relay at {self.store_url}"
+        if self.ckpt_store:
+            topology += "; second store (checkpoint pool): its own relay (same rate and depth) -- SeaweedFS"
+            store += f"; second SeaweedFS at {self._weed_urls[1]}, behind its relay at {self.ckpt_store_url}"
         return {
             "testbed": "model",
-            "topology": "clients, gateway, spool -- asyncio FIFO relay (one queue, both directions, "
-            "loopback) -- SeaweedFS on 127.0.0.1",
+            "topology": topology,
+            "stores": len(self.links),
             "rate_MBps": self.spec.rate_bps / MB,
             "fifo_depth_MiB": self.spec.depth_bytes / MIB,
             "fifo_depth_ms": round(self.spec.depth_s * 1000, 1),
             "tbf_burst_KiB": self.spec.burst_bytes / 1024,
             "tcp_congestion_control": "kernel default (loopback; the relay's FIFO does the queueing)",
-            "store": f"SeaweedFS (weed mini) at {self.setup_url}, behind the relay at {self.store_url}",
+            "store": store,
         }
 
 
-def make_testbed(kind: str, spec: BottleneckSpec, work_dir: Path) -> Testbed:
+def make_testbed(kind: str, spec: BottleneckSpec, work_dir: Path, ckpt_store: bool = False) -> Testbed:
     if kind == "netns":
-        return NetnsTestbed(spec, work_dir)
+        return NetnsTestbed(spec, work_dir, ckpt_store)
     if kind == "model":
-        return ModelTestbed(spec, work_dir)
+        return ModelTestbed(spec, work_dir, ckpt_store)
     raise ValueError(f"unknown testbed {kind!r}")
 
 

@@ -19,12 +19,14 @@ Theory of operation
   keeps fetching while the trainer saves), and every ``interval_s`` saves a checkpoint *synchronously*, as
   ``torch.save`` or a blocking DCP save does: ``shards`` objects written as multipart uploads by ``writers``
   concurrent writers, then a small ``.metadata`` commit marker, the training loop blocked until all are
-  acknowledged. Time lost to storage = time waiting for samples + time blocked in saves. Through a gateway
-  with a spool, a background task then calls ``POST /_s3lanes/flush`` for the checkpoint's prefix, which
-  answers once it is durable on the store; without one, acknowledged means durable.
+  acknowledged. Checkpoints go to ``ckpt_endpoint`` (default: ``endpoint``): in the separate-pools direct
+  scenario that is a second store. Time lost to storage = time waiting for samples + time blocked in saves.
+  Through a gateway with a spool, a background task then calls ``POST /_s3lanes/flush`` for the checkpoint's
+  prefix, which answers once it is durable on the store; without one, acknowledged means durable.
 - While it runs, the trainer also samples the gateway's ``/_s3lanes/status`` (lane byte counters, the write
   cap, the guard) every ``status_interval_s``: the gateway answers admin requests from loopback peers only,
-  and the trainer is on the gateway's side of the testbed.
+  and the trainer is on the gateway's side of the testbed. With storage pools (the status has a ``pools``
+  section) each sample holds every pool's lanes, and ``lanes`` sums them across pools.
 """
 
 from __future__ import annotations
@@ -362,6 +364,7 @@ class Trainer:
     def __init__(self, spec: dict[str, Any], session: aiohttp.ClientSession) -> None:
         self.spec = spec
         self.s3 = S3(spec["endpoint"], session)
+        self.ckpt_s3 = S3(spec.get("ckpt_endpoint") or spec["endpoint"], session)
         self.session = session
         self.loader_latencies: list[list[float]] = []  # [requested_at, latency_ms]
         self.loader_errors = 0
@@ -396,7 +399,7 @@ class Trainer:
         bucket, key = self.spec["ckpt_bucket"], f"{prefix}__{shard}_0.distcp"
 
         async def create() -> str:
-            return str(await self.s3.create_upload(bucket, key))
+            return str(await self.ckpt_s3.create_upload(bucket, key))
 
         upload_id: str = await retrying(f"create {key}", create, self.counters)
         etags: list[str] = []
@@ -407,14 +410,14 @@ class Trainer:
             views = pieces(n, seed * 7919 + number)
 
             async def part(number: int = number, views: list[memoryview] = views) -> str:
-                return str(await self.s3.upload_part(bucket, key, upload_id, number, views))
+                return str(await self.ckpt_s3.upload_part(bucket, key, upload_id, number, views))
 
             etags.append(await retrying(f"part {number} of {key}", part, self.counters))
             offset += n
             number += 1
 
         async def complete() -> None:
-            await self.s3.complete_upload(bucket, key, upload_id, etags)
+            await self.ckpt_s3.complete_upload(bucket, key, upload_id, etags)
 
         await retrying(f"complete {key}", complete, self.counters)
 
@@ -435,7 +438,7 @@ class Trainer:
             marker = pieces(METADATA_BYTES, index)
 
             async def put_marker() -> None:
-                await self.s3.put(sp["ckpt_bucket"], f"{prefix}.metadata", marker)
+                await self.ckpt_s3.put(sp["ckpt_bucket"], f"{prefix}.metadata", marker)
 
             await retrying(f"{prefix}.metadata", put_marker, self.counters)
         except WorkloadError as exc:
@@ -468,24 +471,21 @@ class Trainer:
                 async with self.session.get(url) as resp:
                     doc = await resp.json(content_type=None)
                 at = time.monotonic()
-                sch = doc["scheduler"]
                 spool = doc.get("spool") or {}
+                # One scheduler per bottleneck; "scheduler" is the default pool's, as without pools.
+                schedulers = (doc.get("pools") or {}).get("schedulers") or {"default": doc["scheduler"]}
+                pools = {name: _scheduler_sample(sch) for name, sch in schedulers.items()}
                 self.status_samples.append(
                     {
                         "at": at,
-                        "capacity_bps": sch.get("capacity_bps"),
-                        "reads_active": sch.get("reads_active"),
-                        "guard_multiplier": sch.get("guard_multiplier"),
-                        "inflight_bytes": sch.get("inflight_bytes"),
-                        "lanes": {
-                            ln["name"]: {
-                                "delivered": ln.get("delivered_bytes_total", 0),
-                                "queued": ln.get("queued_tickets", 0),
-                                "limit_bps": ln.get("limit_bps"),
-                                "share": ln.get("achieved_share"),
-                            }
-                            for ln in sch.get("lanes", [])
-                        },
+                        **{k: pools["default"][k] for k in _DEFAULT_POOL_FIELDS},
+                        # the lowest multiplier of any pool's guard
+                        "guard_multiplier": min(
+                            (m for p in pools.values() if (m := p["guard_multiplier"]) is not None),
+                            default=None,
+                        ),
+                        "lanes": _sum_lanes(p["lanes"] for p in pools.values()),
+                        "pools": pools,
                         "spool_pending_bytes": spool.get("pending_bytes"),
                     }
                 )
@@ -573,6 +573,42 @@ class Trainer:
             "counters": self.counters,
             "status_samples": self.status_samples,
         }
+
+
+_DEFAULT_POOL_FIELDS = ("capacity_bps", "reads_active", "inflight_bytes")
+
+
+def _scheduler_sample(sch: dict[str, Any]) -> dict[str, Any]:
+    """What the report needs of one scheduler's snapshot (``/_s3lanes/status``)."""
+    return {
+        "capacity_bps": sch.get("capacity_bps"),
+        "reads_active": sch.get("reads_active"),
+        "guard_multiplier": sch.get("guard_multiplier"),
+        "inflight_bytes": sch.get("inflight_bytes"),
+        "lanes": {
+            ln["name"]: {
+                "delivered": ln.get("delivered_bytes_total", 0),
+                "queued": ln.get("queued_tickets", 0),
+                "limit_bps": ln.get("limit_bps"),
+                "share": ln.get("achieved_share"),
+            }
+            for ln in sch.get("lanes", [])
+        },
+    }
+
+
+def _sum_lanes(per_pool: Any) -> dict[str, dict[str, Any]]:
+    """Lanes across pools: delivered bytes and queued tickets added; limit and share are per pool (None)."""
+    out: dict[str, dict[str, Any]] = {}
+    pools = list(per_pool)
+    if len(pools) == 1:
+        return dict(pools[0])
+    for lanes in pools:
+        for name, ln in lanes.items():
+            acc = out.setdefault(name, {"delivered": 0, "queued": 0, "limit_bps": None, "share": None})
+            acc["delivered"] += ln["delivered"] or 0
+            acc["queued"] += ln["queued"] or 0
+    return out
 
 
 async def trainer_main(spec: dict[str, Any]) -> dict[str, Any]:
