@@ -18,7 +18,8 @@
         │   ├── InvalidChunkSizeError
         │   └── MalformedTrailerError  aws-chunked trailer section missing, unannounced or not well formed
         ├── InvalidRequest, InvalidArgument, AuthorizationHeaderMalformed, AuthorizationQueryParametersError,
-        │   MissingContentLength, MissingSecurityHeader, InvalidBucketName, MethodNotAllowed, EntityTooLarge
+        │   MissingContentLength, MissingSecurityHeader, InvalidBucketName, InvalidURI, MethodNotAllowed,
+        │   EntityTooLarge, RequestHeaderSectionTooLarge, NotImplemented (501), NoSuchKey, NoSuchBucket, ...
         ├── ServiceUnavailable / SlowDown  (503) and GatewayTimeout (504): backend unreachable or too slow
         └── InternalError              (500) only for bugs; the traceback is logged
 
@@ -140,6 +141,7 @@ AuthorizationQueryParametersError = _error(
 MissingContentLength = _error("MissingContentLength", 411, "You must provide the Content-Length HTTP header.")
 MissingSecurityHeader = _error("MissingSecurityHeader", 400, "Your request is missing a required header.")
 InvalidBucketName = _error("InvalidBucketName", 400, "The specified bucket is not valid.")
+InvalidURI = _error("InvalidURI", 400, "Couldn't parse the specified URI.")
 MethodNotAllowed = _error(
     "MethodNotAllowed", 405, "The specified method is not allowed against this resource."
 )

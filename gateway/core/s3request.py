@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from gateway.errors import InvalidBucketName, InvalidRequest
+from gateway.errors import InvalidBucketName, InvalidRequest, InvalidURI
 
 # Sub-resources that select a bucket or object operation (S3 REST API). Order does not matter.
 _BUCKET_GET_SUBRESOURCES = {
@@ -102,7 +102,11 @@ def parse_target(
         bucket = unquote(bucket_raw) if bucket_raw else None
         if not sep:
             key_raw = ""
-    key = unquote(key_raw, errors="strict") if key_raw else None
+    try:
+        key = unquote(key_raw, errors="strict") if key_raw else None
+    except UnicodeDecodeError:
+        # S3 keys are UTF-8; a percent-encoded byte sequence that is not UTF-8 names no key.
+        raise InvalidURI(f"Couldn't parse the specified URI: {raw_path[:200]}") from None
     if bucket is not None and not _BUCKET_RE.match(bucket):
         raise InvalidBucketName(
             f"The specified bucket is not valid: {bucket[:80]!r}", BucketName=bucket[:255]

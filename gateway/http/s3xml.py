@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from xml.sax.saxutils import escape
 
 from gateway.errors import S3Error
 
 _XML_DECL = '<?xml version="1.0" encoding="UTF-8"?>\n'
 
-# Characters XML 1.0 cannot carry at all; a hostile key must not make the error document invalid.
-_INVALID_XML = {c: "\ufffd" for c in range(0x20) if c not in (0x09, 0x0A, 0x0D)}
+# Characters XML 1.0 cannot carry at all (controls, lone surrogates, U+FFFE/U+FFFF); a hostile key must not
+# make the error document invalid, or unencodable.
+_INVALID_XML = re.compile("[^\x09\x0a\x0d\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _text(value: str) -> str:
-    return escape(value.translate(_INVALID_XML))
+    return escape(_INVALID_XML.sub("\ufffd", value))
 
 
 def error_xml(err: S3Error, *, resource: str, request_id: str) -> bytes:
