@@ -57,3 +57,9 @@ clean:
 .PHONY: bench-contention
 bench-contention: $(STAMP)
 	$(BIN)/python -m loadtests.contention $(BENCH_ARGS)
+
+## The soak test (docs/reliability.md, "Long runs"): 30 minutes of the Locust training mix against a spooling
+## gateway, leak and durability checks; SOAK_ARGS=--quick for a ~2-minute run. Shared machine: prefix nice -n 19.
+.PHONY: soak
+soak: $(STAMP)
+	$(BIN)/python -m loadtests.soak $(SOAK_ARGS)

@@ -19,7 +19,7 @@ from gateway.clock import SystemClock
 from gateway.config import Config, Credential, load_config
 from gateway.core.journal import JournalCorrupt
 from gateway.errors import ConfigError
-from gateway.http.app import LIFECYCLE_KEY, build_app, drain_for_shutdown, start_listeners
+from gateway.http.app import LIFECYCLE_KEY, build_app, drain_for_shutdown, spool_dir, start_listeners
 from gateway.logsetup import configure_logging
 from gateway.runtime.backend import Backend
 
@@ -332,9 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     except JournalCorrupt as exc:
         log.critical(
             "the spool journal is damaged (%s). Refusing to start: acknowledged writes could be lost."
-            " Inspect %s/spool (move the journal aside to start empty, losing what it held).",
+            " Inspect %s (move its journal aside to start empty, losing what it held).",
             exc,
-            cfg.spool.dir or cfg.server.state_dir,
+            spool_dir(cfg),
         )
         return 3
 

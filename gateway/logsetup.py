@@ -72,11 +72,32 @@ class TextFormatter(logging.Formatter):
         return f"{text} [rid={rid}]" if rid else text
 
 
+class _QuietBadRequests(logging.Filter):
+    """aiohttp logs every request its HTTP parser rejects at ERROR with a traceback, so any client could fill
+    the log. Those become one line at DEBUG (dropped unless DEBUG is on); the client got its 400 anyway."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name != "aiohttp.server" or not record.exc_info or record.exc_info[1] is None:
+            return True
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1]
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        if not logging.getLogger().isEnabledFor(logging.DEBUG):
+            return False
+        record.msg, record.args = "rejected a malformed HTTP request: %s", (str(exc).strip()[:200],)
+        record.exc_info, record.exc_text = None, None
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
 def configure_logging(level: str, fmt: str = "text", stream: Any = None) -> None:
     """Install one stderr handler on the root logger (replacing any), at ``level``, as text or JSON."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(_RequestIdFilter())
+    handler.addFilter(_QuietBadRequests())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -142,6 +142,11 @@ class Applied:
     removed: tuple[Entry, ...] = ()  # entries that left the spool (done or superseded): wake flush waiters
 
 
+def _intent_seq(token: str) -> int:
+    """The entry an intent belongs to (tokens are ``s<seq>``); -1 if it names none."""
+    return int(token[1:]) if token[:1] == "s" and token[1:].isdigit() else -1
+
+
 def multipart_etag(part_md5s: Sequence[str]) -> str:
     digest = hashlib.md5(b"".join(bytes.fromhex(m) for m in part_md5s), usedforsecurity=False).hexdigest()
     return f'"{digest}-{len(part_md5s)}"'
@@ -176,6 +181,11 @@ class SpoolState:
         # Multipart uploads the drainer opened on the backend and has not completed or aborted yet:
         # backend upload id -> (bucket, key, access key, lane). After a crash they are aborted.
         self.backend_uploads: dict[str, tuple[str, str, str, str]] = {}
+        # Drain multipart uploads about to be created (token -> bucket, key, access key, lane, not before):
+        # journaled before the CreateMultipartUpload, ended once its upload id is journaled. One left open
+        # after a crash means the store may hold an upload whose id the journal never got; the janitor
+        # finds it by listing the key's uploads initiated since ``not before``.
+        self.backend_intents: dict[str, tuple[str, str, str, str, float]] = {}
         self._next_seq = 1
         self.bytes_on_disk = 0
 
@@ -244,6 +254,18 @@ class SpoolState:
             return Applied()
         if kind == "bmpu_end":
             self.backend_uploads.pop(rec["u"], None)
+            return Applied()
+        if kind == "bmpi":
+            self.backend_intents[rec["i"]] = (
+                rec["b"],
+                rec["k"],
+                rec["ak"],
+                rec.get("ln", "checkpoint"),
+                float(rec["nb"]),
+            )
+            return Applied()
+        if kind == "bmpi_end":
+            self.backend_intents.pop(rec["i"], None)
             return Applied()
         if kind == "done":
             done = self.entries.get(int(rec["s"]))
@@ -395,6 +417,32 @@ class SpoolState:
     @staticmethod
     def backend_upload_end_record(upload_id: str) -> dict[str, Any]:
         return {"t": "bmpu_end", "u": upload_id}
+
+    @staticmethod
+    def backend_intent_record(token: str, entry: Entry, not_before: float) -> dict[str, Any]:
+        return {
+            "t": "bmpi",
+            "i": token,
+            "b": entry.bucket,
+            "k": entry.key,
+            "ak": entry.access_key,
+            "ln": entry.lane,
+            "nb": not_before,
+        }
+
+    @staticmethod
+    def backend_intent_end_record(token: str) -> dict[str, Any]:
+        return {"t": "bmpi_end", "i": token}
+
+    def open_backend_work(self, bucket: str | None = None, prefix: str = "") -> int:
+        """Drain multipart uploads the store may hold that are neither completed nor aborted yet (recorded
+        ids, and open intents of entries no longer pending: a pending entry is counted as itself), under
+        bucket/prefix (every bucket if None)."""
+        places = [(v[0], v[1]) for v in self.backend_uploads.values()]
+        places += [
+            (v[0], v[1]) for t, v in self.backend_intents.items() if _intent_seq(t) not in self.entries
+        ]
+        return sum(1 for b, k in places if (bucket is None or b == bucket) and k.startswith(prefix))
 
     def complete_record(
         self, upload: Upload, requested: Sequence[tuple[int, str]], now_wall: float
@@ -593,6 +641,18 @@ class SpoolState:
                     )
         for upload_id, (bucket, key, access_key, lane) in self.backend_uploads.items():
             out.append({"t": "bmpu", "u": upload_id, "b": bucket, "k": key, "ak": access_key, "ln": lane})
+        for token, (bucket, key, access_key, lane, not_before) in self.backend_intents.items():
+            out.append(
+                {
+                    "t": "bmpi",
+                    "i": token,
+                    "b": bucket,
+                    "k": key,
+                    "ak": access_key,
+                    "ln": lane,
+                    "nb": not_before,
+                }
+            )
         out.append({"t": "seq", "seq": self.last_seq})
         return out
 

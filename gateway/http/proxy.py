@@ -319,6 +319,9 @@ class S3Proxy:
                     ClientComputedContentSHA256=payload_hash, S3ComputedContentSHA256=EMPTY_SHA256
                 )
             if payload_hash not in STREAMING_MODES:
+                if request.method in ("PUT", "POST"):
+                    # No body: digests the request states must still be those of an empty body.
+                    BodyVerifier.from_headers(h, payload_hash).finish({})
                 return None
         decoder: AwsChunkedDecoder | None = None
         if payload_hash in STREAMING_MODES:
@@ -490,6 +493,9 @@ class S3Proxy:
             if name.lower() not in _DROP_RESPONSE:
                 out.headers.add(name, value)
         echo_request_id(out, ctx.request_id)
+        if resp.status == 503 and "Retry-After" not in resp.headers:
+            # The store's SlowDown/ServiceUnavailable: say when to come back, as the gateway's own 503s do.
+            out.headers["Retry-After"] = "1"
         if resp.content_length is not None:
             out.content_length = resp.content_length
         if request.body_exists and not request.content.is_eof():

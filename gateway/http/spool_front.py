@@ -16,13 +16,14 @@ when the spool is involved, or ``None`` to let the request pass through to the b
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import logging
 import os
 import secrets
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote
 from xml.sax.saxutils import escape
 
 import aiohttp
@@ -65,7 +66,7 @@ from gateway.http.proxy import read_small_body
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
-from gateway.runtime.spool import Spool, SpoolFileWriter
+from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolFileWriter
 
 if TYPE_CHECKING:
     from gateway.http.proxy import RequestContext, S3Proxy
@@ -197,6 +198,98 @@ def parse_copy_source(value: str) -> tuple[str, str]:
     return unquote(bucket), unquote(key)
 
 
+def delete_objects_keys(body: bytes) -> list[str]:
+    """The keys a DeleteObjects document deletes (current versions only), or MalformedXML: the document is
+    checked as strictly as S3 does before the spool writes a tombstone for any of them."""
+    try:
+        body.decode("utf-8")
+        root = ET.fromstring(body)
+    except (UnicodeDecodeError, ET.ParseError) as exc:
+        raise MalformedXML() from exc
+    if root.tag.rsplit("}", 1)[-1] != "Delete":
+        raise MalformedXML()
+    keys: list[str] = []
+    objects = 0
+    for el in root:
+        name = el.tag.rsplit("}", 1)[-1]
+        if name == "Quiet":
+            if (el.text or "").strip().lower() not in ("true", "false"):
+                raise MalformedXML()
+        elif name == "Object":
+            objects += 1
+            fields = {child.tag.rsplit("}", 1)[-1]: child.text or "" for child in el}
+            if "Key" not in fields or set(fields) - {"Key", "VersionId", "ETag", "LastModifiedTime", "Size"}:
+                raise MalformedXML()
+            if "VersionId" not in fields:  # deleting one version leaves the current object alone
+                keys.append(fields["Key"])
+        else:
+            raise MalformedXML()
+    if not 1 <= objects <= 1000:
+        raise MalformedXML()
+    return keys
+
+
+def _utf8(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # surrogates: bytes that were not UTF-8 on the wire
+        return False
+    return True
+
+
+def _key_storable(key: str) -> bool:
+    """S3 keys are at most 1,024 bytes of UTF-8; stores refuse NUL and path segments over 255 bytes."""
+    raw = key.encode("utf-8", "surrogatepass")
+    return len(raw) <= 1024 and b"\x00" not in raw and all(len(seg) <= 255 for seg in raw.split(b"/"))
+
+
+_STORAGE_CLASSES = frozenset(
+    {
+        "STANDARD",
+        "REDUCED_REDUNDANCY",
+        "STANDARD_IA",
+        "ONEZONE_IA",
+        "INTELLIGENT_TIERING",
+        "GLACIER",
+        "DEEP_ARCHIVE",
+        "OUTPOSTS",
+        "GLACIER_IR",
+        "SNOW",
+        "EXPRESS_ONEZONE",
+    }
+)
+
+
+def _headers_storable(h: Mapping[str, str]) -> bool:
+    """Headers a store would refuse (so the spool could acknowledge a write that never drains): a bad
+    ``x-amz-tagging`` query, an ``Expires`` that is not an HTTP date, an unknown storage class."""
+    tagging = h.get("x-amz-tagging")
+    if tagging is not None:
+        try:
+            pairs = parse_qsl(tagging, keep_blank_values=True, strict_parsing=bool(tagging), errors="strict")
+        except (ValueError, UnicodeDecodeError):
+            return False
+        if len(pairs) > 10 or any(not k or len(k) > 128 or len(v) > 256 for k, v in pairs):
+            return False
+        if any("%" in k + v for k, v in pairs):  # a '%' left over: not valid percent-encoding
+            return False
+    expires = h.get("expires")
+    if expires is not None:
+        try:
+            email.utils.parsedate_to_datetime(expires)
+        except (TypeError, ValueError, IndexError):
+            return False
+    sc = h.get("x-amz-storage-class")
+    return sc is None or sc in _STORAGE_CLASSES
+
+
+def _writes_key(op: str) -> bool:
+    """Operations that change an object (its data, tags, ACL, or whether it exists)."""
+    return op in ("PutObject", "CopyObject", "CreateMultipartUpload", "DeleteObject", "RestoreObject") or (
+        op.startswith(("Put", "Delete", "Complete", "UploadPart"))
+    )
+
+
 def _copy_conditions(headers: Mapping[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name in ("if-match", "if-none-match", "if-modified-since", "if-unmodified-since"):
@@ -247,6 +340,10 @@ class SpoolFront:
                 # (the backend cannot continue a listing from a token it did not issue).
                 if state.has_bucket_prefix(bucket, q.get("prefix", "")) or _our_token(q):
                     return await self._list(request, ctx, decision, bucket)
+            elif op in ("DeleteObjects", "DeleteBucket") and any(
+                b == bucket for b, _ in self.spool.unjournaled_keys
+            ):
+                raise self._journal_out_of_service()
             elif op == "DeleteObjects" and state.has_bucket_prefix(bucket, ""):
                 return await self._delete_objects(request, ctx, decision, bucket)
             elif op == "ListMultipartUploads" and any(u.bucket == bucket for u in state.uploads.values()):
@@ -264,7 +361,11 @@ class SpoolFront:
         upload_id = q.get("uploadId")
         if upload_id is not None and upload_id.startswith(UPLOAD_ID_PREFIX):
             return await self._spooled_upload_op(request, ctx, decision, op, upload_id, q)
+        if (bucket, key) in self.spool.unjournaled_keys and _writes_key(op):
+            raise self._journal_out_of_service()
         if "versionId" in q:
+            if _writes_key(op):  # not modelled by the spool, but ordered after the key's spooled data
+                await self._wait_clear(bucket, key)
             return None
         if op in ("GetObject", "HeadObject"):
             entry = state.lookup(bucket, key)
@@ -289,6 +390,13 @@ class SpoolFront:
             # Not modelled by the spool: order it after the key's spooled data.
             await self._wait_clear(bucket, key)
         return None
+
+    def _journal_out_of_service(self) -> SlowDown:
+        return SlowDown(
+            "The gateway's spool journal is out of service and this key's last acknowledged write cannot be"
+            " ordered against a new one yet; retry later.",
+            retry_after_s=self._cfg.spool.retry_after_s,
+        )
 
     def _response(
         self, ctx: RequestContext, decision: Decision, status: int = 200, body: bytes = b""
@@ -315,6 +423,10 @@ class SpoolFront:
             # let the backend answer such writes itself rather than acknowledge what may never drain.
             return False
         if h.get(WRITE_THROUGH_HEADER, "").strip().lower() in _TRUE:
+            return False
+        if not all(_utf8(v) for v in h.values()) or not _key_storable(key) or not _headers_storable(h):
+            # Header bytes that are not UTF-8 (the spool stores headers as text), or a key the store will
+            # refuse: let the backend answer such a write itself rather than acknowledge what cannot drain.
             return False
         if any(name in h for name in _WRITE_THROUGH_ONLY):
             return False
@@ -671,11 +783,7 @@ class SpoolFront:
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
     ) -> web.StreamResponse:
         body = await self._read_xml_body(request, ctx)
-        try:
-            root = ET.fromstring(body)
-        except ET.ParseError as exc:
-            raise MalformedXML() from exc
-        keys = [el.text or "" for el in root.iter() if el.tag.rsplit("}", 1)[-1] == "Key"]
+        keys = delete_objects_keys(body)
         state = self.spool.state
         records = [
             state.delete_record(
@@ -882,7 +990,7 @@ class SpoolFront:
         copy: bool,
     ) -> web.StreamResponse:
         raw_number = q.get("partNumber", "")
-        if not raw_number.isdigit() or not 1 <= int(raw_number) <= MAX_PARTS:
+        if not (raw_number.isascii() and raw_number.isdigit()) or not 1 <= int(raw_number) <= MAX_PARTS:
             raise InvalidArgument(
                 "Part number must be an integer between 1 and 10000, inclusive.",
                 ArgumentName="partNumber",
@@ -1023,6 +1131,10 @@ class SpoolFront:
     async def _commit_or_discard(self, writer: SpoolFileWriter, rec: dict[str, Any]) -> None:
         try:
             await self.spool.commit([rec])
+        except JournalAppendFailed:
+            # The record may have reached the journal: its data must stay for recovery (which removes the
+            # file as an orphan if the record did not survive).
+            raise
         except BaseException:
             await writer.discard()
             raise
@@ -1060,7 +1172,7 @@ class SpoolFront:
                     number = (child.text or "").strip()
                 elif name == "ETag":
                     etag = (child.text or "").strip()
-            if number is None or etag is None or not number.isdigit():
+            if number is None or etag is None or not (number.isascii() and number.isdigit()):
                 raise MalformedXML()
             parts.append((int(number), etag))
         rec = self.spool.state.complete_record(upload, parts, self._clock.wall())

@@ -19,19 +19,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import datetime
 import functools
 import html
 import logging
 import os
 import random
 import re
+import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Mapping
 from xml.sax.saxutils import escape
 
 from gateway.clock import Clock
 from gateway.config import Credential, SpoolConfig
 from gateway.core.sigv4 import UNSIGNED_PAYLOAD
-from gateway.core.spool_state import Entry, EntryState
+from gateway.core.spool_state import Applied, Entry, EntryState
 from gateway.core.uri import s3_quote
 from gateway.errors import S3Error
 from gateway.metrics import Metrics
@@ -55,6 +57,27 @@ class DrainError(Exception):
 
 class Superseded(Exception):
     """A newer write of the key was acknowledged while this multipart drain was between parts."""
+
+
+_CLOCK_SLACK_S = 120.0  # the store's clock (Initiated) against ours (acked_at)
+
+
+def _listed_uploads(data: bytes) -> list[tuple[str, str, float]]:
+    """(upload id, key, initiated as a Unix time) of a ListMultipartUploads answer."""
+    out: list[tuple[str, str, float]] = []
+    root = ET.fromstring(data)
+    for up in root.iter():
+        if not up.tag.endswith("Upload") or up.tag.endswith("Uploads"):
+            continue
+        fields = {child.tag.rsplit("}", 1)[-1]: child.text or "" for child in up}
+        try:
+            when = datetime.datetime.fromisoformat(
+                fields.get("Initiated", "").replace("Z", "+00:00")
+            ).timestamp()
+        except ValueError:
+            when = float("inf")  # unknown: treated as recent
+        out.append((fields.get("UploadId", ""), fields.get("Key", ""), when))
+    return out
 
 
 def _norm_etag(etag: str) -> str:
@@ -90,6 +113,9 @@ class Drainer:
         self._janitor: asyncio.Task[None] | None = None
         self._janitor_at = -JANITOR_INTERVAL_S
         self._owned_uploads: set[str] = set()  # backend upload ids of multipart drains in progress
+        self._intent_locks: dict[
+            str, asyncio.Lock
+        ] = {}  # one per drain upload intent (see _upload_multipart)
         self._abortable: set[int] = set()  # seqs whose upload may still be cut (see _cancel)
         self._closing = False
         self._last_age_warning = 0.0
@@ -150,11 +176,15 @@ class Drainer:
         now = self._clock.monotonic()
         if now - self._janitor_at < JANITOR_INTERVAL_S:
             return
-        if any(u not in self._owned_uploads for u in self._spool.state.backend_uploads):
+        state = self._spool.state
+        if any(u not in self._owned_uploads for u in state.backend_uploads) or any(
+            t not in self._intent_locks or not self._intent_locks[t].locked() for t in state.backend_intents
+        ):
             self._janitor_at = now
             self._janitor = asyncio.create_task(self._abort_stale_backend_uploads(), name="drain-janitor")
 
     async def _abort_stale_backend_uploads(self) -> None:
+        await self._resolve_stale_intents()
         stale = [(u, v) for u, v in self._spool.state.backend_uploads.items() if u not in self._owned_uploads]
         for upload_id, (bucket, key, access_key, lane) in stale:
             probe = Entry(
@@ -174,6 +204,57 @@ class Drainer:
                     await self._spool.commit([self._spool.state.backend_upload_end_record(upload_id)])
             else:
                 log.warning("abort of stale backend upload %s answered %d: %r", upload_id, status, data[:200])
+
+    def _intent_lock(self, token: str) -> asyncio.Lock:
+        lock = self._intent_locks.get(token)
+        if lock is None:
+            lock = self._intent_locks[token] = asyncio.Lock()
+        return lock
+
+    async def _resolve_stale_intents(self) -> None:
+        """Open intents no attempt is working on: the process that journaled one died, or its attempt failed,
+        between the intent and the upload id. Each is resolved (see :meth:`_resolve_intent`), or left for
+        the next round while the store is unavailable."""
+        for token in list(self._spool.state.backend_intents):
+            lock = self._intent_lock(token)
+            if lock.locked():
+                continue
+            async with lock:
+                try:
+                    await self._resolve_intent(token)
+                except Exception as exc:  # the store is unavailable: the drain's own errors say so
+                    log.debug("could not resolve drain upload intent %s: %s", token, exc)
+            if token not in self._spool.state.backend_intents:
+                self._intent_locks.pop(token, None)
+
+    async def _resolve_intent(self, token: str) -> None:
+        """List the key's multipart uploads on the store and abort those initiated since the intent's entry
+        was acknowledged that the journal does not know (while a key has spooled data, writes of it through
+        the gateway are spooled, so such an upload is a drain's); then end the intent."""
+        state = self._spool.state
+        found = state.backend_intents.get(token)
+        if found is None:
+            return
+        bucket, key, access_key, lane, not_before = found
+        probe = Entry(seq=0, kind="put", bucket=bucket, key=key, access_key=access_key, lane=lane, acked_at=0)
+        status, data, _ = await self._request(
+            probe, "GET", f"uploads=&prefix={s3_quote(key, safe='')}", {}, bucket_level=True
+        )
+        if status != 200:
+            raise DrainError(f"ListMultipartUploads answered {status}: {data[:200]!r}")
+        known = set(state.backend_uploads) | self._owned_uploads
+        for upload_id, up_key, initiated in _listed_uploads(data):
+            if up_key != key or upload_id in known or initiated < not_before - _CLOCK_SLACK_S:
+                continue
+            qid = s3_quote(upload_id, safe="")
+            st, body, _ = await self._request(probe, "DELETE", f"uploadId={qid}", {})
+            if st not in (200, 204, 404):
+                raise DrainError(f"AbortMultipartUpload answered {st}: {body[:200]!r}")
+            log.info(
+                "aborted drain upload %s of %s/%s left by a crash or a failed attempt", upload_id, bucket, key
+            )
+        with contextlib.suppress(SpoolWriteFailed):
+            await self._spool.commit([state.backend_intent_end_record(token)])
 
     def _next_timeout(self) -> float:
         now = self._clock.monotonic()
@@ -257,9 +338,11 @@ class Drainer:
                 await self._spool.commit([done])
             except SpoolWriteFailed:
                 # The journal is out of service: forget the entry in memory but keep its files, so a
-                # restart (which replays the old journal) finds the data and at worst uploads it again.
-                state.apply(done)
-                self._spool.space.set_used(state.bytes_on_disk)
+                # restart (which replays the old journal) finds the data and at worst uploads it again;
+                # until the journal is rewritten, nothing else may write the key (see forget_unjournaled).
+                applied = state.apply(done)
+                self._spool.forget_unjournaled(entry.bucket, entry.key, applied.garbage, entry.size)
+                self._spool.after_drain(Applied(removed=applied.removed))
 
     def _backoff(self, attempts: int) -> float:
         cap = min(self._cfg.retry_max_s, self._cfg.retry_base_s * (2 ** max(0, attempts - 1)))
@@ -283,9 +366,11 @@ class Drainer:
         raw_query: str,
         headers: dict[str, str],
         body: bytes | AsyncIterator[bytes] | None = None,
+        *,
+        bucket_level: bool = False,
     ) -> tuple[int, bytes, Mapping[str, str]]:
         lane = self._lane(entry)
-        backend, target = self._pools.target(entry.bucket, entry.key, raw_query)
+        backend, target = self._pools.target(entry.bucket, None if bucket_level else entry.key, raw_query)
         dispatcher = self._pools.dispatcher_of(backend.name)
         ticket = await dispatcher.acquire(lane, self._request_cost)
         dispatcher.release(ticket)
@@ -377,18 +462,50 @@ class Drainer:
 
     async def _upload_multipart(self, entry: Entry) -> None:
         headers = {k: v for k, v in entry.meta if k != "content-md5"}
-        status, data, _ = await self._request(entry, "POST", "uploads", headers)
-        match = _UPLOAD_ID.search(data)
-        if status != 200 or match is None:
-            raise DrainError(f"CreateMultipartUpload answered {status}: {data[:300]!r}")
-        upload_id = html.unescape(match.group(1).decode())
-        qid = s3_quote(upload_id, safe="")
         state = self._spool.state
+        # The intent is journaled before the store creates the upload, its id right after: a crash in
+        # between leaves an open intent, from which the janitor finds and aborts the upload. With the
+        # journal out of service the drain goes on unrecorded (a crash then leaves an upload that only the
+        # store's lifecycle rules remove: better than holding acknowledged data forever).
+        token = f"s{entry.seq}"  # one per entry: failed attempts do not pile up
+        # Held from the intent until the upload id is journaled, so the janitor never resolves an intent
+        # whose upload is being created (it would miss it, or abort a live one).
+        async with self._intent_lock(token):
+            if token in state.backend_intents:
+                # A previous attempt (or process) may have left an upload behind: clean it up first.
+                await self._resolve_intent(token)
+            journaled = True
+            if token not in state.backend_intents:
+                try:
+                    await self._spool.commit([state.backend_intent_record(token, entry, entry.acked_at)])
+                except SpoolWriteFailed:
+                    if self._spool.degraded is None:
+                        raise
+                    journaled = False
+            status, data, _ = await self._request(entry, "POST", "uploads", headers)
+            match = _UPLOAD_ID.search(data)
+            if status != 200 or match is None:
+                raise DrainError(f"CreateMultipartUpload answered {status}: {data[:300]!r}")
+            upload_id = html.unescape(match.group(1).decode())
+            self._owned_uploads.add(upload_id)
+            try:
+                records = [state.backend_upload_record(upload_id, entry)]
+                if journaled:
+                    records.append(state.backend_intent_end_record(token))
+                await self._spool.commit(records)
+            except SpoolWriteFailed:
+                if self._spool.degraded is None:
+                    self._owned_uploads.discard(upload_id)  # the open intent covers it
+                    raise
+                log.warning(
+                    "drain of %s/%s: journal out of service, upload %s not recorded",
+                    entry.bucket,
+                    entry.key,
+                    upload_id,
+                )
+        qid = s3_quote(upload_id, safe="")
         finished = False
-        self._owned_uploads.add(upload_id)
         try:
-            # Recorded before any part is sent: a crash from here on leaves an upload the next start aborts.
-            await self._spool.commit([state.backend_upload_record(upload_id, entry)])
             self._abortable.add(entry.seq)  # parts may be cut short; the completion may not
             for number, (file_id, size, md5_hex) in enumerate(
                 zip(entry.files, entry.part_sizes, entry.part_md5s, strict=True), start=1

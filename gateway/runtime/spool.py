@@ -48,12 +48,20 @@ T = TypeVar("T")
 WRITE_BUFFER_BYTES = 1024 * 1024
 DRAIN_RATE_WINDOW_S = 10.0
 JOURNAL_NAME = "journal"
+HEAL_INTERVAL_S = 2.0
 
 
 class SpoolWriteFailed(ServiceUnavailable):
     """The spool could not make a write durable (disk full, I/O error): nothing was acknowledged."""
 
     default_message = "The gateway could not store the upload on its local spool. Please retry."
+
+
+class JournalAppendFailed(SpoolWriteFailed):
+    """The journal append of the write's record failed. The record may or may not be in the journal file
+    (the gateway truncates it back when it can), so the write's data file must be kept: if the record did
+    survive, recovery needs the data; if not, recovery removes the file as an orphan. Either outcome is one
+    S3 allows for a request answered 503."""
 
 
 @dataclass(slots=True)
@@ -111,6 +119,13 @@ class Spool:
         self._flush_waiters: list[tuple[str, str, int, asyncio.Future[None]]] = []
         self._key_waiters: dict[tuple[str, str], list[asyncio.Future[None]]] = {}
         self.degraded: str | None = None
+        # While degraded: keys whose drained entries' ``done`` records could not be journaled (a restart would
+        # drain them again, so nothing else may write these keys until the journal is rewritten), and the
+        # files those entries kept for that case.
+        self.unjournaled_keys: set[tuple[str, str]] = set()
+        self._kept_files: list[str] = []
+        self._kept_bytes = 0
+        self._healer: asyncio.Task[None] | None = None
         self.drain_wakeup = asyncio.Event()
         self.on_cancel: Callable[[int], None] = lambda seq: None
         self.recovery: RecoveryReport | None = None
@@ -215,6 +230,11 @@ class Spool:
         return report
 
     async def close(self) -> None:
+        if self._healer is not None:
+            self._healer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._healer
+            self._healer = None
         if self._committer is not None:
             # Let queued records land first: their writers are waiting for the ack.
             if self._queue and self.degraded is None:
@@ -253,6 +273,10 @@ class Spool:
             raise SpoolWriteFailed("The spool is not open.")
         if self.degraded is not None:
             raise SpoolWriteFailed(f"The gateway's spool is out of service: {self.degraded}")
+        try:
+            encode_batch(records)  # a record that cannot be encoded fails its own request, not the committer
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise SpoolWriteFailed(f"The spool cannot record this request: {exc}") from None
         fut: asyncio.Future[list[Applied]] = asyncio.get_running_loop().create_future()
         self._queue.append((records, fut))
         self._wake_committer.set()
@@ -271,12 +295,16 @@ class Spool:
                 rec[BATCH_KEY] = self._batch_no
             data = encode_batch(records)
             dir_dirty, self._dir_dirty = self._dir_dirty, False
+            good_bytes = self._journal_bytes
             try:
                 await self.run_io(self._append_sync, data, dir_dirty)
             except OSError as exc:
-                self.degraded = f"journal write failed: {exc}"
-                log.error("spool: %s; new writes go to the backend directly", self.degraded)
-                err = SpoolWriteFailed()
+                # Put the journal back as it was before this batch, so that records nobody was told are
+                # durable cannot come back at the next start (best effort: the disk is failing).
+                with contextlib.suppress(OSError):
+                    await self.run_io(self._truncate_sync, good_bytes)
+                self._go_degraded(f"journal write failed: {exc}")
+                err = JournalAppendFailed()
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(err)
@@ -295,8 +323,49 @@ class Spool:
                 try:
                     await self.run_io(self._compact_sync, snapshot)
                 except OSError as exc:
-                    self.degraded = f"journal compaction failed: {exc}"
-                    log.error("spool: %s", self.degraded)
+                    self._go_degraded(f"journal compaction failed: {exc}")
+
+    def _go_degraded(self, why: str) -> None:
+        self.degraded = why
+        log.error("spool: %s; new writes go to the backend directly until the journal is rewritten", why)
+        if self._healer is None or self._healer.done():
+            self._healer = asyncio.create_task(self._heal_loop(), name="spool-heal")
+            self._healer.add_done_callback(crash_on_failure)
+
+    async def _heal_loop(self) -> None:
+        """Out of service: try, every few seconds, to rewrite the journal from the state in memory into a new
+        file (tmp, fsync, rename, fsync the directory). A failed fsync leaves the old file's pages in an
+        unknown state; a new file that was written and fsynced without error is known good. Once it is in
+        place the spool is back in service, with no restart."""
+        while self.degraded is not None:
+            await asyncio.sleep(HEAL_INTERVAL_S)
+            snapshot = self.state.snapshot_records()
+            try:
+                await self.run_io(self._compact_sync, snapshot)
+            except OSError as exc:
+                log.debug("spool: journal rewrite failed, still out of service: %s", exc)
+                continue
+            log.warning("spool: journal rewritten; back in service (was: %s)", self.degraded)
+            self.degraded = None
+            self.unjournaled_keys.clear()
+            kept, self._kept_files, self._kept_bytes = self._kept_files, [], 0
+            if kept:
+                self.unlink_later(tuple(kept))
+            self.space.set_used(self.state.bytes_on_disk)
+            self._wake_waiters()
+
+    def forget_unjournaled(self, bucket: str, key: str, garbage: tuple[str, ...], nbytes: int) -> None:
+        """A drained entry whose ``done`` could not be journaled: forgotten in memory, its files kept (a
+        restart replays the old journal and needs them), its key closed to other writes until the journal
+        is rewritten (a write through to the store now would be overwritten by that replay)."""
+        self.unjournaled_keys.add((bucket, key))
+        self._kept_files.extend(garbage)
+        self._kept_bytes += nbytes
+        self.space.set_used(self.state.bytes_on_disk + self._kept_bytes)
+
+    def _truncate_sync(self, length: int) -> None:
+        os.ftruncate(self._journal_fd, length)
+        os.fdatasync(self._journal_fd)
 
     def _append_sync(self, data: bytes, dir_dirty: bool) -> None:
         if dir_dirty:
@@ -338,7 +407,7 @@ class Spool:
 
     def _after(self, applied: Applied) -> None:
         """Carry out what a state change asks for: unlink garbage, cancel uploads, wake waiters."""
-        self.space.set_used(self.state.bytes_on_disk)
+        self.space.set_used(self.state.bytes_on_disk + self._kept_bytes)
         if applied.garbage:
             self.unlink_later(applied.garbage)
         for seq in applied.cancel:
@@ -375,9 +444,7 @@ class Spool:
     def _stale_uploads(self, bucket: str, prefix: str) -> int:
         """Backend multipart uploads a drain opened and has not completed or aborted yet, under the prefix.
         Flush waits for them too: "durable" includes "nothing half-done left on the store"."""
-        return sum(
-            1 for b, k, _, _ in self.state.backend_uploads.values() if b == bucket and k.startswith(prefix)
-        )
+        return self.state.open_backend_work(bucket, prefix)
 
     def _pending(self, bucket: str, prefix: str, max_seq: int) -> int:
         return self.state.pending_under(bucket, prefix, max_seq)[0] + self._stale_uploads(bucket, prefix)
@@ -413,7 +480,7 @@ class Spool:
         (client multipart uploads still open do not count: they are the client's to finish). False on
         timeout. Used on shutdown, so it polls rather than adding another waiter kind."""
         deadline = self._clock.monotonic() + timeout_s
-        while self.state.entries or self.state.backend_uploads:
+        while self.state.entries or self.state.open_backend_work():
             if self.degraded is not None or self._clock.monotonic() >= deadline:
                 return False
             self.drain_wakeup.set()
@@ -466,7 +533,7 @@ class Spool:
             "pending_objects": len(self.state.entries),
             "pending_bytes": sum(e.size for e in self.state.entries.values()),
             "open_uploads": len(self.state.uploads),
-            "backend_uploads_open": len(self.state.backend_uploads),
+            "backend_uploads_open": self.state.open_backend_work(),
             "oldest_pending_age_s": None if oldest is None else max(0.0, now_wall - oldest),
             "acked_bytes_total": self.acked_bytes,
             "drained_bytes_total": self.drained_bytes,

@@ -38,3 +38,19 @@ def test_over_the_limit(
 )
 def test_within_the_limits(operation: str, query: dict[str, str], size: int | None) -> None:
     check_limits(operation, query, size, MAX_HEADERS)
+
+
+@pytest.mark.parametrize("value", ["a\x00b", "text/plain\r\nX-Evil: 1", "\x7f"])
+def test_response_overrides_with_control_characters_are_refused(value: str) -> None:
+    with pytest.raises(S3Error) as info:
+        check_limits("GetObject", {"response-content-type": value}, None, 5)
+    assert info.value.code == "InvalidArgument"
+
+
+@pytest.mark.parametrize(
+    "number", ["\u00b2", "\u0663", "\uff11"]
+)  # superscript two, Arabic-Indic three, fullwidth one
+def test_part_numbers_are_ascii_digits_only(number: str) -> None:
+    with pytest.raises(S3Error) as info:
+        check_limits("UploadPart", {"partNumber": number}, 1, 5)
+    assert info.value.code == "InvalidArgument"

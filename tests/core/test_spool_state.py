@@ -1141,3 +1141,32 @@ def test_space_level_of_a_zero_capacity_spool_is_full() -> None:
     sp = SpoolSpace(capacity_bytes=0, high_water=0.9, low_water=0.7)
     assert sp.level == 1.0
     assert sp.admit(1) is Admission.TOO_BIG
+
+
+def test_drain_upload_intents_are_journaled_snapshotted_and_counted_as_open_work() -> None:
+    state = SpoolState()
+    entry = Entry(
+        seq=7, kind="put", bucket="b", key="ckpt/x", access_key="AK", lane="checkpoint", acked_at=100.0
+    )
+    state.apply(SpoolState.backend_intent_record("t1", entry, 100.0))
+    assert state.backend_intents == {"t1": ("b", "ckpt/x", "AK", "checkpoint", 100.0)}
+    assert state.open_backend_work("b", "ckpt/") == 1 and state.open_backend_work("b", "other/") == 0
+    # An intent of an entry still pending is counted as that entry, not twice.
+    state.entries[7] = entry
+    state.apply(SpoolState.backend_intent_record("s7", entry, 100.0))
+    assert state.open_backend_work("b") == 1
+    del state.entries[7]
+    assert state.open_backend_work("b") == 2
+    state.apply(SpoolState.backend_intent_end_record("s7"))
+    # A compaction keeps the open intent; replaying the snapshot rebuilds it.
+    again = SpoolState()
+    for rec in state.snapshot_records():
+        again.apply(rec)
+    assert again.backend_intents == state.backend_intents
+    # The upload id arrives with the intent's end, in one batch.
+    state.apply(SpoolState.backend_upload_record("up-1", entry))
+    state.apply(SpoolState.backend_intent_end_record("t1"))
+    assert state.backend_intents == {} and set(state.backend_uploads) == {"up-1"}
+    assert state.open_backend_work() == 1
+    state.apply(SpoolState.backend_upload_end_record("up-1"))
+    assert state.open_backend_work() == 0

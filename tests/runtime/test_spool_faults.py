@@ -1,0 +1,236 @@
+"""Disk faults inside the spool: fsync and fdatasync failing with EIO, the journal running out of space.
+
+Such faults cannot be produced on demand on a real disk without a fault-injecting block device, so they are
+injected here, in-process, by replacing the ``os`` function the spool's I/O thread calls, for the one file
+descriptor the fault is about (a data file, the data directory, the journal). The spool itself is real: a
+:class:`~gateway.runtime.spool.Spool` on ``tmp_path`` driven by the test's event loop, reopened to see what a
+restart finds. Writes go through :func:`put`, which does what ``gateway.http.spool_front`` does for a PUT:
+stream into a writer, commit its record, and discard the data file if either step fails (the client is
+answered 503 and nothing is acknowledged).
+
+The contract (docs/spool.md, "When the spool is full" and "Crash safety"): the write that hit the fault is not
+acknowledged and leaves nothing; a data file's failure is that write's problem only; a journal failure takes
+the spool out of service for new writes (``degraded``); nothing acknowledged is ever lost, across a restart
+included. ``tests/runtime/test_spool_shell.py`` covers ENOSPC on a data file and a failed journal fdatasync
+of a new key; these add the fsync of a data file, the fsync of the data directory, an ENOSPC that tears the
+journal mid-frame, and a failed fdatasync under an overwrite of an acknowledged key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.clock import SystemClock
+from gateway.config import SpoolConfig
+from gateway.runtime.spool import Spool, SpoolWriteFailed
+
+CFG = SpoolConfig(capacity_bytes=64 * 1024 * 1024)
+
+
+async def opened(root: Path) -> Spool:
+    spool = Spool(CFG, root, SystemClock())
+    await spool.open()
+    return spool
+
+
+async def put(spool: Spool, key: str, data: bytes) -> dict[str, Any]:
+    """What spool_front does for a PUT (``_write_body`` then ``_commit_or_discard``)."""
+    writer = spool.writer(len(data))
+    await writer.open()
+    try:
+        for i in range(0, len(data), 100_000):
+            await writer.write(data[i : i + 100_000])
+        md5 = await writer.finish()
+    except BaseException:
+        await writer.discard()
+        raise
+    rec = spool.state.put_record(
+        bucket="b",
+        key=key,
+        file=writer.file_id,
+        size=writer.size,
+        md5=md5,
+        meta=[],
+        access_key="AK",
+        lane="checkpoint",
+        now_wall=1_700_000_000.0,
+    )
+    try:
+        await spool.commit([rec])
+    except BaseException:
+        await writer.discard()
+        raise
+    return rec
+
+
+def stored(spool: Spool, key: str) -> bytes | None:
+    """The bytes the spool holds for ``key`` (None if it holds no entry)."""
+    entry = spool.state.lookup("b", key)
+    if entry is None:
+        return None
+    return b"".join(spool.file_path(f).read_bytes() for f in entry.files)
+
+
+def file_size(path: str) -> int:
+    return os.stat(path).st_size
+
+
+def failing_for(path_test: Callable[[str], bool], real: Callable[[int], None]) -> Callable[[int], None]:
+    """An ``os.fsync``/``os.fdatasync`` failing with EIO for descriptors whose path passes ``path_test``."""
+
+    def fake(fd: int) -> None:
+        if path_test(os.readlink(f"/proc/self/fd/{fd}")):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    return fake
+
+
+async def test_a_failed_fsync_of_a_data_file_fails_that_write_only_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = await opened(tmp_path)
+    data_dir = str(tmp_path / "data")
+    try:
+        before = os.urandom(3000)
+        await put(spool, "before", before)
+        monkeypatch.setattr(os, "fsync", failing_for(lambda p: p.startswith(data_dir + "/"), os.fsync))
+        with pytest.raises(SpoolWriteFailed) as exc:
+            await put(spool, "hit", os.urandom(300_000))
+        assert exc.value.status == 503
+        monkeypatch.undo()
+        assert spool.degraded is None  # the data file was dropped; the journal is fine
+        assert spool.state.lookup("b", "hit") is None
+        assert len(os.listdir(data_dir)) == 1  # only "before": the failed file is gone
+        after = os.urandom(2000)
+        await put(spool, "after", after)
+    finally:
+        await spool.close()
+    again = await opened(tmp_path)
+    try:
+        assert (stored(again, "before"), stored(again, "hit"), stored(again, "after")) == (
+            before,
+            None,
+            after,
+        )
+        assert again.recovery is not None and again.recovery.lost_entries == []
+    finally:
+        await again.close()
+
+
+async def test_a_failed_fsync_of_the_data_directory_takes_the_spool_out_of_service_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = await opened(tmp_path)
+    data_dir = str(tmp_path / "data")
+    try:
+        before = os.urandom(3000)
+        await put(spool, "before", before)
+        monkeypatch.setattr(os, "fsync", failing_for(lambda p: p == data_dir, os.fsync))
+        with pytest.raises(SpoolWriteFailed):
+            await put(spool, "hit", os.urandom(5000))
+        monkeypatch.undo()
+        assert spool.degraded is not None and "journal" in spool.degraded
+        assert spool.state.lookup("b", "hit") is None
+        with pytest.raises(SpoolWriteFailed):  # out of service: the front sends writes to the backend
+            await put(spool, "later", b"x")
+        assert stored(spool, "before") == before
+    finally:
+        await spool.close()
+    again = await opened(tmp_path)
+    try:
+        assert again.degraded is None  # a restart puts it back in service
+        assert (stored(again, "before"), stored(again, "hit"), stored(again, "later")) == (before, None, None)
+        assert again.recovery is not None and again.recovery.lost_entries == []
+        await put(again, "after-restart", b"ok")
+    finally:
+        await again.close()
+
+
+async def test_a_journal_append_cut_by_enospc_is_truncated_back_and_the_spool_heals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk during the journal append: the kernel takes part of the frame, then ENOSPC. The spool
+    truncates the journal back to its last good length at once (no half frame is left for a restart to
+    find), goes out of service, and, once the disk takes writes again, rewrites its journal and is back in
+    service by itself."""
+    spool = await opened(tmp_path)
+    journal = str(tmp_path / "journal")
+    real_write = os.write
+
+    def short_then_full(fd: int, data: Any) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}") != journal:
+            return real_write(fd, data)
+        if len(data) > 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:
+        before = os.urandom(3000)
+        await put(spool, "before", before)
+        size_before = file_size(journal)
+        monkeypatch.setattr(os, "write", short_then_full)
+        with pytest.raises(SpoolWriteFailed):
+            await put(spool, "hit", os.urandom(5000))
+        monkeypatch.undo()
+        assert spool.degraded is not None and "No space left" in spool.degraded
+        assert file_size(journal) == size_before  # the half frame was cut off again
+        with pytest.raises(SpoolWriteFailed):
+            await put(spool, "while-out", b"x")
+        for _ in range(100):  # the heal loop runs every HEAL_INTERVAL_S
+            if spool.degraded is None:
+                break
+            await asyncio.sleep(0.1)
+        assert spool.degraded is None, "the spool did not come back into service by itself"
+        after = os.urandom(2000)
+        await put(spool, "after", after)
+    finally:
+        await spool.close()
+    again = await opened(tmp_path)
+    try:
+        assert again.recovery is not None and again.recovery.torn_bytes == 0
+        assert stored(again, "after") == after
+        assert (stored(again, "before"), stored(again, "hit")) == (before, None)
+        assert again.recovery.lost_entries == []
+    finally:
+        await again.close()
+
+
+async def test_a_failed_journal_fdatasync_under_an_overwrite_never_costs_the_acknowledged_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """v1 of a key is acknowledged (and not yet drained). The append of v2's record reaches the file, but
+    its fdatasync fails: v2 is answered 503 (not acknowledged) and, as spool_front does, its data file is
+    discarded. What a restart finds must still include v1, byte for byte: the client was told v1 is durable
+    and was never told v2 replaced it. (The record of v2 is in the file: after a failed fsync the page
+    cache may still write it back, and here the clean close fsyncs it.)"""
+    spool = await opened(tmp_path)
+    v1 = os.urandom(4000)
+    try:
+        await put(spool, "k", v1)
+        monkeypatch.setattr(os, "fdatasync", failing_for(lambda p: True, os.fdatasync))
+        with pytest.raises(SpoolWriteFailed):
+            await put(spool, "k", os.urandom(4000))
+        monkeypatch.undo()
+        assert spool.degraded is not None
+        assert stored(spool, "k") == v1  # what the running gateway serves and drains
+    finally:
+        await spool.close()
+    again = await opened(tmp_path)
+    try:
+        assert again.recovery is not None
+        got = stored(again, "k")
+        assert got is not None and hashlib.sha256(got).digest() == hashlib.sha256(v1).digest(), (
+            f"the acknowledged v1 is gone after the restart: {again.recovery.summary()}"
+        )
+        assert again.recovery.lost_entries == [], again.recovery.summary()
+    finally:
+        await again.close()
