@@ -375,24 +375,30 @@ class Drainer:
         ticket = await dispatcher.acquire(lane, self._request_cost)
         dispatcher.release(ticket)
         try:
-            resp = await backend.request(
-                method,
-                target,
-                headers,
-                self._credential(entry),
-                body=body,
-                payload_hash=UNSIGNED_PAYLOAD,
-                lane=lane,
-            )
-        except S3Error as exc:
-            dispatcher.observe_backend(lane, exc.status)
-            raise DrainError(f"{method} {target.raw_path}: {exc.code}: {exc.message}") from exc
-        try:
-            dispatcher.observe_backend(lane, resp.status)
-            data = await resp.read()
-            return resp.status, data, resp.headers.copy()  # case-insensitive (Go sends Etag)
+            try:
+                resp = await backend.request(
+                    method,
+                    target,
+                    headers,
+                    self._credential(entry),
+                    body=body,
+                    payload_hash=UNSIGNED_PAYLOAD,
+                    lane=lane,
+                )
+            except S3Error as exc:
+                dispatcher.observe_backend(lane, exc.status)
+                raise DrainError(f"{method} {target.raw_path}: {exc.code}: {exc.message}") from exc
+            try:
+                dispatcher.observe_backend(lane, resp.status)
+                data = await resp.read()
+                return resp.status, data, resp.headers.copy()  # case-insensitive (Go sends Etag)
+            finally:
+                resp.release()
         finally:
-            resp.release()
+            # A file body cut short (error, cancellation) closes its file now, not when collected.
+            aclose = getattr(body, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     async def _file_body(
         self, entry: Entry, file_id: str, size: int, *, commits: bool = False

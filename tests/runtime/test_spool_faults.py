@@ -28,21 +28,13 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import SystemClock
-from gateway.config import SpoolConfig
-from gateway.runtime.spool import Spool, SpoolWriteFailed
-
-CFG = SpoolConfig(capacity_bytes=64 * 1024 * 1024)
-
-
-async def opened(root: Path) -> Spool:
-    spool = Spool(CFG, root, SystemClock())
-    await spool.open()
-    return spool
+from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolWriteFailed
+from tests.runtime.test_spool_shell import opened
 
 
 async def put(spool: Spool, key: str, data: bytes) -> dict[str, Any]:
-    """What spool_front does for a PUT (``_write_body`` then ``_commit_or_discard``)."""
+    """What spool_front does for a PUT (``_write_body``, then ``_commit_or_discard``: the data file is
+    discarded when the commit fails, except after a failed journal append, whose record may survive)."""
     writer = spool.writer(len(data))
     await writer.open()
     try:
@@ -65,6 +57,8 @@ async def put(spool: Spool, key: str, data: bytes) -> dict[str, Any]:
     )
     try:
         await spool.commit([rec])
+    except JournalAppendFailed:
+        raise
     except BaseException:
         await writer.discard()
         raise
@@ -208,10 +202,10 @@ async def test_a_failed_journal_fdatasync_under_an_overwrite_never_costs_the_ack
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """v1 of a key is acknowledged (and not yet drained). The append of v2's record reaches the file, but
-    its fdatasync fails: v2 is answered 503 (not acknowledged) and, as spool_front does, its data file is
-    discarded. What a restart finds must still include v1, byte for byte: the client was told v1 is durable
-    and was never told v2 replaced it. (The record of v2 is in the file: after a failed fsync the page
-    cache may still write it back, and here the clean close fsyncs it.)"""
+    its fdatasync fails: v2 is answered 503 (not acknowledged). What a restart finds must still include v1,
+    byte for byte: the client was told v1 is durable and was never told v2 replaced it. (The spool cuts
+    v2's record off the journal; were that to fail, v2's data file is kept, so a surviving record would
+    find its data rather than replace v1 with nothing.)"""
     spool = await opened(tmp_path)
     v1 = os.urandom(4000)
     try:
