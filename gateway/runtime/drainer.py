@@ -43,6 +43,9 @@ from gateway.runtime.spool import Spool, SpoolWriteFailed
 
 log = logging.getLogger("s3lanes.drain")
 
+# A spool file is read (and handed to the socket) at most this much at a time, and never more than one
+# scheduler chunk: a paced lane's burst at the backend's bottleneck is what one read hands the kernel, so
+# reading more than a grant at once would undo a small ``[scheduler] chunk_bytes``.
 READ_CHUNK_BYTES = 1024 * 1024
 _UPLOAD_ID = re.compile(rb"<UploadId>([^<]+)</UploadId>")
 _ETAG = re.compile(rb"<ETag>([^<]+)</ETag>")
@@ -107,6 +110,7 @@ class Drainer:
         self._clock = clock
         self._metrics = metrics
         self._chunk = chunk_bytes
+        self._read_bytes = max(1, min(READ_CHUNK_BYTES, chunk_bytes))
         self._request_cost = request_cost_bytes
         self._default_lane = default_lane
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -412,7 +416,7 @@ class Drainer:
         try:
             offset = 0
             while offset < size:
-                n = min(READ_CHUNK_BYTES, size - offset)
+                n = min(self._read_bytes, size - offset)
                 await budget.take(n)
                 chunk = await self._spool.run_io(os.pread, fd, n, offset)
                 if not chunk:

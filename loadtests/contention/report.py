@@ -461,6 +461,16 @@ def _pct(value: float | None, digits: int = 1) -> str:
     return "n/a" if value is None else f"{100 * value:.{digits}f}%"
 
 
+def _drain_knob(o: dict[str, Any]) -> str:
+    n = o.get("drain_concurrency")
+    return "" if n is None else f" with `drain_concurrency = {n}`"
+
+
+def _ckpt_pool(o: dict[str, Any]) -> str:
+    mbs = o.get("ckpt_pool_mbs")
+    return "same bandwidth" if mbs is None else f"`bandwidth` = {mbs:g} MB/s"
+
+
 def markdown(doc: dict[str, Any]) -> str:
     o, tb, s = doc["options"], doc["testbed"], doc["summary"]
     sc = s["scenarios"]
@@ -479,8 +489,11 @@ def markdown(doc: dict[str, Any]) -> str:
         f"| TCP | {tb['tcp_congestion_control']} |",
         f"| store | {tb['store']} |",
         f"| gateways | `[backend] bandwidth` = {tb['rate_MBps']:g} MB/s, default lanes and scheduler; "
-        "(b) `[spool] enabled = false`, (c) spool on the local disk, (d) as (c) + `[backends.ckpt]` "
-        "(the second store, same bandwidth) + `[[routes]]` for the checkpoint bucket |",
+        "(b) `[spool] enabled = false`, (c) spool on the local disk"
+        + _drain_knob(o)
+        + ", (d) as (c) + `[backends.ckpt]` (the second store, "
+        + _ckpt_pool(o)
+        + ") + `[[routes]]` for the checkpoint bucket |",
         "",
         "| workload | |",
         "|---|---|",

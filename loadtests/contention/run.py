@@ -135,6 +135,8 @@ class Options:
     dataset_mib: int
     segment_timeout_s: float
     gateway_toml: Path | None
+    ckpt_pool_mbs: float | None  # (d)'s [backends.ckpt] bandwidth; None: the testbed's rate
+    drain_concurrency: int | None  # [spool] drain_concurrency of (c) and (d); None: the gateway's default
     keep_tmp: bool
     progress: bool | None
     rebuild_report: Path | None
@@ -199,6 +201,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         type=Path,
         help="TOML appended to every gateway's generated config (experiments: [scheduler], [lanes])",
     )
+    p.add_argument(
+        "--ckpt-pool-mbs",
+        type=float,
+        help="(d): `[backends.ckpt] bandwidth`, MB/s: the checkpoint pool's drain rate (default: --rate-mbs)",
+    )
+    p.add_argument(
+        "--drain-concurrency",
+        type=int,
+        help="(c), (d): `[spool] drain_concurrency` (default: the gateway's default)",
+    )
     p.add_argument("--keep-tmp", action="store_true", help="keep the temporary state (SeaweedFS data, spool)")
     p.add_argument(
         "--rebuild-report",
@@ -249,6 +261,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         dataset_mib=pick(a.dataset_mib, 32, 8),
         segment_timeout_s=pick(a.segment_timeout_s, 600.0, 600.0),
         gateway_toml=a.gateway_toml,
+        ckpt_pool_mbs=None if a.ckpt_pool_mbs is None else pick(a.ckpt_pool_mbs, 0, 0),
+        drain_concurrency=None if a.drain_concurrency is None else pick(a.drain_concurrency, 0, 0),
         keep_tmp=a.keep_tmp,
         progress=a.progress,
         rebuild_report=a.rebuild_report,
@@ -269,18 +283,28 @@ class Gateway:
 
 
 def gateway_toml(
-    d: Path, backend_url: str, rate_bps: float, spool: bool, extra: str, ckpt_url: str | None = None
+    d: Path,
+    backend_url: str,
+    rate_bps: float,
+    spool: bool,
+    extra: str,
+    ckpt_url: str | None = None,
+    *,
+    ckpt_rate_bps: float | None = None,
+    drain_concurrency: int | None = None,
 ) -> str:
     """The generated config; with ``ckpt_url``, the checkpoint bucket is routed to a second backend there
-    (its own pool and scheduler, at the same bandwidth)."""
+    (its own pool and scheduler, at ``ckpt_rate_bps``, by default the same bandwidth)."""
     spool_section = f'enabled = true\ndir = "{d / "spool"}"' if spool else "enabled = false"
+    if spool and drain_concurrency is not None:
+        spool_section += f"\ndrain_concurrency = {drain_concurrency}"
     pools = ""
     if ckpt_url is not None:
         pools = f"""
 [backends.{CKPT_BACKEND}]  # the checkpoint pool: the second store, behind its own bottleneck
 endpoint = "{ckpt_url}"
 region = "{REGION}"
-bandwidth = {rate_bps:.0f}
+bandwidth = {ckpt_rate_bps or rate_bps:.0f}
 
 [[routes]]
 bucket = "{CHECKPOINT_BUCKET}"
@@ -307,17 +331,28 @@ secret_key = "{SECRET_KEY}"
 {extra}"""
 
 
-def start_gateways(tb: Testbed, work: Path, scenarios: Sequence[str], extra: str) -> dict[str, Gateway]:
+def start_gateways(
+    tb: Testbed, work: Path, scenarios: Sequence[str], extra: str, opts: Options
+) -> dict[str, Gateway]:
     """Start the scenarios' gateways together (each takes a second or two), then wait until each serves."""
-    started = [spawn_gateway(tb, work, scenario, extra) for scenario in scenarios]
+    started = [spawn_gateway(tb, work, scenario, extra, opts) for scenario in scenarios]
     return {gw.scenario: wait_gateway(gw) for gw in started}
 
 
-def spawn_gateway(tb: Testbed, work: Path, scenario: str, extra: str) -> Gateway:
+def spawn_gateway(tb: Testbed, work: Path, scenario: str, extra: str, opts: Options) -> Gateway:
     d = work / f"gateway-{scenario}"
     d.mkdir(parents=True)
     ckpt_url = tb.ckpt_store_url if scenario in SEPARATE_POOLS else None
-    text = gateway_toml(d, tb.store_url, tb.spec.rate_bps, GATEWAY_SPOOL[scenario], extra, ckpt_url)
+    text = gateway_toml(
+        d,
+        tb.store_url,
+        tb.spec.rate_bps,
+        GATEWAY_SPOOL[scenario],
+        extra,
+        ckpt_url,
+        ckpt_rate_bps=None if opts.ckpt_pool_mbs is None else opts.ckpt_pool_mbs * MB,
+        drain_concurrency=opts.drain_concurrency,
+    )
     cfg = d / "s3lanes.toml"
     cfg.write_text(text)
     ready = d / "ready.json"
@@ -510,7 +545,7 @@ class Run:
         self.progress.describe("starting the gateways")
         extra = o.gateway_toml.read_text() if o.gateway_toml else ""
         wanted = [scenario for scenario in GATEWAY_SPOOL if scenario in o.scenarios]
-        self.gateways = start_gateways(self.tb, self.work, wanted, extra)
+        self.gateways = start_gateways(self.tb, self.work, wanted, extra, o)
         self.setup_s = time.monotonic() - t0
         self.progress.advance()
 

@@ -1,0 +1,78 @@
+"""The drainer hands a spool file to the backend connection in pieces no larger than one scheduler chunk.
+
+A paced lane's burst at the backend's bottleneck is what one piece puts into the socket at once, so a
+``[scheduler] chunk_bytes`` of 256 KiB must give 256 KiB pieces, each granted before it is read. The spool
+and the lane dispatcher here are real (a :class:`~gateway.runtime.spool.Spool` on ``tmp_path`` and a
+:class:`~gateway.runtime.dispatcher.LaneDispatcher` over a real scheduler); only the pool lookup is a stand-in
+that returns that dispatcher, since no backend request is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from gateway.clock import SystemClock
+from gateway.config import SpoolConfig
+from gateway.metrics import Metrics
+from gateway.runtime.dispatcher import LaneDispatcher
+from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer
+from tests.runtime.test_dispatcher import LANES, make_dispatcher
+from tests.runtime.test_spool_faults import put
+from tests.runtime.test_spool_shell import opened
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+class OnePool:
+    """What the drainer asks of :class:`~gateway.runtime.pools.Pools` when it only reads a file body."""
+
+    def __init__(self, dispatcher: LaneDispatcher) -> None:
+        self._dispatcher = dispatcher
+
+    def dispatcher_for(self, bucket: str | None) -> LaneDispatcher:
+        return self._dispatcher
+
+
+@pytest.mark.parametrize("chunk_bytes", [64 * KiB, 256 * KiB, 4 * MiB])
+async def test_a_spool_file_is_read_one_granted_chunk_at_a_time(tmp_path: Path, chunk_bytes: int) -> None:
+    spool = await opened(tmp_path)
+    dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=max(chunk_bytes, MiB))
+    data = os.urandom(3 * MiB + 12_345)
+    try:
+        await put(spool, "ckpt/shard-0", data)
+        entry = spool.state.lookup("b", "ckpt/shard-0")
+        assert entry is not None
+        drainer = Drainer(
+            spool,
+            OnePool(dispatcher),  # type: ignore[arg-type]
+            {},
+            SpoolConfig(),
+            SystemClock(),
+            Metrics(),
+            chunk_bytes=chunk_bytes,
+            request_cost_bytes=0,
+            lane_names=frozenset(LANES),
+        )
+        granted_before: list[int] = []
+        pieces: list[bytes] = []
+        async for piece in drainer._file_body(entry, entry.files[0], entry.size):
+            # Every piece was granted before it was read: the lane has been charged at least this far.
+            lane = dispatcher.scheduler.snapshot(asyncio.get_running_loop().time()).lane("checkpoint")
+            granted_before.append(lane.granted_bytes_total)
+            pieces.append(piece)
+        assert b"".join(pieces) == data
+        expected = min(chunk_bytes, READ_CHUNK_BYTES)
+        assert max(len(p) for p in pieces) == expected
+        assert all(len(p) == expected for p in pieces[:-1])
+        charged = 0
+        for piece, granted in zip(pieces, granted_before, strict=True):
+            charged += len(piece)
+            assert granted >= charged
+    finally:
+        dispatcher.close()
+        await spool.close()
