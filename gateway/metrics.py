@@ -7,9 +7,10 @@ from the fixed S3 operation names, status codes from HTTP.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -40,6 +41,10 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total, ...: a slow leak of
+        # memory or descriptors shows in these; s3lanes_event_loop_tasks shows a leak of tasks.
+        ProcessCollector(registry=r)
+        r.register(_FnCollector(_loop_families))
         self.requests = Counter(
             "s3lanes_requests",
             "Requests answered, by lane, S3 operation and HTTP status.",
@@ -115,6 +120,26 @@ class _FnCollector(Collector):
 
     def describe(self) -> Iterable[Metric]:
         return []
+
+
+def event_loop_tasks() -> int | None:
+    """Tasks alive on the running event loop (None outside one)."""
+    try:
+        return len(asyncio.all_tasks(asyncio.get_running_loop()))
+    except RuntimeError:
+        return None
+
+
+def _loop_families() -> Iterable[Metric]:
+    n = event_loop_tasks()
+    if n is not None:
+        g = gauge(
+            "s3lanes_event_loop_tasks",
+            "asyncio tasks alive on the gateway's event loop (requests, drains, timers); a rise under steady "
+            "load is a leak.",
+        )
+        g.add_metric([], n)
+        yield g
 
 
 def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:

@@ -28,7 +28,7 @@ from gateway.core.access import TenantPolicy
 from gateway.core.s3request import query_names, split_target
 from gateway.core.sigv4 import RequestView, parse_auth, verify
 from gateway.errors import S3Error
-from gateway.metrics import CONTENT_TYPE, Metrics
+from gateway.metrics import CONTENT_TYPE, Metrics, event_loop_tasks
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.spool import Spool
 
@@ -124,6 +124,7 @@ class Admin:
             "spool": spool,
             "cluster": self._cluster_status() if self._cluster_status is not None else {"enabled": False},
             "pools": self._pools_status() if self._pools_status is not None else {},
+            "event_loop_tasks": event_loop_tasks(),
         }
 
     def _signed_by_a_tenant(self, request: web.Request) -> str | None:

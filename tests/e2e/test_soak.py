@@ -33,6 +33,8 @@ TARGETS = {
     "fd_growth",
     "idle_fds_back_to_start",
     "thread_growth",
+    "event_loop_task_growth",
+    "idle_tasks_back_to_start",
     "checkpoint_flush_durable",
     "checkpoints_went_through_the_spool",
     "checkpoints_byte_exact_on_backend",
@@ -128,6 +130,9 @@ def test_quick_soak_meets_its_targets_and_writes_a_well_formed_summary(quick_run
         assert _number(s["rss_mib"][key]) and s["rss_mib"][key] > 10, key
     assert _number(s["rss_mib"]["growth_pct"]) and _number(s["rss_mib"]["slope_mib_per_h"])
     assert s["fds"]["warmup_median"] > 0 and s["threads"]["warmup_median"] > 0
+    # the gateway's own tasks (server, drainer, timers) are always there: a count of 0 would mean none read
+    assert s["event_loop_tasks"]["warmup_median"] > 0
+    assert s["idle"]["before"]["event_loop_tasks"] > 0 and s["idle"]["after"]["event_loop_tasks"] > 0
 
     ledger = s["checks"]["ledger"]
     assert ledger["acknowledged"] >= 2 and ledger["on_backend_byte_exact"] == ledger["acknowledged"]
@@ -146,6 +151,7 @@ def test_quick_soak_writes_samples_plot_ledger_and_locust_csvs(quick_run: Path) 
     assert len(run_rows) >= 20
     for r in run_rows:
         assert int(r["rss_kib"]) > 0 and int(r["fds"]) > 0 and int(r["threads"]) > 0
+        assert int(r["event_loop_tasks"]) > 0
         assert r["spool_pending_bytes"] != "" and r["drain_in_flight"] != ""
     assert [float(r["t_s"]) for r in run_rows] == sorted(float(r["t_s"]) for r in run_rows)
 

@@ -113,3 +113,27 @@ def test_flush_signed_by_a_restricted_tenant_needs_a_grant_on_the_prefix() -> No
     assert flush("job-42/step-3/") == 200
     assert flush("job-7/") == 403
     assert flush("") == 403
+
+
+def test_status_and_metrics_count_the_event_loop_tasks_and_show_the_process() -> None:
+    a = admin()
+
+    async def scrape(extra_tasks: int) -> tuple[int, str]:
+        gate = asyncio.Event()
+        parked = [asyncio.create_task(gate.wait()) for _ in range(extra_tasks)]
+        await asyncio.sleep(0)
+        try:
+            doc = a.status_document()
+            resp = await a.metrics(request("127.0.0.1", path="/metrics"))
+            assert resp.body is not None and isinstance(resp.body, bytes)
+            return doc["event_loop_tasks"], resp.body.decode()
+        finally:
+            gate.set()
+            await asyncio.gather(*parked)
+
+    alone, text = asyncio.run(scrape(0))
+    more, _ = asyncio.run(scrape(7))
+    assert alone >= 1 and more == alone + 7  # the count follows the tasks really alive, not a constant
+    lines = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines() if not line.startswith("#")}
+    assert float(lines["s3lanes_event_loop_tasks"]) == alone
+    assert float(lines["process_open_fds"]) > 0 and float(lines["process_resident_memory_bytes"]) > 0
