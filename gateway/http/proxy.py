@@ -418,7 +418,7 @@ class S3Proxy:
         # exchange would count a long upload as in flight while it waits for its next chunk, and a paced
         # lane whose window share is used up by such tickets could never be granted that chunk (a stall
         # the store ends with a read timeout).
-        ticket = await dispatcher.acquire(lane, cost)
+        ticket = await dispatcher.acquire(lane, cost, gone=lambda: _client_gone(request))
         dispatcher.release(ticket)
         sent = self._clock.monotonic()
         wait_s = sent - arrived

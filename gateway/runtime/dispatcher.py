@@ -8,18 +8,23 @@ later pull resolves. Pulls happen after every submit/complete/cancel and when th
 scheduler answers ``WaitUntil(t)`` and the dispatcher arms one ``loop.call_at`` for the earliest such time
 (never one timer per waiter: aiolimiter #73's thundering herd).
 
-A waiter that is cancelled (client disconnect, timeout) removes its ticket; a granted ticket is always
-completed in a ``finally``, so in-flight accounting returns to zero whatever happens to the request.
+A waiter that is cancelled (timeout, shutdown) or whose client went away (the ``gone`` check: aiohttp does
+not cancel a handler whose client disconnects, and the gateway does not ask it to, since a cancellation
+could land anywhere in a spool commit) removes its ticket; a granted ticket is always completed in a
+``finally``, so in-flight accounting returns to zero whatever happens to the request.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from gateway.clock import Clock
 from gateway.core.scheduler import Grant, Scheduler, WaitUntil
+
+# How often a queued request checks that its client is still there.
+ABANDON_POLL_S = 0.1
 
 
 class LaneDispatcher:
@@ -35,8 +40,12 @@ class LaneDispatcher:
 
     # -- budget -------------------------------------------------------------------------------------------
 
-    async def acquire(self, lane: str, cost_bytes: int) -> int:
-        """Wait until ``cost_bytes`` of ``lane`` budget is granted; return the ticket to :meth:`release`."""
+    async def acquire(self, lane: str, cost_bytes: int, *, gone: Callable[[], bool] | None = None) -> int:
+        """Wait until ``cost_bytes`` of ``lane`` budget is granted; return the ticket to :meth:`release`.
+
+        ``gone``: asked every :data:`ABANDON_POLL_S` while the ticket waits; once it says the client has gone
+        away, the ticket leaves the queue at once and :class:`ConnectionResetError` is raised (a request
+        nobody waits for must not hold its place in the lane, nor be granted budget later)."""
         now = self._clock.monotonic()
         ticket = self.scheduler.submit(lane, cost_bytes, now)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -44,7 +53,13 @@ class LaneDispatcher:
         self._pump()
         if not fut.done():
             try:
-                await fut
+                if gone is None:
+                    await fut
+                else:
+                    while not fut.done():
+                        await asyncio.wait((fut,), timeout=ABANDON_POLL_S)
+                        if not fut.done() and gone():
+                            raise ConnectionResetError("the client went away while its request was queued")
             except BaseException:
                 # Cancelled while waiting (or granted in the same instant): give everything back.
                 self._waiters.pop(ticket, None)

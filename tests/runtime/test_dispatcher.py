@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from gateway.core.scheduler import LaneSnapshot, Scheduler, SchedulerConfig, default_lanes
-from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
+from gateway.runtime.dispatcher import ABANDON_POLL_S, LaneDispatcher, StreamBudget
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -182,6 +182,35 @@ async def test_cancelling_a_waiting_acquire_removes_its_ticket() -> None:
     assert d._timer is None, "nothing queued: nothing to wake up for"
     for t in blockers:
         d.release(t)
+    assert_all_clear(d)
+
+
+async def test_a_waiter_whose_client_went_away_leaves_the_queue_within_a_poll() -> None:
+    # The window (two requests) is held by the blockers until the end: only ``gone`` can end the wait.
+    d = make_dispatcher(inflight_requests_max=2)
+    blockers = exhaust(d)
+    asked: list[float] = []
+    loop = asyncio.get_running_loop()
+    client_left_at = loop.time() + 0.25
+
+    def gone() -> bool:
+        asked.append(loop.time())
+        return loop.time() >= client_left_at
+
+    staying = asyncio.create_task(d.acquire("metadata", 64 * KiB, gone=lambda: False))
+    leaving = asyncio.create_task(d.acquire("metadata", 64 * KiB, gone=gone))
+    await settle()
+    assert counters(d)["queued_tickets"] == 2 and d.waiting == 2
+    with pytest.raises(ConnectionResetError):
+        await asyncio.wait_for(leaving, 5.0)
+    assert loop.time() - client_left_at < 3 * ABANDON_POLL_S  # noticed within a poll or so
+    assert len(asked) >= 2  # it was asked while waiting, not only once
+    c = counters(d)
+    assert (c["queued_tickets"], c["waiting"], c["in_flight"]) == (1, 1, 2)  # the other waiter is untouched
+    d.release(blockers[0])
+    ticket = await asyncio.wait_for(staying, 5.0)
+    d.release(ticket)
+    d.release(blockers[1])
     assert_all_clear(d)
 
 
