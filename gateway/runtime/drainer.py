@@ -26,6 +26,7 @@ import logging
 import os
 import random
 import re
+import types
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Mapping
 from xml.sax.saxutils import escape
@@ -81,6 +82,16 @@ def _listed_uploads(data: bytes) -> list[tuple[str, str, float]]:
             when = float("inf")  # unknown: treated as recent
         out.append((fields.get("UploadId", ""), fields.get("Key", ""), when))
     return out
+
+
+async def close_body(body: object) -> None:
+    """A file body cut short (error, cancellation) closes its file now, not when it is collected.
+
+    Only a body that is not running: while aiohttp's writer task is inside the generator (awaiting the next
+    grant, or closing the file after the last chunk), ``aclose()`` raises RuntimeError; that task finishes
+    or is cancelled with the request, and the generator's ``finally`` closes the file then."""
+    if isinstance(body, types.AsyncGeneratorType) and not body.ag_running:
+        await body.aclose()
 
 
 def _norm_etag(etag: str) -> str:
@@ -399,10 +410,7 @@ class Drainer:
             finally:
                 resp.release()
         finally:
-            # A file body cut short (error, cancellation) closes its file now, not when collected.
-            aclose = getattr(body, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await close_body(body)
 
     async def _file_body(
         self, entry: Entry, file_id: str, size: int, *, commits: bool = False

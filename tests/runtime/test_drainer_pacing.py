@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from gateway.clock import SystemClock
 from gateway.config import SpoolConfig
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import LaneDispatcher
-from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer
+from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer, close_body
+from gateway.runtime.spool import Spool
 from tests.runtime.test_dispatcher import LANES, make_dispatcher
 from tests.runtime.test_spool_faults import put
 from tests.runtime.test_spool_shell import opened
@@ -73,6 +75,75 @@ async def test_a_spool_file_is_read_one_granted_chunk_at_a_time(tmp_path: Path, 
         for piece, granted in zip(pieces, granted_before, strict=True):
             charged += len(piece)
             assert granted >= charged
+    finally:
+        dispatcher.close()
+        await spool.close()
+
+
+def _drainer(spool: Spool, dispatcher: LaneDispatcher) -> Drainer:
+    return Drainer(
+        spool,
+        OnePool(dispatcher),  # type: ignore[arg-type]
+        {},
+        SpoolConfig(),
+        SystemClock(),
+        Metrics(),
+        chunk_bytes=MiB,
+        request_cost_bytes=0,
+        lane_names=frozenset(LANES),
+    )
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+async def test_a_body_cut_short_closes_its_file_at_once(tmp_path: Path) -> None:
+    spool = await opened(tmp_path)
+    dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=MiB)
+    try:
+        await put(spool, "k", os.urandom(3 * MiB))
+        entry = spool.state.lookup("b", "k")
+        assert entry is not None
+        before = _open_fds()
+        body = _drainer(spool, dispatcher)._file_body(entry, entry.files[0], entry.size)
+        await body.__anext__()  # suspended at its first yield, the file open
+        assert len(_open_fds() - before) == 1
+        await close_body(body)
+        assert _open_fds() - before == set()
+    finally:
+        dispatcher.close()
+        await spool.close()
+
+
+async def test_closing_a_body_that_another_task_is_running_is_left_to_that_task(tmp_path: Path) -> None:
+    # The writer task of the HTTP client is inside the generator (here: waiting for its next grant, which
+    # the exhausted window holds back) when the request ends; aclose() would raise "already running".
+    spool = await opened(tmp_path)
+    dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=MiB, inflight_requests_max=1)
+    try:
+        await put(spool, "k", os.urandom(3 * MiB))
+        entry = spool.state.lookup("b", "k")
+        assert entry is not None
+        before = _open_fds()
+        body = _drainer(spool, dispatcher)._file_body(entry, entry.files[0], entry.size)
+        await body.__anext__()  # holds the only in-flight ticket of the window
+        blocker = asyncio.create_task(dispatcher.acquire("metadata", 1))  # queued behind it
+        for _ in range(5):
+            await asyncio.sleep(0)
+        # The next piece completes the first ticket, which lets the queued one in; its own ticket waits.
+        writer: asyncio.Future[bytes] = asyncio.ensure_future(body.__anext__())
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert isinstance(body, types.AsyncGeneratorType)
+        assert blocker.done() and body.ag_running and not writer.done()
+        await close_body(body)  # no RuntimeError, and nothing closed under the running task
+        assert len(_open_fds() - before) == 1
+        writer.cancel()  # the request's end cancels the writer: its finally closes the file
+        with pytest.raises(asyncio.CancelledError):
+            await writer
+        assert _open_fds() - before == set()
+        dispatcher.release(blocker.result())
     finally:
         dispatcher.close()
         await spool.close()
