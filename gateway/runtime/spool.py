@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import errno
 import hashlib
@@ -45,7 +46,10 @@ log = logging.getLogger("s3lanes.spool")
 
 T = TypeVar("T")
 
-WRITE_BUFFER_BYTES = 1024 * 1024
+# A body is handed to the I/O thread (MD5 + write) in pieces of this size, one piece in flight while the next
+# one arrives: hashing and writing overlap with receiving, so a 1 MiB PUT waits at the end only for its last
+# quarter to be hashed, not for the whole MiB.
+WRITE_BUFFER_BYTES = 256 * 1024
 DRAIN_RATE_WINDOW_S = 10.0
 JOURNAL_NAME = "journal"
 HEAL_INTERVAL_S = 2.0
@@ -137,6 +141,10 @@ class Spool:
 
     async def run_io(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def submit_io(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        """Start ``fn`` on the I/O pool without waiting (the caller keeps the future to wait for it)."""
+        return self._executor.submit(fn, *args)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -557,6 +565,8 @@ class SpoolFileWriter:
         self._md5 = hashlib.md5(usedforsecurity=False)
         self._buffer: list[bytes] = []
         self._buffered = 0
+        self._inflight: concurrent.futures.Future[None] | None = None  # the piece being hashed and written
+        self._inflight_bytes = 0
         self.size = 0
 
     async def open(self) -> None:
@@ -571,23 +581,43 @@ class SpoolFileWriter:
         self._buffer.append(data)
         self._buffered += len(data)
         if self._buffered >= WRITE_BUFFER_BYTES:
-            await self._drain_buffer()
+            await self._hand_over()
 
-    async def _drain_buffer(self) -> None:
+    async def _hand_over(self) -> None:
+        """Wait for the piece in flight, then start the buffered one: one piece at a time, so the MD5 sees
+        the bytes in order and a write error surfaces at the next call."""
+        await self._settle()
         if not self._buffer:
             return
         chunk = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
         self._buffer = []
         self._buffered = 0
+        self._inflight = self._spool.submit_io(_write_and_hash, self._fd, chunk, self._md5)
+        self._inflight_bytes = len(chunk)
+
+    async def _settle(self) -> None:
+        cf = self._inflight
+        if cf is None:
+            return
         try:
-            await self._spool.run_io(_write_and_hash, self._fd, chunk, self._md5)
+            await asyncio.wrap_future(cf)
         except OSError as exc:
+            self._inflight = None
             raise _write_failed(exc) from exc
-        self.size += len(chunk)
+        self._inflight = None
+        self.size += self._inflight_bytes
+
+    async def _quiesce(self) -> None:
+        """Before the fd is closed: the I/O thread must be done with it (its outcome no longer matters)."""
+        cf, self._inflight = self._inflight, None
+        if cf is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.wrap_future(cf))
 
     async def finish(self) -> str:
         """Everything written and fsynced; returns the MD5 (hex)."""
-        await self._drain_buffer()
+        await self._hand_over()
+        await self._settle()
         fd, self._fd = self._fd, -1
         try:
             await self._spool.run_io(_fsync_close, fd)
@@ -598,6 +628,7 @@ class SpoolFileWriter:
 
     async def discard(self) -> None:
         """Drop the file (a failed or rejected upload). Safe to call in any state, more than once."""
+        await self._quiesce()
         fd, self._fd = self._fd, -1
         if fd >= 0:
             await self._spool.run_io(os.close, fd)

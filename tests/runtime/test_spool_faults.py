@@ -22,12 +22,14 @@ import asyncio
 import errno
 import hashlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import gateway.runtime.spool as spool_module
 from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolWriteFailed
 from tests.runtime.test_spool_shell import opened
 
@@ -228,3 +230,57 @@ async def test_a_failed_journal_fdatasync_under_an_overwrite_never_costs_the_ack
         assert again.recovery.lost_entries == [], again.recovery.summary()
     finally:
         await again.close()
+
+
+async def test_pieces_written_while_the_next_arrive_keep_their_order_and_md5(tmp_path: Path) -> None:
+    spool = await opened(tmp_path)
+    try:
+        data = os.urandom(3 * 1024 * 1024 + 4321)
+        writer = spool.writer(len(data))
+        await writer.open()
+        offset, step = 0, 1
+        while offset < len(data):  # pieces of every size from 1 byte to ~100 KiB
+            await writer.write(data[offset : offset + step])
+            offset += step
+            step = step * 3 % 100_003 + 1
+        assert await writer.finish() == hashlib.md5(data).hexdigest()
+        assert writer.size == len(data)
+        assert spool.file_path(writer.file_id).read_bytes() == data
+    finally:
+        await spool.close()
+
+
+async def test_discarding_a_writer_waits_for_its_piece_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = spool_module._write_and_hash
+    events: list[str] = []
+
+    def slow_write_and_hash(fd: int, data: bytes, md5: Any) -> None:
+        events.append("write started")
+        time.sleep(0.2)
+        real(fd, data, md5)
+        events.append("write done")
+
+    real_close = os.close
+
+    def watched_close(fd: int) -> None:
+        events.append("close")
+        real_close(fd)
+
+    monkeypatch.setattr(spool_module, "_write_and_hash", slow_write_and_hash)
+    spool = await opened(tmp_path)
+    try:
+        writer = spool.writer(1 << 20)
+        await writer.open()
+        await writer.write(os.urandom(spool_module.WRITE_BUFFER_BYTES))  # handed over, not waited for
+        assert events == ["write started"] or events == []
+        monkeypatch.setattr(os, "close", watched_close)
+        await writer.discard()
+        monkeypatch.setattr(os, "close", real_close)
+        # The file descriptor was closed only after the I/O thread had finished with it.
+        assert events == ["write started", "write done", "close"]
+        assert not spool.file_path(writer.file_id).exists()
+    finally:
+        monkeypatch.setattr(os, "close", real_close)
+        await spool.close()
