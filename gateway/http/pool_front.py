@@ -37,6 +37,7 @@ from gateway.errors import (
     PreconditionFailed,
     ServiceUnavailable,
 )
+from gateway.http.peer import client_gone
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
 
 if TYPE_CHECKING:
@@ -127,7 +128,9 @@ class PoolFront:
         for name in self._pools.table.backends_to_list():
             backend = self._pools.backends[name]
             dispatcher = self._pools.dispatcher_of(name)
-            ticket = await dispatcher.acquire(decision.lane, self._proxy.request_cost)
+            ticket = await dispatcher.acquire(
+                decision.lane, self._proxy.request_cost, gone=lambda: client_gone(request)
+            )
             dispatcher.release(ticket)
             resp = await backend.request(
                 "GET", backend.target(None, None, ""), {}, ctx.credential, lane=decision.lane
@@ -198,7 +201,9 @@ class PoolFront:
             src_bucket, src_key, f"versionId={version}" if version else ""
         )
         src_dispatcher = self._pools.dispatcher_of(src_backend.name)
-        ticket = await src_dispatcher.acquire(lane, self._proxy.request_cost)
+        ticket = await src_dispatcher.acquire(
+            lane, self._proxy.request_cost, gone=lambda: client_gone(request)
+        )
         src_dispatcher.release(ticket)
         src = await src_backend.request("GET", src_target, read_headers, ctx.credential, lane=lane)
         try:
@@ -228,7 +233,9 @@ class PoolFront:
             dest_dispatcher = self._pools.dispatcher_of(dest_backend.name)
             md5 = hashlib.md5()
             body = self._paced(src, src_dispatcher, dest_dispatcher, lane, size, md5)
-            ticket = await dest_dispatcher.acquire(lane, self._proxy.request_cost)
+            ticket = await dest_dispatcher.acquire(
+                lane, self._proxy.request_cost, gone=lambda: client_gone(request)
+            )
             dest_dispatcher.release(ticket)
             put = await dest_backend.request(
                 "PUT", dest_target, headers, ctx.credential, body=body, lane=lane

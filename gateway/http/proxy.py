@@ -64,6 +64,7 @@ from gateway.errors import (
     S3Error,
     XAmzContentSHA256Mismatch,
 )
+from gateway.http.peer import client_gone
 from gateway.http.pool_front import PoolFront, names_bucket
 from gateway.http.s3xml import error_xml
 from gateway.logsetup import REQUEST_ID
@@ -247,7 +248,7 @@ class S3Proxy:
             status = err.status
             return self._lane_headers(self.error_response(request, err, rid), decision)
         except ConnectionError:  # reset, broken pipe, or aiohttp's bare "Connection lost"
-            if not _client_gone(request):
+            if not client_gone(request):
                 raise
             # Nobody is left to answer. Raising would make aiohttp log "Error handling request" with a
             # traceback; a returned response fails to write and aiohttp drops the connection quietly.
@@ -418,7 +419,7 @@ class S3Proxy:
         # exchange would count a long upload as in flight while it waits for its next chunk, and a paced
         # lane whose window share is used up by such tickets could never be granted that chunk (a stall
         # the store ends with a read timeout).
-        ticket = await dispatcher.acquire(lane, cost, gone=lambda: _client_gone(request))
+        ticket = await dispatcher.acquire(lane, cost, gone=lambda: client_gone(request))
         dispatcher.release(ticket)
         sent = self._clock.monotonic()
         wait_s = sent - arrived
@@ -512,7 +513,7 @@ class S3Proxy:
                     moved += len(chunk)
                     await out.write(chunk)
             except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
-                if isinstance(exc, ConnectionError) and _client_gone(request):
+                if isinstance(exc, ConnectionError) and client_gone(request):
                     resp.close()  # our write failed because the client went away: not the backend's doing
                     raise
                 # Headers are gone already; the only honest signal left is to cut the connection.
@@ -527,11 +528,6 @@ class S3Proxy:
                     self._metrics.bytes.labels(lane, "down").inc(moved)
         await out.write_eof()
         return out
-
-
-def _client_gone(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is None or transport.is_closing()
 
 
 async def read_small_body(request: web.Request, upload: UploadBody) -> bytes:
