@@ -23,8 +23,7 @@ from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer, close_body
 from gateway.runtime.spool import Spool
 from tests.runtime.test_dispatcher import LANES, make_dispatcher
-from tests.runtime.test_spool_faults import put
-from tests.runtime.test_spool_shell import opened
+from tests.runtime.test_spool_shell import opened, put
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -40,6 +39,20 @@ class OnePool:
         return self._dispatcher
 
 
+def _drainer(spool: Spool, dispatcher: LaneDispatcher, chunk_bytes: int = MiB) -> Drainer:
+    return Drainer(
+        spool,
+        OnePool(dispatcher),  # type: ignore[arg-type]
+        {},
+        SpoolConfig(),
+        SystemClock(),
+        Metrics(),
+        chunk_bytes=chunk_bytes,
+        request_cost_bytes=0,
+        lane_names=frozenset(LANES),
+    )
+
+
 @pytest.mark.parametrize("chunk_bytes", [64 * KiB, 256 * KiB, 4 * MiB])
 async def test_a_spool_file_is_read_one_granted_chunk_at_a_time(tmp_path: Path, chunk_bytes: int) -> None:
     spool = await opened(tmp_path)
@@ -49,17 +62,7 @@ async def test_a_spool_file_is_read_one_granted_chunk_at_a_time(tmp_path: Path, 
         await put(spool, "ckpt/shard-0", data)
         entry = spool.state.lookup("b", "ckpt/shard-0")
         assert entry is not None
-        drainer = Drainer(
-            spool,
-            OnePool(dispatcher),  # type: ignore[arg-type]
-            {},
-            SpoolConfig(),
-            SystemClock(),
-            Metrics(),
-            chunk_bytes=chunk_bytes,
-            request_cost_bytes=0,
-            lane_names=frozenset(LANES),
-        )
+        drainer = _drainer(spool, dispatcher, chunk_bytes)
         granted_before: list[int] = []
         pieces: list[bytes] = []
         async for piece in drainer._file_body(entry, entry.files[0], entry.size):
@@ -78,20 +81,6 @@ async def test_a_spool_file_is_read_one_granted_chunk_at_a_time(tmp_path: Path, 
     finally:
         dispatcher.close()
         await spool.close()
-
-
-def _drainer(spool: Spool, dispatcher: LaneDispatcher) -> Drainer:
-    return Drainer(
-        spool,
-        OnePool(dispatcher),  # type: ignore[arg-type]
-        {},
-        SpoolConfig(),
-        SystemClock(),
-        Metrics(),
-        chunk_bytes=MiB,
-        request_cost_bytes=0,
-        lane_names=frozenset(LANES),
-    )
 
 
 def _open_fds() -> set[str]:

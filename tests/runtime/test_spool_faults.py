@@ -4,7 +4,7 @@ Such faults cannot be produced on demand on a real disk without a fault-injectin
 injected here, in-process, by replacing the ``os`` function the spool's I/O thread calls, for the one file
 descriptor the fault is about (a data file, the data directory, the journal). The spool itself is real: a
 :class:`~gateway.runtime.spool.Spool` on ``tmp_path`` driven by the test's event loop, reopened to see what a
-restart finds. Writes go through :func:`put`, which does what ``gateway.http.spool_front`` does for a PUT:
+restart finds. Writes go through ``test_spool_shell.put``, which does what ``gateway.http.spool_front`` does for a PUT:
 stream into a writer, commit its record, and discard the data file if either step fails (the client is
 answered 503 and nothing is acknowledged).
 
@@ -30,41 +30,8 @@ from typing import Any
 import pytest
 
 import gateway.runtime.spool as spool_module
-from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolWriteFailed
-from tests.runtime.test_spool_shell import opened
-
-
-async def put(spool: Spool, key: str, data: bytes) -> dict[str, Any]:
-    """What spool_front does for a PUT (``_write_body``, then ``_commit_or_discard``: the data file is
-    discarded when the commit fails, except after a failed journal append, whose record may survive)."""
-    writer = spool.writer(len(data))
-    await writer.open()
-    try:
-        for i in range(0, len(data), 100_000):
-            await writer.write(data[i : i + 100_000])
-        md5 = await writer.finish()
-    except BaseException:
-        await writer.discard()
-        raise
-    rec = spool.state.put_record(
-        bucket="b",
-        key=key,
-        file=writer.file_id,
-        size=writer.size,
-        md5=md5,
-        meta=[],
-        access_key="AK",
-        lane="checkpoint",
-        now_wall=1_700_000_000.0,
-    )
-    try:
-        await spool.commit([rec])
-    except JournalAppendFailed:
-        raise
-    except BaseException:
-        await writer.discard()
-        raise
-    return rec
+from gateway.runtime.spool import Spool, SpoolWriteFailed
+from tests.runtime.test_spool_shell import opened, put
 
 
 def stored(spool: Spool, key: str) -> bytes | None:

@@ -20,13 +20,15 @@ import pytest
 from gateway.clock import SystemClock
 from gateway.config import SpoolConfig
 from gateway.core.journal import file_header, replay
-from gateway.runtime.spool import Spool, SpoolWriteFailed
+from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolWriteFailed
 
 CFG = SpoolConfig(capacity_bytes=64 * 1024 * 1024)
 
 
 async def put(spool: Spool, key: str, data: bytes, bucket: str = "b") -> dict[str, Any]:
-    """What spool_front does for a PUT: stream into a writer (discarded on any error), then commit."""
+    """What spool_front does for a PUT (``_write_body``, then ``_commit_or_discard``): stream into a writer
+    (discarded on any error), then commit; the data file is discarded when the commit fails, except after a
+    failed journal append, whose record may survive (the client is answered 503, nothing is acknowledged)."""
     writer = spool.writer(len(data))
     await writer.open()
     try:
@@ -47,7 +49,13 @@ async def put(spool: Spool, key: str, data: bytes, bucket: str = "b") -> dict[st
         lane="checkpoint",
         now_wall=1_700_000_000.0,
     )
-    await spool.commit([rec])
+    try:
+        await spool.commit([rec])
+    except JournalAppendFailed:
+        raise
+    except BaseException:
+        await writer.discard()
+        raise
     return rec
 
 
