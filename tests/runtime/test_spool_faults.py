@@ -4,9 +4,9 @@ Such faults cannot be produced on demand on a real disk without a fault-injectin
 injected here, in-process, by replacing the ``os`` function the spool's I/O thread calls, for the one file
 descriptor the fault is about (a data file, the data directory, the journal). The spool itself is real: a
 :class:`~gateway.runtime.spool.Spool` on ``tmp_path`` driven by the test's event loop, reopened to see what a
-restart finds. Writes go through ``test_spool_shell.put``, which does what ``gateway.http.spool_front`` does for a PUT:
-stream into a writer, commit its record, and discard the data file if either step fails (the client is
-answered 503 and nothing is acknowledged).
+restart finds. Writes go through ``test_spool_shell.put``, which does what ``gateway.http.spool_front``
+does for a PUT: stream into a writer, commit its record, and discard the data file if either step fails
+(except after a failed journal append; the client is answered 503 and nothing is acknowledged).
 
 The contract (docs/spool.md, "When the spool is full" and "Crash safety"): the write that hit the fault is not
 acknowledged and leaves nothing; a data file's failure is that write's problem only; a journal failure takes
