@@ -47,8 +47,8 @@ log = logging.getLogger("s3lanes.spool")
 T = TypeVar("T")
 
 # A body is handed to the I/O thread (MD5 + write) in pieces of this size, one piece in flight while the next
-# one arrives: hashing and writing overlap with receiving, so a 1 MiB PUT waits at the end only for its last
-# quarter to be hashed, not for the whole MiB.
+# one arrives, so hashing and writing can overlap with receiving where a core is free (on the 2-core dev VM
+# the A/B in docs/benchmarks.md showed no measurable change: the acks there are CPU-bound).
 WRITE_BUFFER_BYTES = 256 * 1024
 DRAIN_RATE_WINDOW_S = 10.0
 JOURNAL_NAME = "journal"
