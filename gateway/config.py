@@ -207,6 +207,9 @@ class SpoolConfig:
     journal_compact_bytes: int = 64 * 1024 * 1024
     # Multipart uploads that were created in the spool and never completed are aborted after this long.
     abandoned_upload_s: float = 7 * 24 * 3600.0
+    # Write data files with O_DIRECT (no copy into the page cache, no writeback storm after a burst) where the
+    # spool's filesystem accepts it; probed at start, page cache otherwise.
+    direct_io: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +489,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "list_merge_max_keys": "int",
         "journal_compact_bytes": "size",
         "abandoned_upload_s": "float",
+        "direct_io": "bool",
     },
     "cluster": {
         "redis_url": "opt_str",

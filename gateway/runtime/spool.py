@@ -12,6 +12,13 @@ then is the record applied to :class:`~gateway.core.spool_state.SpoolState` and 
 crash before that point leaves an orphan data file, removed on the next start; after it, the journal has
 the record and recovery finds the data.
 
+Data files are written with ``O_DIRECT`` where the filesystem allows it (``[spool] direct_io``, probed at
+start): the bytes go from a page-aligned buffer of ours to the disk without a copy into the page cache, so a
+burst of checkpoints neither pays for that copy nor leaves gigabytes of dirty pages for a long ``fsync`` and a
+writeback storm that evicts the node's cache. The ``fsync`` before the ack still runs (it makes the file's
+metadata and the disk's write cache durable). Where ``O_DIRECT`` is refused, the same code writes through the
+page cache.
+
 All blocking file work runs on one small thread pool (never on the event loop). A failed fsync or a full
 disk fails the write that hit it with 503 and, for the journal, puts the spool out of service for new
 writes (``degraded``): after a failed fsync the kernel's page cache state is unknown (fsyncgate), so the
@@ -25,8 +32,10 @@ import collections
 import concurrent.futures
 import contextlib
 import errno
+import fcntl
 import hashlib
 import logging
+import mmap
 import os
 import secrets
 import shutil
@@ -46,10 +55,15 @@ log = logging.getLogger("s3lanes.spool")
 
 T = TypeVar("T")
 
-# A body is handed to the I/O thread (MD5 + write) in pieces of this size, one piece in flight while the next
-# one arrives, so hashing and writing can overlap with receiving where a core is free (on the 2-core dev VM
-# the A/B in docs/benchmarks.md showed no measurable change: the acks there are CPU-bound).
-WRITE_BUFFER_BYTES = 256 * 1024
+# A body is copied into page-aligned buffers of this size; each full one goes to the I/O thread (MD5 and
+# write), one piece in flight while the next one fills. A multiple of any disk's logical block size.
+PIECE_BYTES = 1024 * 1024
+# O_DIRECT: buffer address, length and file offset must be multiples of the logical block size; 4096 covers
+# 512-byte and 4K-sector disks. The end of a file that is not a multiple is written through the page cache.
+DIRECT_ALIGN = 4096
+# Idle piece buffers kept for the next writers (each PIECE_BYTES); more are made while writers need them.
+FREE_PIECES_KEPT = 8
+DIRECT_PROBE_NAME = ".direct-io-probe"
 DRAIN_RATE_WINDOW_S = 10.0
 JOURNAL_NAME = "journal"
 HEAL_INTERVAL_S = 2.0
@@ -79,12 +93,14 @@ class RecoveryReport:
     orphans_removed: int = 0
     lost_entries: list[str] = field(default_factory=list)
     compacted: bool = False
+    direct_io: bool = False
 
     def summary(self) -> str:
         text = (
             f"spool recovery: {self.records} journal records ({self.journal_bytes} bytes), "
             f"{self.entries} objects ({self.bytes} bytes) to drain, {self.uploads} open multipart uploads, "
-            f"{self.orphans_removed} unacknowledged files removed"
+            f"{self.orphans_removed} unacknowledged files removed; data files written "
+            + ("with O_DIRECT" if self.direct_io else "through the page cache")
         )
         if self.torn_bytes:
             text += f", torn journal tail of {self.torn_bytes} bytes truncated"
@@ -136,6 +152,8 @@ class Spool:
         self.acked_bytes = 0
         self.drained_bytes = 0
         self._drained_recent: collections.deque[tuple[float, int]] = collections.deque()
+        self.direct_io = False  # set by open(): cfg.direct_io and the filesystem accepts O_DIRECT
+        self.pieces = PiecePool(PIECE_BYTES, FREE_PIECES_KEPT)
 
     # -- executor --------------------------------------------------------------------------------------------
 
@@ -151,6 +169,8 @@ class Spool:
     async def open(self) -> RecoveryReport:
         """Recover before the listener opens: replay, truncate a torn tail, drop orphans, resume drains."""
         report = await self.run_io(self._recover_sync)
+        if self.cfg.direct_io:
+            self.direct_io = report.direct_io = await self.run_io(_direct_io_works, self.data_dir)
         if self.cfg.capacity_bytes == 0:
             usage = await self.run_io(shutil.disk_usage, self.root)
             self.space.capacity_bytes = int(usage.free * 0.8) + self.state.bytes_on_disk
@@ -551,11 +571,41 @@ class Spool:
                 for (b, p), n in sorted(self.state.pending_by_prefix().items())
             ],
             "recovery": None if self.recovery is None else self.recovery.summary(),
+            "direct_io": self.direct_io,
         }
 
 
+class PiecePool:
+    """Page-aligned buffers (anonymous mmaps) for the writers, reused so their pages stay mapped.
+
+    Used on the event loop only."""
+
+    def __init__(self, size: int, keep: int) -> None:
+        self.size = size
+        self._keep = keep
+        self._free: list[mmap.mmap] = []
+
+    def take(self) -> mmap.mmap:
+        return self._free.pop() if self._free else mmap.mmap(-1, self.size)
+
+    def give(self, buf: mmap.mmap) -> None:
+        if len(self._free) < self._keep:
+            self._free.append(buf)
+        else:
+            with contextlib.suppress(BufferError):  # a traceback may still hold a view; the GC frees it
+                buf.close()
+
+    @property
+    def idle(self) -> int:
+        return len(self._free)
+
+
 class SpoolFileWriter:
-    """Streams one object's (or part's) bytes into a new spool file, computing its MD5 on the way."""
+    """Streams one object's (or part's) bytes into a new spool file, computing its MD5 on the way.
+
+    The bytes are copied into a page-aligned piece buffer; a full piece goes to an I/O thread, which hashes
+    it and writes it (with O_DIRECT where the spool uses it) while the next piece fills. One piece is in
+    flight at a time, so the MD5 sees the bytes in order and a write error surfaces at the next call."""
 
     def __init__(self, spool: Spool, file_id: str, reserved_bytes: int) -> None:
         self._spool = spool
@@ -563,9 +613,10 @@ class SpoolFileWriter:
         self.reserved_bytes = reserved_bytes
         self._fd = -1
         self._md5 = hashlib.md5(usedforsecurity=False)
-        self._buffer: list[bytes] = []
-        self._buffered = 0
+        self._piece: mmap.mmap | None = None  # the piece filling
+        self._filled = 0
         self._inflight: concurrent.futures.Future[None] | None = None  # the piece being hashed and written
+        self._inflight_piece: mmap.mmap | None = None
         self._inflight_bytes = 0
         self.size = 0
 
@@ -573,27 +624,36 @@ class SpoolFileWriter:
         path = self._spool.file_path(self.file_id)
         self._spool.mark_dir_dirty()
         try:
-            self._fd = await self._spool.run_io(os.open, path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            self._fd = await self._spool.run_io(_open_data_file, path, self._spool.direct_io)
         except OSError as exc:
             raise _write_failed(exc) from exc
 
     async def write(self, data: bytes) -> None:
-        self._buffer.append(data)
-        self._buffered += len(data)
-        if self._buffered >= WRITE_BUFFER_BYTES:
-            await self._hand_over()
+        view = memoryview(data)
+        pieces = self._spool.pieces
+        while view:
+            if self._piece is None:
+                self._piece = pieces.take()
+                self._filled = 0
+            n = min(len(view), pieces.size - self._filled)
+            self._piece[self._filled : self._filled + n] = view[:n]
+            self._filled += n
+            view = view[n:]
+            if self._filled == pieces.size:
+                await self._hand_over()
 
     async def _hand_over(self) -> None:
-        """Wait for the piece in flight, then start the buffered one: one piece at a time, so the MD5 sees
-        the bytes in order and a write error surfaces at the next call."""
+        """Wait for the piece in flight, then start the filled one."""
         await self._settle()
-        if not self._buffer:
+        piece, n = self._piece, self._filled
+        if piece is None:
             return
-        chunk = self._buffer[0] if len(self._buffer) == 1 else b"".join(self._buffer)
-        self._buffer = []
-        self._buffered = 0
-        self._inflight = self._spool.submit_io(_write_and_hash, self._fd, chunk, self._md5)
-        self._inflight_bytes = len(chunk)
+        self._piece, self._filled = None, 0
+        if n == 0:
+            self._spool.pieces.give(piece)
+            return
+        self._inflight = self._spool.submit_io(_hash_and_write, self._fd, piece, n, self._md5)
+        self._inflight_piece, self._inflight_bytes = piece, n
 
     async def _settle(self) -> None:
         cf = self._inflight
@@ -603,9 +663,16 @@ class SpoolFileWriter:
             await asyncio.wrap_future(cf)
         except OSError as exc:
             self._inflight = None
+            self._release_inflight()
             raise _write_failed(exc) from exc
         self._inflight = None
+        self._release_inflight()
         self.size += self._inflight_bytes
+
+    def _release_inflight(self) -> None:
+        piece, self._inflight_piece = self._inflight_piece, None
+        if piece is not None:
+            self._spool.pieces.give(piece)
 
     async def _quiesce(self) -> None:
         """Before the fd is closed: the I/O thread must be done with it (its outcome no longer matters)."""
@@ -613,6 +680,10 @@ class SpoolFileWriter:
         if cf is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(asyncio.wrap_future(cf))
+        self._release_inflight()
+        piece, self._piece = self._piece, None
+        if piece is not None:
+            self._spool.pieces.give(piece)
 
     async def finish(self) -> str:
         """Everything written and fsynced; returns the MD5 (hex)."""
@@ -654,11 +725,77 @@ def _write_failed(exc: OSError) -> SpoolWriteFailed:
     return SpoolWriteFailed()
 
 
-def _write_and_hash(fd: int, data: bytes, md5: Any) -> None:
-    md5.update(data)
-    view = memoryview(data)
+def _open_data_file(path: Path, direct: bool) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    if not direct:
+        return os.open(path, flags, 0o600)
+    try:
+        return os.open(path, flags | os.O_DIRECT, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    # Refused after all (the probe said yes; another filesystem may be mounted there now): the file may have
+    # been created before the refusal. Its name is ours alone, so start it again through the page cache.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return os.open(path, flags, 0o600)
+
+
+def _hash_and_write(fd: int, piece: mmap.mmap, nbytes: int, md5: Any) -> None:
+    """I/O thread: MD5 and write the first ``nbytes`` of ``piece`` at the file's position."""
+    with memoryview(piece) as whole, whole[:nbytes] as view:
+        md5.update(view)
+        aligned = nbytes - nbytes % DIRECT_ALIGN
+        _write_all(fd, view[:aligned])
+        if aligned < nbytes:  # the end of the file: O_DIRECT cannot write a partial block
+            _drop_direct(fd)
+            _write_all(fd, view[aligned:])
+
+
+def _write_all(fd: int, view: memoryview) -> None:
     while view:
-        view = view[os.write(fd, view) :]
+        try:
+            view = view[os.write(fd, view) :]
+        except OSError as exc:
+            # EINVAL from an O_DIRECT write (a short write left an unaligned rest, or the filesystem wants
+            # more alignment): carry on through the page cache. Any other error is the write's.
+            if exc.errno != errno.EINVAL or not _drop_direct(fd):
+                raise
+
+
+def _drop_direct(fd: int) -> bool:
+    """Turn O_DIRECT off on ``fd``; False if it was not on."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if not flags & os.O_DIRECT:
+        return False
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
+    return True
+
+
+def _direct_io_works(data_dir: Path) -> bool:
+    """Whether the spool's filesystem takes an aligned O_DIRECT write (tmpfs and some others refuse it)."""
+    path = data_dir / DIRECT_PROBE_NAME
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    buf = mmap.mmap(-1, DIRECT_ALIGN)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+        try:
+            os.write(fd, buf)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log.info(
+            "spool: %s does not take O_DIRECT writes (%s); data files go through the page cache",
+            data_dir,
+            exc.strerror,
+        )
+        return False
+    finally:
+        buf.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return True
 
 
 def _fsync_close(fd: int) -> None:

@@ -220,13 +220,13 @@ async def test_pieces_written_while_the_next_arrive_keep_their_order_and_md5(tmp
 async def test_discarding_a_writer_waits_for_its_piece_in_flight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = spool_module._write_and_hash
+    real = spool_module._hash_and_write
     events: list[str] = []
 
-    def slow_write_and_hash(fd: int, data: bytes, md5: Any) -> None:
+    def slow_hash_and_write(fd: int, piece: Any, nbytes: int, md5: Any) -> None:
         events.append("write started")
         time.sleep(0.2)
-        real(fd, data, md5)
+        real(fd, piece, nbytes, md5)
         events.append("write done")
 
     real_close = os.close
@@ -235,12 +235,12 @@ async def test_discarding_a_writer_waits_for_its_piece_in_flight(
         events.append("close")
         real_close(fd)
 
-    monkeypatch.setattr(spool_module, "_write_and_hash", slow_write_and_hash)
+    monkeypatch.setattr(spool_module, "_hash_and_write", slow_hash_and_write)
     spool = await opened(tmp_path)
     try:
         writer = spool.writer(1 << 20)
         await writer.open()
-        await writer.write(os.urandom(spool_module.WRITE_BUFFER_BYTES))  # handed over, not waited for
+        await writer.write(os.urandom(spool_module.PIECE_BYTES))  # handed over, not waited for
         assert events == ["write started"] or events == []
         monkeypatch.setattr(os, "close", watched_close)
         await writer.discard()
