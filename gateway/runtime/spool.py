@@ -618,28 +618,42 @@ class SpoolFileWriter:
         self._inflight: concurrent.futures.Future[None] | None = None  # the piece being hashed and written
         self._inflight_piece: mmap.mmap | None = None
         self._inflight_bytes = 0
+        self._open = False
         self.size = 0
 
     async def open(self) -> None:
-        path = self._spool.file_path(self.file_id)
-        self._spool.mark_dir_dirty()
+        """Start the upload. The file itself is created with the first full piece, or by :meth:`finish` for a
+        body that fits in one piece (created, written, fsynced and closed in one trip to the I/O thread)."""
+        self._open = True
+
+    async def _create(self) -> None:
         try:
-            self._fd = await self._spool.run_io(_open_data_file, path, self._spool.direct_io)
+            self._fd = await self._spool.run_io(_open_data_file, self._path(), self._spool.direct_io)
         except OSError as exc:
             raise _write_failed(exc) from exc
+        # Only now: a journal batch that fsyncs the directory after this point covers the new entry.
+        self._spool.mark_dir_dirty()
+
+    def _path(self) -> Path:
+        return self._spool.file_path(self.file_id)
 
     async def write(self, data: bytes) -> None:
         view = memoryview(data)
-        pieces = self._spool.pieces
+        size = self._spool.pieces.size
         while view:
             if self._piece is None:
-                self._piece = pieces.take()
+                self._piece = self._spool.pieces.take()
                 self._filled = 0
-            n = min(len(view), pieces.size - self._filled)
+            elif self._filled == size:
+                await self._hand_over()  # more than the declared length: the deferred piece goes now
+                continue
+            n = min(len(view), size - self._filled)
             self._piece[self._filled : self._filled + n] = view[:n]
             self._filled += n
             view = view[n:]
-            if self._filled == pieces.size:
+            # A full piece goes to the I/O thread, unless it is the whole declared body of a file not yet
+            # created: finish() then does everything in one trip.
+            if self._filled == size and (self._fd >= 0 or self.size + size < self.reserved_bytes):
                 await self._hand_over()
 
     async def _hand_over(self) -> None:
@@ -648,10 +662,13 @@ class SpoolFileWriter:
         piece, n = self._piece, self._filled
         if piece is None:
             return
-        self._piece, self._filled = None, 0
         if n == 0:
+            self._piece = None
             self._spool.pieces.give(piece)
             return
+        if self._fd < 0:
+            await self._create()
+        self._piece, self._filled = None, 0
         self._inflight = self._spool.submit_io(_hash_and_write, self._fd, piece, n, self._md5)
         self._inflight_piece, self._inflight_bytes = piece, n
 
@@ -687,23 +704,45 @@ class SpoolFileWriter:
 
     async def finish(self) -> str:
         """Everything written and fsynced; returns the MD5 (hex)."""
+        if not self._open:
+            raise AssertionError("finish() of a writer that is not open")
+        self._open = False
+        if self._fd < 0:
+            await self._finish_whole()
+            return self._md5.hexdigest()
         await self._hand_over()
         await self._settle()
         fd, self._fd = self._fd, -1
         try:
             await self._spool.run_io(_fsync_close, fd)
         except OSError as exc:
-            await self._spool.run_io(_unlink_all, [self._spool.file_path(self.file_id)])
+            await self._spool.run_io(_unlink_all, [self._path()])
             raise _write_failed(exc) from exc
         return self._md5.hexdigest()
 
+    async def _finish_whole(self) -> None:
+        """A body that fit in one piece (or was empty): create, hash, write, fsync and close in one trip."""
+        piece, n = self._piece, self._filled
+        self._piece, self._filled = None, 0
+        try:
+            await self._spool.run_io(_create_whole, self._path(), self._spool.direct_io, piece, n, self._md5)
+        except OSError as exc:
+            await self._spool.run_io(_unlink_all, [self._path()])
+            raise _write_failed(exc) from exc
+        finally:
+            if piece is not None:
+                self._spool.pieces.give(piece)
+        self._spool.mark_dir_dirty()
+        self.size += n
+
     async def discard(self) -> None:
         """Drop the file (a failed or rejected upload). Safe to call in any state, more than once."""
+        self._open = False
         await self._quiesce()
         fd, self._fd = self._fd, -1
         if fd >= 0:
             await self._spool.run_io(os.close, fd)
-        await self._spool.run_io(_unlink_all, [self._spool.file_path(self.file_id)])
+        await self._spool.run_io(_unlink_all, [self._path()])
 
 
 def crash_on_failure(task: asyncio.Task[Any]) -> None:
@@ -739,6 +778,17 @@ def _open_data_file(path: Path, direct: bool) -> int:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     return os.open(path, flags, 0o600)
+
+
+def _create_whole(path: Path, direct: bool, piece: mmap.mmap | None, nbytes: int, md5: Any) -> None:
+    """I/O thread: a whole small file (``nbytes`` of ``piece``), created, written, fsynced and closed."""
+    fd = _open_data_file(path, direct)
+    try:
+        if piece is not None and nbytes:
+            _hash_and_write(fd, piece, nbytes, md5)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _hash_and_write(fd: int, piece: mmap.mmap, nbytes: int, md5: Any) -> None:

@@ -64,9 +64,9 @@ async def test_data_files_are_opened_with_o_direct_where_the_filesystem_takes_it
         data = os.urandom(2 * PIECE_BYTES + 12_345)  # two whole pieces and a partial last block
         writer = spool.writer(len(data))
         await writer.open()
+        await writer.write(data[: PIECE_BYTES + 7])  # the first piece is handed over: the file exists
         flags = fcntl.fcntl(writer._fd, fcntl.F_GETFL)
         assert bool(flags & os.O_DIRECT) is takes
-        await writer.write(data[: PIECE_BYTES + 7])
         await writer.write(data[PIECE_BYTES + 7 :])
         assert await writer.finish() == hashlib.md5(data).hexdigest()
         assert spool.file_path(writer.file_id).read_bytes() == data
@@ -79,10 +79,12 @@ async def test_direct_io_off_in_the_config_writes_through_the_page_cache(tmp_pat
     spool = await opened(tmp_path, replace(CFG, direct_io=False))
     try:
         assert spool.direct_io is False
-        writer = spool.writer(10)
+        writer = spool.writer(2 * PIECE_BYTES)
         await writer.open()
+        await writer.write(os.urandom(PIECE_BYTES))
         assert not fcntl.fcntl(writer._fd, fcntl.F_GETFL) & os.O_DIRECT
         await writer.discard()
+        assert os.listdir(spool.data_dir) == []
         data = os.urandom(PIECE_BYTES + 1)
         await put(spool, "k", data)
         assert stored(spool, "k") == data
@@ -192,5 +194,64 @@ async def test_piece_buffers_are_reused_and_the_idle_ones_bounded(tmp_path: Path
         before = spool.pieces.idle
         await put(spool, "k", os.urandom(PIECE_BYTES))
         assert spool.pieces.idle == before  # taken from the pool and given back
+    finally:
+        await spool.close()
+
+
+async def test_a_body_that_fits_one_piece_takes_one_trip_to_the_io_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = await opened(tmp_path)
+    trips: list[str] = []
+    real_run, real_submit = spool.run_io, spool.submit_io
+
+    async def counted_run(fn: Any, *args: Any) -> Any:
+        trips.append(fn.__name__)
+        return await real_run(fn, *args)
+
+    def counted_submit(fn: Any, *args: Any) -> Any:
+        trips.append(fn.__name__)
+        return real_submit(fn, *args)
+
+    try:
+        monkeypatch.setattr(spool, "run_io", counted_run)
+        monkeypatch.setattr(spool, "submit_io", counted_submit)
+        for size in (0, 1, 4096, 123_457, PIECE_BYTES):
+            data = os.urandom(size)
+            trips.clear()
+            writer = spool.writer(size)
+            await writer.open()
+            for i in range(0, size, 65_536):
+                await writer.write(data[i : i + 65_536])
+            assert trips == []  # nothing created before the whole body is here
+            assert not spool._dir_dirty
+            assert await writer.finish() == hashlib.md5(data).hexdigest()
+            assert trips == ["_create_whole"], size
+            assert writer.size == size
+            # The directory is marked for the next journal batch's fsync after the file was created.
+            assert spool._dir_dirty
+            assert spool.file_path(writer.file_id).read_bytes() == data
+            await spool.commit([])  # a batch: it fsyncs the directory and clears the mark
+            assert not spool._dir_dirty
+        trips.clear()
+        writer = spool.writer(PIECE_BYTES + 1)
+        await writer.open()
+        await writer.write(os.urandom(PIECE_BYTES + 1))
+        await writer.finish()
+        assert trips == ["_open_data_file", "_hash_and_write", "_hash_and_write", "_fsync_close"]
+    finally:
+        await spool.close()
+
+
+async def test_a_body_longer_than_declared_is_still_written_whole(tmp_path: Path) -> None:
+    """The spool writer is told the declared length; it must not lose bytes if more arrive."""
+    spool = await opened(tmp_path)
+    try:
+        data = os.urandom(2 * PIECE_BYTES + 3)
+        writer = spool.writer(PIECE_BYTES)  # the first full piece is held back for a one-trip finish
+        await writer.open()
+        await writer.write(data)
+        assert await writer.finish() == hashlib.md5(data).hexdigest()
+        assert spool.file_path(writer.file_id).read_bytes() == data
     finally:
         await spool.close()

@@ -238,7 +238,7 @@ async def test_discarding_a_writer_waits_for_its_piece_in_flight(
     monkeypatch.setattr(spool_module, "_hash_and_write", slow_hash_and_write)
     spool = await opened(tmp_path)
     try:
-        writer = spool.writer(1 << 20)
+        writer = spool.writer(4 * spool_module.PIECE_BYTES)
         await writer.open()
         await writer.write(os.urandom(spool_module.PIECE_BYTES))  # handed over, not waited for
         assert events == ["write started"] or events == []
