@@ -49,6 +49,11 @@ bench: $(STAMP)
 bench-spool: $(STAMP)
 	$(BIN)/python -m loadtests.bench_spool $(BENCH_ARGS)
 
+## Checkpoint save time through the spool, [spool] direct_io on vs off interleaved (docs/benchmarks.md).
+.PHONY: bench-save
+bench-save: $(STAMP)
+	$(BIN)/python -m loadtests.bench_save $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 

@@ -393,7 +393,9 @@ def _wait_ready(popen: subprocess.Popen[bytes], ready: Path, log: Path, timeout_
     return json.loads(ready.read_text())
 
 
-def gateway_toml(d: Path, backend_url: str, spool_dir: Path, bandwidth_bps: float | None) -> str:
+def gateway_toml(
+    d: Path, backend_url: str, spool_dir: Path, bandwidth_bps: float | None, spool_extra: str = ""
+) -> str:
     bandwidth = f"bandwidth = {bandwidth_bps:.0f}  # bytes/s\n" if bandwidth_bps else ""
     return f"""[server]
 listen = "127.0.0.1:0"
@@ -410,7 +412,7 @@ region = "{REGION}"
 enabled = true
 dir = "{spool_dir}"
 drain_concurrency = {DRAIN_CONCURRENCY}
-
+{spool_extra}
 [[credentials]]
 access_key = "{ACCESS_KEY}"
 secret_key = "{SECRET_KEY}"
@@ -418,12 +420,18 @@ secret_key = "{SECRET_KEY}"
 
 
 def start_gateway(
-    root: Path, name: str, backend_url: str, spool_dir: Path, bandwidth_bps: float | None
+    root: Path,
+    name: str,
+    backend_url: str,
+    spool_dir: Path,
+    bandwidth_bps: float | None,
+    *,
+    spool_extra: str = "",
 ) -> Proc:
     d = root / f"gw-{name}"
     d.mkdir()
     cfg = d / "s3lanes.toml"
-    text = gateway_toml(d, backend_url, spool_dir, bandwidth_bps)
+    text = gateway_toml(d, backend_url, spool_dir, bandwidth_bps, spool_extra)
     cfg.write_text(text)
     ready = d / "ready.json"
     log = d / "gateway.log"

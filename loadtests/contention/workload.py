@@ -110,10 +110,19 @@ class Answer:
 class S3:
     """Path-style S3 over one aiohttp session, every request SigV4-signed as the benchmark identity."""
 
-    def __init__(self, endpoint_url: str, session: aiohttp.ClientSession) -> None:
+    def __init__(
+        self,
+        endpoint_url: str,
+        session: aiohttp.ClientSession,
+        *,
+        access_key: str = ACCESS_KEY,
+        secret_key: str = SECRET_KEY,
+    ) -> None:
         self.endpoint = endpoint_url.rstrip("/")
         self.netloc = URL(self.endpoint).raw_authority
         self.session = session
+        self.access_key = access_key
+        self.secret_key = secret_key
 
     async def request(
         self,
@@ -136,8 +145,8 @@ class S3:
                 path,
                 query,
                 hdrs,
-                access_key=ACCESS_KEY,
-                secret_key=SECRET_KEY,
+                access_key=self.access_key,
+                secret_key=self.secret_key,
                 region=REGION,
                 payload_hash=UNSIGNED_PAYLOAD,
                 now_wall=time.time(),

@@ -1,0 +1,261 @@
+"""Checkpoint save time through the spool, spool variants side by side: ``python -m loadtests.bench_save``.
+
+What the trainer of the contention benchmark waits for when it saves (``loadtests.contention``, scenario
+(c)), without the testbed around it: a checkpoint of ``--shards`` multipart objects (``--part-mib`` parts) by
+``--writers`` concurrent writers, then a 4 KiB ``.metadata`` marker, each save timed from its first request
+to the marker's 200 OK. The saves go to gateways that differ in one setting, by default ``[spool]
+direct_io`` on and off, interleaved round by round (A B, B A, ...) so that drift on a shared machine hits
+both alike. Results and their reading: ``docs/benchmarks.md`` ("Direct I/O for spool files").
+
+Theory of operation
+-------------------
+- One SeaweedFS (``weed mini``, temporary state directory) and one gateway per variant, each with its own
+  spool under the same temporary directory (same filesystem) and ``[backend] bandwidth = --trickle``, so the
+  drain trickles instead of competing with the acks for the CPU, as in ``bench_spool``'s ack phase.
+- The requests are those of the contention trainer (:class:`loadtests.contention.workload.Trainer`):
+  SigV4 ``UNSIGNED-PAYLOAD`` over HTTP with aiohttp, bodies streamed from views of one random block.
+- Per variant: every save's time, the p50 of each request type (create, part, complete, marker PUT), and
+  the gateway's CPU seconds per GB saved (``/proc/PID/stat``, user and system apart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import uvloop
+
+from loadtests.bench_proxy import ACCESS_KEY, BUCKET, GB, MIB, SECRET_KEY, machine_facts, med, new_weed
+from loadtests.bench_spool import Proc, start_gateway, stop_proc
+from loadtests.contention.workload import S3, Trainer
+
+CLK_TCK_FALLBACK = 100
+VARIANTS = {
+    "direct_io on": "",
+    "direct_io off": "direct_io = false\n",
+}
+
+
+@dataclass(slots=True)
+class Variant:
+    name: str
+    gateway: Proc
+    saves_s: list[float] = field(default_factory=list)
+    round_medians_s: list[float] = field(default_factory=list)
+    request_ms: dict[str, list[float]] = field(default_factory=dict)
+    cpu_user_s: float = 0.0
+    cpu_sys_s: float = 0.0
+    saved_bytes: int = 0
+
+
+def cpu_user_sys(pid: int) -> tuple[float, float]:
+    tick = os.sysconf("SC_CLK_TCK") or CLK_TCK_FALLBACK
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m loadtests.bench_save", description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=5, help="rounds; each runs every variant once (5)")
+    p.add_argument("--saves", type=int, default=8, help="saves per variant per round (8)")
+    p.add_argument("--shards", type=int, default=4, help="objects per checkpoint (4)")
+    p.add_argument("--shard-mib", type=int, default=16, help="MiB per object (16)")
+    p.add_argument("--part-mib", type=int, default=8, help="multipart part size, MiB (8)")
+    p.add_argument("--writers", type=int, default=4, help="concurrent writers (4)")
+    p.add_argument("--pause-s", type=float, default=1.0, help="pause between saves, s (1.0)")
+    p.add_argument("--trickle", type=float, default=5e6, help="[backend] bandwidth of the gateways, B/s")
+    p.add_argument("--tmp-dir", type=Path, default=None, help="parent of the temporary state directory")
+    p.add_argument("--out", type=Path, default=None, help="write results.json and report.md here")
+    return p.parse_args(argv)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, variants: list[Variant]) -> None:
+        self.args = args
+        self.variants = variants
+
+    def spec(self) -> dict[str, Any]:
+        a = self.args
+        return {
+            "endpoint": "http://127.0.0.1:1",  # replaced per variant (ckpt_s3 below)
+            "ckpt_bucket": BUCKET,
+            "ckpt_prefix": "bench-save",
+            "ckpt_shards": a.shards,
+            "ckpt_shard_bytes": a.shard_mib * MIB,
+            "ckpt_part_bytes": a.part_mib * MIB,
+            "ckpt_writers": a.writers,
+        }
+
+    async def run(self) -> None:
+        a = self.args
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+            trainers: dict[str, Trainer] = {}
+            for v in self.variants:
+                t = Trainer(self.spec(), session)
+                s3 = S3(
+                    f"http://{v.gateway.endpoint.netloc}",
+                    session,
+                    access_key=ACCESS_KEY,
+                    secret_key=SECRET_KEY,
+                )
+                t.ckpt_s3 = self._timed(s3, v)
+                trainers[v.name] = t
+            index = 0
+            for r in range(a.rounds):
+                order = self.variants if r % 2 == 0 else list(reversed(self.variants))
+                for v in order:
+                    t = trainers[v.name]
+                    user0, sys0 = cpu_user_sys(v.gateway.pid)
+                    times = []
+                    for _ in range(a.saves):
+                        t0 = time.monotonic()
+                        rec = await t.save(index)
+                        times.append(time.monotonic() - t0)
+                        if rec.error is not None:
+                            raise RuntimeError(f"{v.name}: save {index} failed: {rec.error}")
+                        v.saved_bytes += rec.bytes_total
+                        index += 1
+                        await asyncio.sleep(a.pause_s)
+                    user1, sys1 = cpu_user_sys(v.gateway.pid)
+                    v.cpu_user_s += user1 - user0
+                    v.cpu_sys_s += sys1 - sys0
+                    v.saves_s += times
+                    v.round_medians_s.append(med(times))
+                    print(
+                        f"round {r} {v.name:14s}: save median {med(times):.3f} s", file=sys.stderr, flush=True
+                    )
+
+    @staticmethod
+    def _timed(s3: S3, v: Variant) -> S3:
+        real = s3.request
+
+        async def timed(method: str, path: str, query: str = "", **kw: Any) -> Any:
+            t0 = time.monotonic()
+            answer = await real(method, path, query, **kw)
+            kind = (
+                "create"
+                if query == "uploads="
+                else "part"
+                if "partNumber=" in query
+                else "complete"
+                if "uploadId=" in query
+                else f"{method} marker"
+            )
+            v.request_ms.setdefault(kind, []).append((time.monotonic() - t0) * 1000.0)
+            return answer
+
+        s3.request = timed  # type: ignore[method-assign]
+        return s3
+
+
+def summary(variants: list[Variant]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for v in variants:
+        gb = v.saved_bytes / GB
+        out[v.name] = {
+            "saves": len(v.saves_s),
+            "save_median_s": med(v.saves_s),
+            "round_medians_s": [round(x, 4) for x in v.round_medians_s],
+            "request_p50_ms": {k: round(med(x), 2) for k, x in sorted(v.request_ms.items())},
+            "gateway_cpu_s_per_GB": {
+                "user": round(v.cpu_user_s / gb, 3),
+                "system": round(v.cpu_sys_s / gb, 3),
+                "total": round((v.cpu_user_s + v.cpu_sys_s) / gb, 3),
+            },
+        }
+    base = variants[0].name
+    for v in variants[1:]:
+        rr = [
+            b / a for a, b in zip(out[base]["round_medians_s"], out[v.name]["round_medians_s"], strict=True)
+        ]
+        out[v.name][f"per_round_ratio_to_{base}"] = [round(x, 3) for x in rr]
+        out[v.name][f"median_ratio_to_{base}"] = round(med(rr), 3)
+    return out
+
+
+def report(args: argparse.Namespace, s: dict[str, Any], facts: dict[str, str]) -> str:
+    names = list(s)
+    kinds = sorted({k for x in s.values() for k in x["request_p50_ms"]})
+    lines = [
+        "## Checkpoint save time through the spool, variants side by side",
+        "",
+        f"Command: `python -m loadtests.bench_save {' '.join(sys.argv[1:])}`".rstrip(),
+        "",
+        f"{args.rounds} rounds x {args.saves} saves per variant, interleaved; a save = {args.shards} "
+        f"objects of {args.shard_mib} MiB ({args.part_mib} MiB parts) by {args.writers} writers, then a "
+        f"4 KiB marker; gateways' drain trickling at {args.trickle / 1e6:g} MB/s.",
+        "",
+        "| variant | save median, s | per-round medians, s | "
+        + " | ".join(f"{k} p50 ms" for k in kinds)
+        + " | gateway CPU s/GB (user / system) |",
+        "|---|---|---|" + "---|" * len(kinds) + "---|",
+    ]
+    for n in names:
+        x = s[n]
+        c = x["gateway_cpu_s_per_GB"]
+        lines.append(
+            f"| {n} | {x['save_median_s']:.3f} | {', '.join(f'{y:.3f}' for y in x['round_medians_s'])} | "
+            + " | ".join(f"{x['request_p50_ms'].get(k, float('nan')):.1f}" for k in kinds)
+            + f" | {c['total']:.2f} ({c['user']:.2f} / {c['system']:.2f}) |"
+        )
+    for n in names[1:]:
+        key = f"median_ratio_to_{names[0]}"
+        lines += [
+            "",
+            f"{n} / {names[0]}, save time: median of per-round ratios {s[n][key]:.2f}x "
+            f"(rounds: {', '.join(f'{y:.2f}' for y in s[n][f'per_round_ratio_to_{names[0]}'])}).",
+        ]
+    lines += ["", "| machine | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in facts.items()]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="s3lanes-bench-save-", dir=args.tmp_dir))
+    weed = new_weed(tmp)
+    gateways: list[Proc] = []
+    try:
+        weed.start()
+        variants = []
+        for name, extra in VARIANTS.items():
+            slug = name.replace(" ", "-").replace("_", "")
+            gw = start_gateway(
+                tmp, slug, weed.endpoint_url, tmp / f"spool-{slug}", args.trickle, spool_extra=extra
+            )
+            gateways.append(gw)
+            variants.append(Variant(name, gw))
+        uvloop.run(Bench(args, variants).run())
+    finally:
+        for gw in gateways:
+            stop_proc(gw)
+        weed.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+    s = summary(variants)
+    text = report(args, s, machine_facts())
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(
+            json.dumps(
+                {"argv": sys.argv[1:], "summary": s, "saves_s": {v.name: v.saves_s for v in variants}},
+                indent=2,
+            )
+        )
+        (args.out / "report.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
