@@ -110,7 +110,8 @@ class Bench:
                     access_key=ACCESS_KEY,
                     secret_key=SECRET_KEY,
                 )
-                t.ckpt_s3 = self._timed(s3, v)
+                s3.timings = v.request_ms
+                t.ckpt_s3 = s3
                 trainers[v.name] = t
             index = 0
             for r in range(a.rounds):
@@ -136,28 +137,6 @@ class Bench:
                     print(
                         f"round {r} {v.name:14s}: save median {med(times):.3f} s", file=sys.stderr, flush=True
                     )
-
-    @staticmethod
-    def _timed(s3: S3, v: Variant) -> S3:
-        real = s3.request
-
-        async def timed(method: str, path: str, query: str = "", **kw: Any) -> Any:
-            t0 = time.monotonic()
-            answer = await real(method, path, query, **kw)
-            kind = (
-                "create"
-                if query == "uploads="
-                else "part"
-                if "partNumber=" in query
-                else "complete"
-                if "uploadId=" in query
-                else f"{method} marker"
-            )
-            v.request_ms.setdefault(kind, []).append((time.monotonic() - t0) * 1000.0)
-            return answer
-
-        s3.request = timed  # type: ignore[method-assign]
-        return s3
 
 
 def summary(variants: list[Variant]) -> dict[str, Any]:

@@ -290,6 +290,7 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
         "probe_errors": errors,
         "burst_windows_s": [[a - t_start, b - t_start] for a, b in windows],
         "save_s": [c["save_s"] for c in ckpts],
+        "save_request_ms": trainer.get("save_request_ms") or {},
         "durable_s": [c["durable_s"] for c in ckpts],
         "checkpoint_errors": [c["error"] for c in ckpts if c["error"]],
         "lost_fraction": trainer["lost_fraction"],
@@ -351,6 +352,10 @@ def summarize_scenario(segs: list[dict[str, Any]]) -> dict[str, Any]:
         "probe_errors": {g: sum(s["probe_errors"][g] for s in segs) for g in ("outside", "during")},
         "save_s_median": median(saves),
         "save_s_all": saves,
+        "save_request_p50_ms": {
+            kind: median([x for s in segs for x in s.get("save_request_ms", {}).get(kind, [])])
+            for kind in sorted({k for s in segs for k in s.get("save_request_ms", {})})
+        },
         "durable_s_median": median(durables),
         "durable_s_all": durables,
         "checkpoint_errors": [e for s in segs for e in s["checkpoint_errors"]],
@@ -554,6 +559,17 @@ def markdown(doc: dict[str, Any]) -> str:
         "Save and durable times: median over all checkpoints (every save in brackets); trainer time lost: "
         "median over rounds (per round in brackets), of a trainer wall time of "
         f"{_f(median([x['wall_s_median'] for x in sc.values()]), '.0f')} s per segment.",
+        "",
+        "Where a save's time goes, p50 of its requests in ms (create, part, complete, marker PUT): "
+        + "; ".join(
+            f"{SCENARIO_LABELS[key]} "
+            + " / ".join(
+                _f(x["save_request_p50_ms"].get(k), ".1f") for k in ("create", "part", "complete", "PUT")
+            )
+            for key, x in sc.items()
+            if x.get("save_request_p50_ms")
+        )
+        + ".",
         "",
         "### Targets (issue 6)",
         "",

@@ -90,6 +90,17 @@ def pieces(size_bytes: int, seed: int) -> list[memoryview]:
     return out
 
 
+def request_kind(method: str, query: str) -> str:
+    """What a checkpoint request is, for the save's timings: create, part, complete, or METHOD (a PUT)."""
+    if query == "uploads=":
+        return "create"
+    if "partNumber=" in query:
+        return "part"
+    if "uploadId=" in query:
+        return "complete"
+    return method
+
+
 async def _body(views: list[memoryview]) -> AsyncIterator[memoryview]:
     for v in views:
         yield v
@@ -123,6 +134,8 @@ class S3:
         self.session = session
         self.access_key = access_key
         self.secret_key = secret_key
+        # When set: milliseconds of every request, by request_kind() (the trainer times its saves' requests).
+        self.timings: dict[str, list[float]] | None = None
 
     async def request(
         self,
@@ -152,6 +165,7 @@ class S3:
                 now_wall=time.time(),
             )
         )
+        started = time.monotonic()
         url = URL(f"{self.endpoint}{path}" + (f"?{query}" if query else ""), encoded=True)
         data: Any = None
         if isinstance(body, bytes):
@@ -169,6 +183,9 @@ class S3:
                 n = 0
                 async for chunk in resp.content.iter_chunked(256 * 1024):
                     n += len(chunk)
+            if self.timings is not None:
+                ms = (time.monotonic() - started) * 1000.0
+                self.timings.setdefault(request_kind(method, query), []).append(ms)
             return Answer(resp.status, {k.lower(): v for k, v in resp.headers.items()}, raw, n)
 
     @staticmethod
@@ -374,6 +391,7 @@ class Trainer:
         self.spec = spec
         self.s3 = S3(spec["endpoint"], session)
         self.ckpt_s3 = S3(spec.get("ckpt_endpoint") or spec["endpoint"], session)
+        self.ckpt_s3.timings = {}
         self.session = session
         self.loader_latencies: list[list[float]] = []  # [requested_at, latency_ms]
         self.loader_errors = 0
@@ -576,6 +594,7 @@ class Trainer:
             "lost_fraction": lost_s / wall_s if wall_s > 0 else None,
             "overhead_s": wall_s - lost_s - self.steps * step_s,
             "checkpoints": [c.as_json() for c in self.checkpoints],
+            "save_request_ms": self.ckpt_s3.timings,
             "stall_events": self.stall_events,
             "loader_latencies": self.loader_latencies,
             "loader_errors": self.loader_errors,
