@@ -595,7 +595,7 @@ class SpoolFront:
         files: list[tuple[int, int, int]] = []  # (fd, offset in file, count)
         if request.method == "GET" and plan.length:
             try:
-                files = await self.spool.run_io(self._open_span, entry, plan.start, plan.length)
+                files = await self.spool.run_read_io(self._open_span, entry, plan.start, plan.length)
             except FileNotFoundError:
                 return None  # drained and freed meanwhile: the backend has it now
         try:
@@ -652,7 +652,7 @@ class SpoolFront:
             finally:
                 fobj.close()
         while count > 0:
-            chunk = await self.spool.run_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)
+            chunk = await self.spool.run_read_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)
             if not chunk:
                 raise ConnectionResetError("spool file ended early")
             await resp.write(chunk)
@@ -853,7 +853,7 @@ class SpoolFront:
         if tagging:
             meta.append(("x-amz-tagging", tagging))
         meta.sort()
-        files = await self.spool.run_io(self._open_span, src, 0, src.size) if src.size else []
+        files = await self.spool.run_read_io(self._open_span, src, 0, src.size) if src.size else []
         try:
             if self._spoolable(ctx, decision, bucket, key) and self._admit(src.size) is Admission.SPOOL:
                 try:
@@ -910,7 +910,7 @@ class SpoolFront:
                     while count > 0:
                         n = min(READ_CHUNK_BYTES, count)
                         await budget.take(n)
-                        chunk = await self.spool.run_io(os.pread, fd, n, offset)
+                        chunk = await self.spool.run_read_io(os.pread, fd, n, offset)
                         offset += len(chunk)
                         count -= len(chunk)
                         yield chunk
@@ -1038,7 +1038,11 @@ class SpoolFront:
             if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
             try:
-                files = await self.spool.run_io(self._open_span, src, plan.start, plan.length) if size else []
+                files = (
+                    await self.spool.run_read_io(self._open_span, src, plan.start, plan.length)
+                    if size
+                    else []
+                )
                 writer = self.spool.writer(size)
                 await writer.open()
                 try:
@@ -1142,7 +1146,7 @@ class SpoolFront:
     async def _copy_files(self, files: list[tuple[int, int, int]], writer: SpoolFileWriter) -> None:
         for fd, offset, count in files:
             while count > 0:
-                chunk = await self.spool.run_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)
+                chunk = await self.spool.run_read_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)
                 await writer.write(chunk)
                 offset += len(chunk)
                 count -= len(chunk)

@@ -420,13 +420,13 @@ class Drainer:
         lane = self._lane(entry)
         budget = StreamBudget(self._pools.dispatcher_for(entry.bucket), lane, self._chunk, size)
         path = self._spool.file_path(file_id)
-        fd = await self._spool.run_io(os.open, path, os.O_RDONLY)
+        fd = await self._spool.run_read_io(os.open, path, os.O_RDONLY)
         try:
             offset = 0
             while offset < size:
                 n = min(self._read_bytes, size - offset)
                 await budget.take(n)
-                chunk = await self._spool.run_io(os.pread, fd, n, offset)
+                chunk = await self._spool.run_read_io(os.pread, fd, n, offset)
                 if not chunk:
                     raise DrainError(f"spool file {file_id} ended at {offset} of {size} bytes")
                 offset += len(chunk)
@@ -436,7 +436,7 @@ class Drainer:
                 yield chunk
         finally:
             budget.close()
-            await self._spool.run_io(os.close, fd)
+            await self._spool.run_read_io(os.close, fd)
 
     async def _upload(self, entry: Entry) -> None:
         if entry.kind == "del":

@@ -19,7 +19,10 @@ writeback storm that evicts the node's cache. The ``fsync`` before the ack still
 metadata and the disk's write cache durable). Where ``O_DIRECT`` is refused, the same code writes through the
 page cache.
 
-All blocking file work runs on one small thread pool (never on the event loop). A failed fsync or a full
+All blocking file work runs on thread pools, never on the event loop, and on three of them so that no ack
+queues behind bulk work: one thread for the journal (appends, compaction; sequential by nature), a small
+pool for writing data files (hashing and writing pieces, creating, fsyncing, unlinking), and a pool for
+reading them (the drain's uploads, GETs served from the spool, copies). A failed fsync or a full
 disk fails the write that hit it with 503 and, for the journal, puts the spool out of service for new
 writes (``degraded``): after a failed fsync the kernel's page cache state is unknown (fsyncgate), so the
 only safe course is to stop acknowledging into it. Data already acknowledged keeps draining.
@@ -129,6 +132,8 @@ class Spool:
         self.state = SpoolState(cfg.commit_markers)
         self.space = SpoolSpace(cfg.capacity_bytes, cfg.high_water, cfg.low_water)
         self._executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="spool-io")
+        self._journal_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spool-journal")
+        self._read_executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="spool-read")
         self._journal_fd = -1
         self._journal_bytes = 0
         self._dir_dirty = False
@@ -158,7 +163,15 @@ class Spool:
     # -- executor --------------------------------------------------------------------------------------------
 
     async def run_io(self, fn: Callable[..., T], *args: Any) -> T:
+        """Data-file work of the writers (and start-up work)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def run_read_io(self, fn: Callable[..., T], *args: Any) -> T:
+        """Reading spool files: the drain, GETs served from the spool, copies."""
+        return await asyncio.get_running_loop().run_in_executor(self._read_executor, fn, *args)
+
+    async def _run_journal_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._journal_executor, fn, *args)
 
     def submit_io(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
         """Start ``fn`` on the I/O pool without waiting (the caller keeps the future to wait for it)."""
@@ -273,11 +286,12 @@ class Spool:
             self._committer = None
         if self._journal_fd >= 0:
             fd, self._journal_fd = self._journal_fd, -1
-            await self.run_io(_fsync_close, fd)
+            await self._run_journal_io(_fsync_close, fd)
         for _, _, _, fut in self._flush_waiters:
             if not fut.done():
                 fut.cancel()
-        self._executor.shutdown(wait=True)
+        for executor in (self._executor, self._read_executor, self._journal_executor):
+            executor.shutdown(wait=True)
 
     # -- writing data ----------------------------------------------------------------------------------------
 
@@ -325,12 +339,12 @@ class Spool:
             dir_dirty, self._dir_dirty = self._dir_dirty, False
             good_bytes = self._journal_bytes
             try:
-                await self.run_io(self._append_sync, data, dir_dirty)
+                await self._run_journal_io(self._append_sync, data, dir_dirty)
             except OSError as exc:
                 # Put the journal back as it was before this batch, so that records nobody was told are
                 # durable cannot come back at the next start (best effort: the disk is failing).
                 with contextlib.suppress(OSError):
-                    await self.run_io(self._truncate_sync, good_bytes)
+                    await self._run_journal_io(self._truncate_sync, good_bytes)
                 self._go_degraded(f"journal write failed: {exc}")
                 err = JournalAppendFailed()
                 for _, fut in batch:
@@ -349,7 +363,7 @@ class Spool:
                 # handed to the I/O thread.
                 snapshot = self.state.snapshot_records()
                 try:
-                    await self.run_io(self._compact_sync, snapshot)
+                    await self._run_journal_io(self._compact_sync, snapshot)
                 except OSError as exc:
                     self._go_degraded(f"journal compaction failed: {exc}")
 
@@ -369,7 +383,7 @@ class Spool:
             await asyncio.sleep(HEAL_INTERVAL_S)
             snapshot = self.state.snapshot_records()
             try:
-                await self.run_io(self._compact_sync, snapshot)
+                await self._run_journal_io(self._compact_sync, snapshot)
             except OSError as exc:
                 log.debug("spool: journal rewrite failed, still out of service: %s", exc)
                 continue

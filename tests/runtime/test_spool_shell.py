@@ -11,6 +11,7 @@ import asyncio
 import errno
 import hashlib
 import os
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -241,3 +242,35 @@ async def test_journal_on_disk_is_framed_and_replayable(tmp_path: Path) -> None:
     data = (tmp_path / "journal").read_bytes()
     assert data.startswith(file_header())
     assert [r["t"] for r in replay(data).records] == ["put"]
+
+
+async def test_acks_do_not_queue_behind_readers_and_the_journal_not_behind_writers(tmp_path: Path) -> None:
+    """Three pools: every reader thread busy (a drain reading a slow disk) must not hold up a PUT, and every
+    data-writing thread busy must not hold up a journal commit."""
+    spool = await opened(tmp_path)
+    release = threading.Event()
+    try:
+        readers = [asyncio.ensure_future(spool.run_read_io(release.wait, 30)) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        assert not any(r.done() for r in readers)
+        await asyncio.wait_for(put(spool, "while-reading", os.urandom(300_000)), 10)
+        writers = [asyncio.ensure_future(spool.run_io(release.wait, 30)) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        rec = spool.state.create_upload_record(
+            upload_id="s3lanes-u1",
+            bucket="b",
+            key="k",
+            meta=[],
+            access_key="AK",
+            lane="checkpoint",
+            now_wall=1_700_000_000.0,
+        )
+        await asyncio.wait_for(spool.commit([rec]), 10)
+        assert "s3lanes-u1" in spool.state.uploads
+        assert not any(w.done() for w in writers)  # the commit did not need them
+        release.set()
+        await asyncio.gather(*readers, *writers)
+        assert spool.state.lookup("b", "while-reading") is not None
+    finally:
+        release.set()
+        await spool.close()
