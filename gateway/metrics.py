@@ -51,6 +51,14 @@ class Metrics:
             ["lane", "operation", "status"],
             registry=r,
         )
+        self.duration = Histogram(
+            "s3lanes_request_duration_seconds",
+            "Time from a request's headers to the end of its answer (bodies the gateway streams included), "
+            "by lane, S3 operation and what served it (spool or backend).",
+            ["lane", "operation", "served_by"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.bytes = Counter(
             "s3lanes_lane_bytes",
             "Body bytes moved to or from the backend, by lane and direction.",

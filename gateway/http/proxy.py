@@ -145,6 +145,8 @@ def lower_headers(request: web.Request) -> dict[str, str]:
     return out
 
 
+# Answers served by the write spool carry this header ("spool"); the request duration metric uses it too.
+SOURCE_HEADER = "x-s3lanes-source"
 # Operations whose backend time-to-first-byte feeds the read-latency guard.
 _READ_OPERATIONS = frozenset({"GetObject"})
 
@@ -232,6 +234,8 @@ class S3Proxy:
         facts = RequestFacts.from_request(ctx.target, ctx.view.headers, ctx.auth.access_key)
         decision = self._classifier.classify(facts)
         status = 500
+        started = self._clock.monotonic()
+        served_by = "backend"
         try:
             check_limits(
                 ctx.target.operation, query_names(ctx.view.raw_query), facts.size_bytes, len(request.headers)
@@ -241,6 +245,8 @@ class S3Proxy:
                 self._check_access(policy, ctx, facts, decision)
             resp = await self._proxy(request, ctx, decision)
             status = resp.status
+            if resp.headers.get(SOURCE_HEADER) == "spool":
+                served_by = "spool"
             if 200 <= status < 300:
                 self._classifier.note_write_completed(facts, decision)
             return resp
@@ -259,6 +265,9 @@ class S3Proxy:
             return self._lane_headers(self.error_response(request, InternalError(), rid), decision)
         finally:
             self._metrics.requests.labels(decision.lane, ctx.target.operation, str(status)).inc()
+            self._metrics.duration.labels(decision.lane, ctx.target.operation, served_by).observe(
+                self._clock.monotonic() - started
+            )
 
     @staticmethod
     def _check_access(

@@ -62,7 +62,7 @@ from gateway.errors import (
     ServiceUnavailable,
     SlowDown,
 )
-from gateway.http.proxy import read_small_body
+from gateway.http.proxy import SOURCE_HEADER, read_small_body
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
@@ -74,7 +74,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("s3lanes.spool")
 
 WRITE_THROUGH_HEADER = "x-s3lanes-write-through"
-SOURCE_HEADER = "x-s3lanes-source"
 UPLOAD_ID_PREFIX = "s3lanes-"
 # How long a write-through operation waits for a key's spooled data to reach the backend before 503.
 KEY_CLEAR_TIMEOUT_S = 30.0

@@ -97,6 +97,36 @@ def test_metrics_and_status_are_served_to_loopback(gateway: Gateway, bucket: str
     assert lanes == {"dataset", "checkpoint", "restore", "metadata"}
 
 
+def _duration_count(gw: Gateway, lane: str, operation: str, served_by: str) -> float:
+    with urllib.request.urlopen(gw.http_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    name = (
+        f's3lanes_request_duration_seconds_count{{lane="{lane}",operation="{operation}",'
+        f'served_by="{served_by}"}} '
+    )
+    for line in text.splitlines():
+        if line.startswith(name):
+            return float(line[len(name) :])
+    return 0.0
+
+
+@pytest.mark.parametrize("spooled", [False, True], ids=["backend", "spool"])
+def test_request_durations_are_measured_by_lane_operation_and_what_served_them(
+    gateway: Gateway, spool_gateway: Gateway, bucket: str, spooled: bool
+) -> None:
+    gw = spool_gateway if spooled else gateway
+    served_by = "spool" if spooled else "backend"
+    s3 = gw.client()
+    before = _duration_count(gw, "checkpoint", "PutObject", served_by)
+    other = _duration_count(gw, "checkpoint", "PutObject", "backend" if spooled else "spool")
+    for i in range(3):
+        s3.put_object(Bucket=bucket, Key=f"d/{i}", Body=b"x" * 1000)
+    assert _duration_count(gw, "checkpoint", "PutObject", served_by) == before + 3
+    assert _duration_count(gw, "checkpoint", "PutObject", "backend" if spooled else "spool") == other
+    if spooled:
+        gw.flush(bucket)
+
+
 def test_signed_get_of_metrics_is_still_a_bucket_listing(gateway: Gateway) -> None:
     s3 = gateway.client()
     s3.create_bucket(Bucket="metrics")
