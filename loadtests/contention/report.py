@@ -291,6 +291,7 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
         "burst_windows_s": [[a - t_start, b - t_start] for a, b in windows],
         "save_s": [c["save_s"] for c in ckpts],
         "save_request_ms": trainer.get("save_request_ms") or {},
+        "gateway_request_durations": trainer.get("gateway_request_durations") or {},
         "durable_s": [c["durable_s"] for c in ckpts],
         "checkpoint_errors": [c["error"] for c in ckpts if c["error"]],
         "lost_fraction": trainer["lost_fraction"],
@@ -352,6 +353,12 @@ def summarize_scenario(segs: list[dict[str, Any]]) -> dict[str, Any]:
         "probe_errors": {g: sum(s["probe_errors"][g] for s in segs) for g in ("outside", "during")},
         "save_s_median": median(saves),
         "save_s_all": saves,
+        # cumulative in the gateway: the scenario's last segment has them all
+        "gateway_mean_ms": {
+            op: 1000.0 * v["sum"] / v["count"]
+            for op, v in (segs[-1].get("gateway_request_durations") or {}).items()
+            if v.get("count")
+        },
         "save_request_p50_ms": {
             kind: median([x for s in segs for x in s.get("save_request_ms", {}).get(kind, [])])
             for kind in sorted({k for s in segs for k in s.get("save_request_ms", {})})
@@ -568,6 +575,16 @@ def markdown(doc: dict[str, Any]) -> str:
             )
             for key, x in sc.items()
             if x.get("save_request_p50_ms")
+        )
+        + ".",
+        "",
+        "The gateway's own account (mean of `s3lanes_request_duration_seconds`, checkpoint lane, "
+        "all rounds), ms: "
+        + "; ".join(
+            f"{SCENARIO_LABELS[key]} "
+            + ", ".join(f"{op} {ms:.1f}" for op, ms in sorted(x["gateway_mean_ms"].items()))
+            for key, x in sc.items()
+            if x.get("gateway_mean_ms")
         )
         + ".",
         "",

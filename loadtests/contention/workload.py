@@ -67,6 +67,11 @@ DURABLE_WAIT_S = 600.0
 STALL_EVENT_S = 0.005  # waits for data shorter than this are not listed one by one (they are summed)
 
 _BLOCK = memoryview(os.urandom(BLOCK_BYTES))
+GATEWAY_DURATION = re.compile(
+    r'^s3lanes_request_duration_seconds_(?P<what>sum|count)\{lane="checkpoint",operation="(?P<operation>[^"]+)",'
+    r'served_by="(?P<served_by>[^"]+)"\} (?P<value>\S+)$',
+    re.M,
+)
 
 
 class WorkloadError(RuntimeError):
@@ -487,6 +492,21 @@ class Trainer:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             rec.flush = {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
+    async def gateway_durations(self) -> dict[str, dict[str, float]]:
+        """The gateway's own account of the checkpoint lane's requests so far (cumulative over the run):
+        ``s3lanes_request_duration_seconds`` sum and count by operation and what served it."""
+        url = f"{self.spec['gateway_url']}/_s3lanes/metrics"
+        try:
+            async with self.session.get(url) as resp:
+                text = await resp.text()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return {}
+        out: dict[str, dict[str, float]] = {}
+        for m in GATEWAY_DURATION.finditer(text):
+            op = f"{m['operation']} ({m['served_by']})"
+            out.setdefault(op, {})[m["what"]] = float(m["value"])
+        return out
+
     # -- gateway status --------------------------------------------------------------------------------
 
     async def sample_status(self, stop: asyncio.Event) -> None:
@@ -581,6 +601,7 @@ class Trainer:
         status_stop.set()
         await asyncio.gather(*background, return_exceptions=True)
         lost_s = self.stall_s + save_s
+        served = await self.gateway_durations() if sp.get("gateway_url") else {}
         return {
             "t0": t0,
             "end": end,
@@ -595,6 +616,7 @@ class Trainer:
             "overhead_s": wall_s - lost_s - self.steps * step_s,
             "checkpoints": [c.as_json() for c in self.checkpoints],
             "save_request_ms": self.ckpt_s3.timings,
+            "gateway_request_durations": served,
             "stall_events": self.stall_events,
             "loader_latencies": self.loader_latencies,
             "loader_errors": self.loader_errors,
