@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import logging
 import os
 import secrets
@@ -318,6 +319,7 @@ class SpoolFront:
         self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
         # (backend identity, bucket) -> monotonic time until which the bucket is known to be there for it
         self._bucket_ok: dict[tuple[str, str], float] = {}
+        self._bucket_checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # HEADs on their way
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
         self._closing = False
@@ -465,17 +467,33 @@ class SpoolFront:
         dispatcher = self._pools.dispatcher_of(backend.name)
         ticket = await dispatcher.acquire(lane, self._request_cost)
         dispatcher.release(ticket)
+        sent = self._clock.monotonic()
         resp = await backend.request(method, target, headers or {}, ctx.credential, body=body, lane=lane)
+        self._metrics.backend_latency.labels(lane).observe(self._clock.monotonic() - sent)
         dispatcher.observe_backend(lane, resp.status)
         return resp
 
     async def _check_bucket(self, ctx: RequestContext, bucket: str) -> None:
-        """The bucket exists and this identity may use it (HEAD bucket, cached); required before an ack."""
+        """The bucket exists and this identity may use it (HEAD bucket, cached); required before an ack.
+        Requests arriving while a check of the same (identity, bucket) is on its way share it."""
         ident = (ctx.credential.backend_access_key, bucket)
-        now = self._clock.monotonic()
         until = self._bucket_ok.get(ident)
-        if until is not None and until > now:
+        if until is not None and until > self._clock.monotonic():
             return
+        check = self._bucket_checks.get(ident)
+        if check is None:
+            check = asyncio.ensure_future(self._head_bucket(ctx, bucket, ident))
+            self._bucket_checks[ident] = check
+            check.add_done_callback(functools.partial(self._bucket_check_done, ident))
+        await asyncio.shield(check)
+
+    def _bucket_check_done(self, ident: tuple[str, str], task: asyncio.Future[None]) -> None:
+        self._bucket_checks.pop(ident, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: every waiter got it, or none is left to
+
+    async def _head_bucket(self, ctx: RequestContext, bucket: str, ident: tuple[str, str]) -> None:
+        until = self._bucket_ok.get(ident)
         try:
             resp = await self._backend_call(ctx, "metadata", "HEAD", bucket, None, "")
         except S3Error:
@@ -487,7 +505,7 @@ class SpoolFront:
         status = resp.status
         resp.release()
         if status == 200:
-            self._bucket_ok[ident] = now + BUCKET_CHECK_TTL_S
+            self._bucket_ok[ident] = self._clock.monotonic() + BUCKET_CHECK_TTL_S
             return
         if status == 404:
             raise NoSuchBucket(BucketName=bucket)
