@@ -194,12 +194,17 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
 # Processes: CPU and memory from /proc
 
 
-def cpu_seconds(pid: int) -> float:
-    """user+sys CPU seconds of a process (all its threads), from /proc/PID/stat."""
+def cpu_user_sys_seconds(pid: int) -> tuple[float, float]:
+    """(user, sys) CPU seconds of a process (all its threads), from /proc/PID/stat."""
     with open(f"/proc/{pid}/stat", "rb") as fh:
         rest = fh.read().rsplit(b")", 1)[1].split()
     # After "pid (comm)": field 3 is rest[0], so utime (14) and stime (15) are rest[11] and rest[12].
-    return (int(rest[11]) + int(rest[12])) / CLK_TCK
+    return int(rest[11]) / CLK_TCK, int(rest[12]) / CLK_TCK
+
+
+def cpu_seconds(pid: int) -> float:
+    """user+sys CPU seconds of a process (all its threads)."""
+    return sum(cpu_user_sys_seconds(pid))
 
 
 def self_cpu_seconds() -> float:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -36,11 +35,20 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from loadtests.bench_proxy import ACCESS_KEY, BUCKET, GB, MIB, SECRET_KEY, machine_facts, med, new_weed
+from loadtests.bench_proxy import (
+    ACCESS_KEY,
+    BUCKET,
+    GB,
+    MIB,
+    SECRET_KEY,
+    cpu_user_sys_seconds,
+    machine_facts,
+    med,
+    new_weed,
+)
 from loadtests.bench_spool import Proc, start_gateway, stop_proc
 from loadtests.contention.workload import S3, Trainer
 
-CLK_TCK_FALLBACK = 100
 VARIANTS = {
     "direct_io on": "",
     "direct_io off": "direct_io = false\n",
@@ -57,13 +65,6 @@ class Variant:
     cpu_user_s: float = 0.0
     cpu_sys_s: float = 0.0
     saved_bytes: int = 0
-
-
-def cpu_user_sys(pid: int) -> tuple[float, float]:
-    tick = os.sysconf("SC_CLK_TCK") or CLK_TCK_FALLBACK
-    with open(f"/proc/{pid}/stat") as fh:
-        fields = fh.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -118,7 +119,7 @@ class Bench:
                 order = self.variants if r % 2 == 0 else list(reversed(self.variants))
                 for v in order:
                     t = trainers[v.name]
-                    user0, sys0 = cpu_user_sys(v.gateway.pid)
+                    user0, sys0 = cpu_user_sys_seconds(v.gateway.pid)
                     times = []
                     for _ in range(a.saves):
                         t0 = time.monotonic()
@@ -129,7 +130,7 @@ class Bench:
                         v.saved_bytes += rec.bytes_total
                         index += 1
                         await asyncio.sleep(a.pause_s)
-                    user1, sys1 = cpu_user_sys(v.gateway.pid)
+                    user1, sys1 = cpu_user_sys_seconds(v.gateway.pid)
                     v.cpu_user_s += user1 - user0
                     v.cpu_sys_s += sys1 - sys0
                     v.saves_s += times

@@ -18,6 +18,7 @@ import pytest
 
 from gateway.clock import SystemClock
 from gateway.config import SpoolConfig
+from gateway.core.spool_state import Entry
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer, close_body
@@ -83,6 +84,14 @@ async def test_a_spool_file_is_read_one_granted_chunk_at_a_time(tmp_path: Path, 
         await spool.close()
 
 
+async def _spooled(spool: Spool, size: int) -> Entry:
+    """One object of ``size`` random bytes put into the spool as key "k"; its entry."""
+    await put(spool, "k", os.urandom(size))
+    entry = spool.state.lookup("b", "k")
+    assert entry is not None
+    return entry
+
+
 def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
@@ -91,9 +100,7 @@ async def test_a_body_cut_short_closes_its_file_at_once(tmp_path: Path) -> None:
     spool = await opened(tmp_path)
     dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=MiB)
     try:
-        await put(spool, "k", os.urandom(3 * MiB))
-        entry = spool.state.lookup("b", "k")
-        assert entry is not None
+        entry = await _spooled(spool, 3 * MiB)
         before = _open_fds()
         body = _drainer(spool, dispatcher)._file_body(entry, entry.files[0], entry.size)
         await body.__anext__()  # suspended at its first yield, the file open
@@ -111,9 +118,7 @@ async def test_closing_a_body_that_another_task_is_running_is_left_to_that_task(
     spool = await opened(tmp_path)
     dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=MiB, inflight_requests_max=1)
     try:
-        await put(spool, "k", os.urandom(3 * MiB))
-        entry = spool.state.lookup("b", "k")
-        assert entry is not None
+        entry = await _spooled(spool, 3 * MiB)
         before = _open_fds()
         body = _drainer(spool, dispatcher)._file_body(entry, entry.files[0], entry.size)
         await body.__anext__()  # holds the only in-flight ticket of the window
