@@ -74,6 +74,10 @@ class ServerConfig:
     # On SIGTERM: seconds to keep draining the spool after in-flight requests finish (0 = stop at once;
     # recovery on the next start resumes what is left).
     drain_on_shutdown_s: float = 60.0
+    # GET bodies from the store at least this large are spliced from socket to socket in the kernel instead
+    # of copied through the gateway (plain HTTP on both sides, Linux; 0 = never). The store connection is
+    # closed after each, so small bodies keep their pooled connection.
+    zero_copy_min_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,6 +447,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "admin_token": "opt_str",
         "log_format": "str",
         "drain_on_shutdown_s": "float",
+        "zero_copy_min_bytes": "size",
     },
     "backend": {
         "endpoint": "opt_str",
@@ -822,6 +827,8 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[server].log_level", f"expected DEBUG, INFO, WARNING or ERROR, got {s.log_level!r}")
     if s.max_skew_s <= 0:
         problems.add("[server].max_skew_s", "must be positive")
+    if s.zero_copy_min_bytes < 0:
+        problems.add("[server].zero_copy_min_bytes", "must be 0 (never) or a size")
     if s.log_format not in ("text", "json"):
         problems.add("[server].log_format", f"expected 'text' or 'json', got {s.log_format!r}")
     if s.admin_token is not None and len(s.admin_token) < 16:

@@ -65,6 +65,13 @@ class Metrics:
             ["lane", "direction"],
             registry=r,
         )
+        self.zero_copy_bytes = Counter(
+            "s3lanes_zero_copy_bytes",
+            "Body bytes of relayed GETs spliced from the backend's socket to the client's (counted in "
+            "s3lanes_lane_bytes too).",
+            ["lane"],
+            registry=r,
+        )
         self.wait = Histogram(
             "s3lanes_lane_wait_seconds",
             "Time a request waited in its lane before its backend I/O started.",

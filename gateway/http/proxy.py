@@ -67,6 +67,7 @@ from gateway.errors import (
 from gateway.http.peer import client_gone
 from gateway.http.pool_front import PoolFront, names_bucket
 from gateway.http.s3xml import error_xml
+from gateway.http.zerocopy import relay_spliced, splice_eligible
 from gateway.logsetup import REQUEST_ID
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
@@ -471,7 +472,7 @@ class S3Proxy:
                 dispatcher.observe_read(lane, wait_s, ttfb_s)
             if pipe is not None and pipe.failure is not None:
                 raise pipe.failure
-            return await self._relay(request, resp, ctx, decision, dispatcher)
+            return await self._relay(request, resp, ctx, decision, dispatcher, backend.cfg.read_timeout_s)
         finally:
             resp.release()
 
@@ -482,11 +483,14 @@ class S3Proxy:
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,
+        read_timeout_s: float,
     ) -> web.StreamResponse:
         route = self.pools.route(ctx.target.bucket)
         if route is not None and route.renamed and names_bucket(ctx.target.operation, resp):
             return await self._pool_front.relay_renamed(request, resp, ctx, decision, dispatcher, route)
-        return await self.relay_stream(request, resp, ctx, decision, dispatcher)
+        return await self.relay_stream(
+            request, resp, ctx, decision, dispatcher, read_timeout_s=read_timeout_s
+        )
 
     async def relay_stream(
         self,
@@ -495,8 +499,11 @@ class S3Proxy:
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,
+        *,
+        read_timeout_s: float | None = None,
     ) -> web.StreamResponse:
-        """The backend's answer to the client as it streams, paced through the lane of its pool."""
+        """The backend's answer to the client as it streams, paced through the lane of its pool. A large
+        plain-HTTP GET body is spliced from socket to socket (:mod:`gateway.http.zerocopy`)."""
         lane = decision.lane
         out = web.StreamResponse(status=resp.status, reason=resp.reason)
         for name, value in resp.headers.items():
@@ -511,11 +518,26 @@ class S3Proxy:
         if request.body_exists and not request.content.is_eof():
             out.force_close()
         self._lane_headers(out, decision)
+        spliced = splice_eligible(request, resp, self._cfg.server.zero_copy_min_bytes)
         await out.prepare(request)
         if request.method != "HEAD" and resp.status not in (204, 304):
             budget = StreamBudget(dispatcher, lane, self._chunk, resp.content_length)
             moved = 0
             try:
+                if spliced:
+                    timeout_s = (
+                        read_timeout_s if read_timeout_s is not None else self._cfg.backend.read_timeout_s
+                    )
+                    outcome = await relay_spliced(
+                        request, resp, budget, self._chunk, timeout_s, ctx.target.key
+                    )
+                    if outcome is not None:
+                        moved, completed = outcome
+                        self._metrics.zero_copy_bytes.labels(lane).inc(moved)
+                        if not completed:
+                            return out
+                        await out.write_eof()
+                        return out
                 # One buffered piece at a time: iter_any() joins what is buffered (a copy of every byte).
                 async for chunk, _ in resp.content.iter_chunks():
                     await budget.take(len(chunk))
