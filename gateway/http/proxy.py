@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.http import HttpVersion11
 
 from gateway.clock import Clock
-from gateway.config import Config, Credential
+from gateway.config import BackendConfig, Config, Credential
 from gateway.core.access import TenantPolicy
 from gateway.core.body import UploadBody
 from gateway.core.checksums import BodyVerifier
@@ -472,7 +472,7 @@ class S3Proxy:
                 dispatcher.observe_read(lane, wait_s, ttfb_s)
             if pipe is not None and pipe.failure is not None:
                 raise pipe.failure
-            return await self._relay(request, resp, ctx, decision, dispatcher, backend.cfg.read_timeout_s)
+            return await self._relay(request, resp, ctx, decision, dispatcher, backend.cfg)
         finally:
             resp.release()
 
@@ -483,14 +483,12 @@ class S3Proxy:
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,
-        read_timeout_s: float,
+        backend_cfg: BackendConfig,
     ) -> web.StreamResponse:
         route = self.pools.route(ctx.target.bucket)
         if route is not None and route.renamed and names_bucket(ctx.target.operation, resp):
             return await self._pool_front.relay_renamed(request, resp, ctx, decision, dispatcher, route)
-        return await self.relay_stream(
-            request, resp, ctx, decision, dispatcher, read_timeout_s=read_timeout_s
-        )
+        return await self.relay_stream(request, resp, ctx, decision, dispatcher, backend_cfg=backend_cfg)
 
     async def relay_stream(
         self,
@@ -500,7 +498,7 @@ class S3Proxy:
         decision: Decision,
         dispatcher: LaneDispatcher,
         *,
-        read_timeout_s: float | None = None,
+        backend_cfg: BackendConfig | None = None,
     ) -> web.StreamResponse:
         """The backend's answer to the client as it streams, paced through the lane of its pool. A large
         plain-HTTP GET body is spliced from socket to socket (:mod:`gateway.http.zerocopy`)."""
@@ -525,11 +523,8 @@ class S3Proxy:
             moved = 0
             try:
                 if spliced:
-                    timeout_s = (
-                        read_timeout_s if read_timeout_s is not None else self._cfg.backend.read_timeout_s
-                    )
                     outcome = await relay_spliced(
-                        request, resp, budget, self._chunk, timeout_s, ctx.target.key
+                        request, resp, budget, self._chunk, backend_cfg or self._cfg.backend, ctx.target.key
                     )
                     if outcome is not None:
                         moved, completed = outcome

@@ -15,6 +15,7 @@ between.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from gateway.config import BackendConfig
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.splice import DestinationGone, SourceEnded, SourceTimeout, SpliceRelay, splice_supported
 
@@ -64,7 +66,7 @@ async def relay_spliced(
     resp: aiohttp.ClientResponse,
     budget: StreamBudget,
     chunk_bytes: int,
-    read_timeout_s: float,
+    backend: BackendConfig,
     key: str | None,
 ) -> tuple[int, bool] | None:
     """Relay the body after ``out.prepare()``: returns (bytes moved, completed). Not completed means the
@@ -92,10 +94,17 @@ async def relay_spliced(
     prefix = resp.content.read_nowait(-1)
     conn.protocol.pause_reading()
     try:
-        relay = SpliceRelay(store_sock.fileno(), client_sock.fileno(), read_timeout_s)
+        relay = SpliceRelay(store_sock.fileno(), client_sock.fileno(), backend.read_timeout_s)
     except BaseException:
         resp.close()
         raise
+    if 0 < backend.recv_buffer_bytes < chunk_bytes // 2:
+        # The small receive buffer of store connections keeps the store at most that far ahead of the
+        # lane's grants; a spliced body is granted a chunk at a time, so one chunk of lead (the kernel
+        # doubles the value) keeps that bound while each splice moves 4x more per call (about a fifth
+        # less CPU per GB on the dev VM). The connection is closed afterwards, so no other request sees it.
+        with contextlib.suppress(OSError):
+            store_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, chunk_bytes // 2)
     try:
         if prefix:
             await budget.take(len(prefix))
