@@ -882,6 +882,9 @@ class Scheduler:
             ln.hist_granted.append(ln.win_granted)
             ln.hist_delivered.append(ln.win_delivered)
         paced_bytes = sum(ln.win_granted for ln in self._lanes if ln.spec.paced_by_guard)
+        paced_work = paced_bytes > 0 or any(
+            ln.queued_tickets or ln.inflight_tickets for ln in self._lanes if ln.spec.paced_by_guard
+        )
         quiet = paced_bytes < BASELINE_QUIET_FRACTION * cap * cfg.window_s
         all_bytes = sum(sum(ln.hist_granted) for ln in self._lanes)
         read_bytes = sum(sum(ln.hist_granted) for ln in self._read_lanes)
@@ -898,8 +901,12 @@ class Scheduler:
                 throttled_s=self._win_throttled_s,
                 errors=self._win_errors,
                 requests=self._win_requests,
-                # A miss is a capacity signal only once the guard has nothing left to cut.
-                guard_missed=verdict.missed and self._guard.multiplier <= GUARD_M_MIN,
+                # A miss is a capacity signal only once the guard has nothing left to cut, and only while a
+                # paced lane has work: with none, reads missing their target are reads queueing behind reads
+                # (or a busy host), and a lower estimate would only throttle those reads against nobody (one
+                # such window at the start of a read burst, delivering little, capped the estimate at twice
+                # that for ten seconds: large GETs alone ran at half speed).
+                guard_missed=verdict.missed and self._guard.multiplier <= GUARD_M_MIN and paced_work,
             )
         for ln in self._lanes:
             ln.slowdown.recover(t, self._ceiling_fraction(ln, t, slowdown=False))

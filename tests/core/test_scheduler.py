@@ -549,6 +549,52 @@ def test_capacity_estimator_ladder_coasts_then_steps_by_iocost_percentages() -> 
     assert est.busy_level <= 5  # ... and pinned there, the ladder does not run away
 
 
+def _read_window(s: Scheduler, now: float, nbytes: int, waited_s: float) -> None:
+    """One 0.1 s window of reads: ``nbytes`` granted (WaitUntil followed), delivered and completed, and one
+    read sample that waited ``waited_s`` in the gateway. Grants of other lanes are completed at once."""
+    end = now + 0.1
+    ticket = s.submit("dataset", nbytes, now)
+    while True:
+        d = s.pull(now)
+        if isinstance(d, Grant):
+            s.observe_delivered(d.lane, d.cost_bytes, now)
+            s.complete(d.ticket, now)
+            if d.ticket == ticket:
+                break
+        elif isinstance(d, WaitUntil):
+            assert d.at < end, "the read was not granted within its window"
+            now = d.at
+        else:
+            raise AssertionError("idle with a read queued")
+    s.observe_read("dataset", waited_s, 0.001, now)
+
+
+def test_reads_missing_alone_do_not_lower_an_estimated_capacity_but_do_with_writes_waiting() -> None:
+    """With an estimated capacity, a read-latency miss is capacity evidence only while a paced lane has work:
+    reads queueing behind reads, with nobody to hold back, must not throttle themselves (a low estimate
+    paces the reads, and their lower delivery then pins the estimate)."""
+    results = {}
+    for writes in (False, True):
+        s = Scheduler(config(capacity_bps=None, inflight_bytes_max=None, inflight_requests_max=None), T0)
+        c0 = s.snapshot(T0).capacity_bps
+        now = T0
+        if writes:
+            for _ in range(4):
+                s.submit("checkpoint", 64 * MiB, now)  # backlogged writes, held at their floor by the guard
+        lowest_multiplier = 1.0
+        for _ in range(40):
+            _read_window(s, now, 2 * MiB, waited_s=0.050)  # 50 ms in the gateway: a miss
+            now += 0.1
+            lowest_multiplier = min(lowest_multiplier, s.snapshot(now + 1e-6).guard_multiplier)
+        assert lowest_multiplier == GUARD_M_MIN  # the guard had nothing left to cut, either way
+        snap = s.snapshot(now + 1e-6)
+        results[writes] = (c0, snap.capacity_bps, snap.capacity_busy_level)
+    c0, alone, level = results[False]
+    assert alone >= c0 and level <= 0, results
+    c0, with_writes, level = results[True]
+    assert with_writes < 0.5 * c0, results
+
+
 def test_token_bucket_allows_debt_and_refills_at_its_rate() -> None:
     b = TokenBucket(100.0, 50.0, 0.0)
     assert b.ready_at(0.0, 0.0) == 0.0
