@@ -67,8 +67,8 @@ class Metrics:
         )
         self.zero_copy_bytes = Counter(
             "s3lanes_zero_copy_bytes",
-            "Body bytes of relayed GETs spliced from the backend's socket to the client's (counted in "
-            "s3lanes_lane_bytes too).",
+            "GET body bytes sent without a copy through the gateway: spliced from the backend's socket "
+            "(counted in s3lanes_lane_bytes too) or sent from the spool with sendfile.",
             ["lane"],
             registry=r,
         )

@@ -64,9 +64,11 @@ from gateway.errors import (
     SlowDown,
 )
 from gateway.http.proxy import SOURCE_HEADER, read_small_body
+from gateway.http.zerocopy import plain_socket
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
+from gateway.runtime.splice import DestinationGone, SourceEnded, send_file
 from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolFileWriter
 
 if TYPE_CHECKING:
@@ -627,7 +629,7 @@ class SpoolFront:
             self._proxy._lane_headers(resp, decision)
             await resp.prepare(request)
             for fd, offset, count in files:
-                await self._send_file(request, resp, fd, offset, count)
+                await self._send_file(request, resp, fd, offset, count, decision.lane)
             await resp.write_eof()
             return resp
         finally:
@@ -652,22 +654,24 @@ class SpoolFront:
         return out
 
     async def _send_file(
-        self, request: web.Request, resp: web.StreamResponse, fd: int, offset: int, count: int
+        self, request: web.Request, resp: web.StreamResponse, fd: int, offset: int, count: int, lane: str
     ) -> None:
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("Connection lost")
-        loop = asyncio.get_running_loop()
-        if transport.get_extra_info("sslcontext") is None:
-            fobj = os.fdopen(os.dup(fd), "rb")
+        sock = plain_socket(transport)
+        # Zero-copy over plain TCP once everything written before (the headers) has left the transport.
+        if sock is not None and transport.get_write_buffer_size() == 0:
             try:
-                # Zero-copy where the loop and transport can (plain TCP); the headers went out at prepare().
-                await loop.sendfile(transport, fobj, offset, count, fallback=False)
-                return
-            except (NotImplementedError, RuntimeError, AttributeError):
-                pass
-            finally:
-                fobj.close()
+                await send_file(sock.fileno(), fd, offset, count, self.spool.run_read_io)
+            except DestinationGone as exc:
+                transport.abort()
+                raise ConnectionResetError(str(exc)) from None
+            except SourceEnded:
+                transport.abort()
+                raise ConnectionResetError("spool file ended early") from None
+            self._metrics.zero_copy_bytes.labels(lane).inc(count)
+            return
         while count > 0:
             chunk = await self.spool.run_read_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)
             if not chunk:

@@ -32,7 +32,7 @@ log = logging.getLogger("s3lanes.proxy")
 _SPLICE_STATUSES = frozenset({200, 206})
 
 
-def _plain_socket(transport: Any) -> socket.socket | None:
+def plain_socket(transport: Any) -> socket.socket | None:
     """The transport's socket when it carries plain TCP (no TLS layer above it), else None."""
     if transport is None or transport.is_closing():
         return None
@@ -58,7 +58,7 @@ def splice_eligible(request: web.Request, resp: aiohttp.ClientResponse, min_byte
     conn = resp.connection
     if conn is None or conn.protocol is None:
         return False
-    return _plain_socket(request.transport) is not None and _plain_socket(conn.transport) is not None
+    return plain_socket(request.transport) is not None and plain_socket(conn.transport) is not None
 
 
 async def relay_spliced(
@@ -84,8 +84,8 @@ async def relay_spliced(
     )
     if client_tr.get_write_buffer_size() > 0:
         return None
-    client_sock = _plain_socket(client_tr)
-    store_sock = _plain_socket(conn.transport)
+    client_sock = plain_socket(client_tr)
+    store_sock = plain_socket(conn.transport)
     if client_sock is None or store_sock is None:
         return None
     total = resp.content_length

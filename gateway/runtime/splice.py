@@ -1,4 +1,5 @@
-"""Zero-copy relay of a response body from one TCP socket to another with ``splice(2)`` (Linux).
+"""Zero-copy sends: a response body from one TCP socket to another with ``splice(2)``, and a file into a
+socket with ``sendfile(2)`` (Linux).
 
 A large GET relayed through Python costs the gateway about 1 CPU-second per GB on top of the kernel's own
 work (the HTTP parser's copy, stream buffers, one write per piece); on a node whose cores also feed GPUs
@@ -30,10 +31,13 @@ import errno
 import fcntl
 import os
 import sys
+from collections.abc import Awaitable, Callable
 
 PIPE_BYTES = 1024 * 1024
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
+# sendfile(2) errors that are the file's, not the socket's: raised as they are.
+_FILE_ERRNOS = frozenset({errno.EIO, errno.EBADF, errno.EINVAL, errno.ENOMEM, errno.EOVERFLOW})
 
 
 def splice_supported() -> bool:
@@ -133,27 +137,78 @@ class SpliceRelay:
 
     async def _wait(self, *, want_read: bool, want_write: bool) -> None:
         """Until the source is readable or the destination writable (whichever is asked for)."""
-        fut: asyncio.Future[None] = self._loop.create_future()
+        if want_read and not want_write:
+            try:
+                await wait_ready(self._loop, read_fd=self._src, timeout_s=self._read_timeout_s)
+            except TimeoutError:
+                raise SourceTimeout(f"store sent nothing for {self._read_timeout_s:g} s") from None
+        else:
+            await wait_ready(
+                self._loop,
+                read_fd=self._src if want_read else None,
+                write_fd=self._dst if want_write else None,
+            )
 
-        def ready() -> None:
-            if not fut.done():
-                fut.set_result(None)
 
-        if want_read:
-            self._loop.add_reader(self._src, ready)
-        if want_write:
-            self._loop.add_writer(self._dst, ready)
-        try:
-            if want_read and not want_write:
-                try:
-                    async with asyncio.timeout(self._read_timeout_s):
-                        await fut
-                except TimeoutError:
-                    raise SourceTimeout(f"store sent nothing for {self._read_timeout_s:g} s") from None
-            else:
-                await fut
-        finally:
-            if want_read:
-                self._loop.remove_reader(self._src)
-            if want_write:
-                self._loop.remove_writer(self._dst)
+async def wait_ready(
+    loop: asyncio.AbstractEventLoop,
+    *,
+    read_fd: int | None = None,
+    write_fd: int | None = None,
+    timeout_s: float | None = None,
+) -> None:
+    """Until ``read_fd`` is readable or ``write_fd`` writable (an error or hang-up counts as ready: the next
+    call on the descriptor reports it). Raises ``TimeoutError`` after ``timeout_s``."""
+    fut: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    if read_fd is not None:
+        loop.add_reader(read_fd, ready)
+    if write_fd is not None:
+        loop.add_writer(write_fd, ready)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await fut
+    finally:
+        if read_fd is not None:
+            loop.remove_reader(read_fd)
+        if write_fd is not None:
+            loop.remove_writer(write_fd)
+
+
+async def send_file(
+    dst_fd: int,
+    file_fd: int,
+    offset: int,
+    count: int,
+    run_blocking: Callable[..., Awaitable[int]],
+) -> None:
+    """Send ``count`` bytes of ``file_fd`` from ``offset`` into the socket ``dst_fd`` with ``sendfile(2)``.
+
+    The loop's own ``sendfile`` is not there under uvloop, hence this. Each ``sendfile`` call runs through
+    ``run_blocking`` (a thread: a page-cache miss must not stall the event loop), moves what the socket
+    takes, and a full socket is waited for on the loop, on a duplicate of ``dst_fd`` (as in
+    :class:`SpliceRelay`). Raises :class:`DestinationGone` when the peer refuses more, :class:`SourceEnded`
+    when the file is shorter than promised."""
+    loop = asyncio.get_running_loop()
+    dst = os.dup(dst_fd)
+    try:
+        while count > 0:
+            try:
+                sent = await run_blocking(os.sendfile, dst, file_fd, offset, count)
+            except BlockingIOError:
+                await wait_ready(loop, write_fd=dst)
+                continue
+            except OSError as exc:
+                if exc.errno in _FILE_ERRNOS:
+                    raise
+                raise DestinationGone(exc.errno, f"client connection: {exc.strerror}") from None
+            if sent == 0:
+                raise SourceEnded(errno.EPIPE, f"file ended {count} bytes short")
+            offset += sent
+            count -= sent
+    finally:
+        os.close(dst)

@@ -5,7 +5,8 @@ the client's. These tests hold it to what the copying relay guarantees: the byte
 ranges, sizes around the threshold), the client's keep-alive connection stays usable for the next request,
 the bytes are counted in the lane, a store that stops sending or closes mid-body ends the client's
 connection (never a hang, never a short body passed off as whole), a client leaving mid-body costs nothing,
-and no descriptor (pipe, duplicate socket) outlives its request. HTTPS is never spliced.
+and no descriptor (pipe, duplicate socket) outlives its request. HTTPS is never spliced. Objects still in
+the write spool are sent from their files with ``sendfile(2)``.
 """
 
 from __future__ import annotations
@@ -23,13 +24,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import boto3
 import pytest
-from botocore.config import Config as BotoConfig
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import s3_client
-from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
+from tests.e2e.conftest import Gateway, slow_spool_toml, start_plain_gateway, stop_gateway
 from tests.e2e.s3raw import UNSIGNED_PAYLOAD, key_path, sign
 
 pytestmark = pytest.mark.e2e
@@ -343,16 +342,60 @@ def test_zero_copy_off_copies(seaweed: Any, tmp_path: Path, bucket: str) -> None
     try:
         data = os.urandom(12 * MiB)
         put_direct(seaweed, bucket, "copied", data)
-        client = boto3.client(
-            "s3",
-            endpoint_url=gw.http_url,
-            aws_access_key_id=gw.access_key,
-            aws_secret_access_key=gw.secret_key,
-            region_name="us-east-1",
-            config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
-        )
+        client = gw.client()
         assert client.get_object(Bucket=bucket, Key="copied")["Body"].read() == data
         assert metric(gw, "s3lanes_zero_copy_bytes") == 0
         assert metric(gw, "s3lanes_lane_bytes", direction="down") >= len(data)
+    finally:
+        assert stop_gateway(proc) == 0
+
+
+# -- GETs served from the spool: sendfile ------------------------------------------------------------------
+
+
+def test_spooled_objects_are_sent_with_sendfile(seaweed: Any, tmp_path: Path, bucket: str) -> None:
+    """Objects still in the spool (a drain trickling at 200 KB/s) are served from it, byte for byte, on one
+    keep-alive connection, every body byte counted as sent without a copy."""
+    proc, gw = start_plain_gateway(
+        tmp_path, seaweed, backend_endpoint=seaweed.endpoint_url, extra_toml=slow_spool_toml(200_000)
+    )
+    try:
+        client = gw.client()
+        single = os.urandom(3 * MiB + 5)
+        client.put_object(Bucket=bucket, Key="single", Body=single)
+        parts = [os.urandom(5 * MiB), os.urandom(1 * MiB + 3)]
+        up = client.create_multipart_upload(Bucket=bucket, Key="multi")["UploadId"]
+        etags = [
+            client.upload_part(Bucket=bucket, Key="multi", UploadId=up, PartNumber=i + 1, Body=p)["ETag"]
+            for i, p in enumerate(parts)
+        ]
+        client.complete_multipart_upload(
+            Bucket=bucket,
+            Key="multi",
+            UploadId=up,
+            MultipartUpload={"Parts": [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]},
+        )
+        multi = b"".join(parts)
+        before = metric(gw, "s3lanes_zero_copy_bytes")
+        host, port = urlsplit(gw.http_url).hostname or "127.0.0.1", urlsplit(gw.http_url).port or 80
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        served = 0
+        try:
+            cases = [
+                ("single", None, single),
+                ("multi", None, multi),
+                ("multi", (5 * MiB - 100, 5 * MiB + 99), multi[5 * MiB - 100 : 5 * MiB + 100]),  # both parts
+                ("single", (7, 7), single[7:8]),
+            ]
+            for key, rng, want in cases:
+                extra = {"Range": f"bytes={rng[0]}-{rng[1]}"} if rng else None
+                status, headers, body = get_on(conn, gw, key_path(bucket, key), extra)
+                assert status == (206 if rng else 200), (key, status, body[:300])
+                assert headers.get("x-s3lanes-source") == "spool", headers
+                assert body == want, key
+                served += len(body)
+        finally:
+            conn.close()
+        assert metric(gw, "s3lanes_zero_copy_bytes") - before == served
     finally:
         assert stop_gateway(proc) == 0

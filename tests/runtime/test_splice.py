@@ -1,4 +1,5 @@
-"""SpliceRelay on real loopback TCP sockets: exact byte counts, no over-read, every way a side can fail.
+"""SpliceRelay and send_file on real loopback TCP sockets: exact byte counts, no over-read, every way a side
+can fail.
 
 The relay is the kernel half of the zero-copy GET (``gateway.http.zerocopy``); the end-to-end behaviour
 through the gateway is in ``tests/e2e/test_zero_copy.py``. Here each test builds two TCP connections on
@@ -199,3 +200,64 @@ async def test_works_with_the_default_pipe_size(link: Link, monkeypatch: pytest.
         assert await reader == body
     finally:
         relay.close()
+
+
+# -- send_file: a spool file into a client socket -----------------------------------------------------------
+
+
+async def in_thread(fn: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args)
+
+
+@pytest.fixture
+def data_file(tmp_path: Any) -> Iterator[tuple[int, bytes]]:
+    data = os.urandom(7 * MiB + 11)
+    path = tmp_path / "piece"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield fd, data
+    finally:
+        os.close(fd)
+
+
+async def test_send_file_sends_exactly_the_span_asked_for(link: Link, data_file: tuple[int, bytes]) -> None:
+    fd, data = data_file
+    before = fd_count()
+    span = (123_457, 5 * MiB + 3)
+    reader = asyncio.create_task(drain(link.client_far, span[1]))
+    await splice.send_file(link.client_near.fileno(), fd, span[0], span[1], in_thread)
+    assert await reader == data[span[0] : span[0] + span[1]]
+    assert fd_count() == before  # the duplicate is closed
+    # Nothing more was sent: the next bytes on the connection are whatever comes next.
+    link.client_near.send(b"NEXT")
+    assert link.client_far.recv(4) == b"NEXT"
+
+
+async def test_send_file_waits_for_a_slow_reader(link: Link, data_file: tuple[int, bytes]) -> None:
+    fd, data = data_file
+    link.client_far.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * KiB)
+    reader = asyncio.create_task(drain(link.client_far, len(data), delay_s=0.3, piece=16 * KiB))
+    await splice.send_file(link.client_near.fileno(), fd, 0, len(data), in_thread)
+    assert await reader == data
+
+
+async def test_send_file_to_a_client_that_left_is_destination_gone(
+    link: Link, data_file: tuple[int, bytes]
+) -> None:
+    fd, data = data_file
+    link.client_far.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    link.client_far.close()
+    await asyncio.sleep(0.05)
+    before = fd_count()
+    with pytest.raises(DestinationGone):
+        await splice.send_file(link.client_near.fileno(), fd, 0, len(data), in_thread)
+    assert fd_count() == before
+
+
+async def test_send_file_from_a_short_file_is_source_ended(link: Link, data_file: tuple[int, bytes]) -> None:
+    fd, data = data_file
+    reader = asyncio.create_task(drain(link.client_far, 1000))
+    with pytest.raises(SourceEnded):
+        await splice.send_file(link.client_near.fileno(), fd, len(data) - 1000, 5000, in_thread)
+    assert await reader == data[-1000:]
