@@ -75,8 +75,9 @@ class ServerConfig:
     # recovery on the next start resumes what is left).
     drain_on_shutdown_s: float = 60.0
     # GET bodies from the store at least this large are spliced from socket to socket in the kernel instead
-    # of copied through the gateway (plain HTTP on both sides, Linux; 0 = never). The store connection is
-    # closed after each, so small bodies keep their pooled connection.
+    # of copied through the gateway (plain HTTP on both sides, Linux). The store connection is closed after
+    # each, so small bodies keep their pooled connection. GETs from the spool use sendfile at any size.
+    # 0 = never zero-copy (neither).
     zero_copy_min_bytes: int = 8 * 1024 * 1024
 
 

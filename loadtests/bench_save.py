@@ -3,9 +3,12 @@
 What the trainer of the contention benchmark waits for when it saves (``loadtests.contention``, scenario
 (c)), without the testbed around it: a checkpoint of ``--shards`` multipart objects (``--part-mib`` parts) by
 ``--writers`` concurrent writers, then a 4 KiB ``.metadata`` marker, each save timed from its first request
-to the marker's 200 OK. The saves go to gateways that differ in one setting, by default ``[spool]
-direct_io`` on and off, interleaved round by round (A B, B A, ...) so that drift on a shared machine hits
-both alike. Results and their reading: ``docs/benchmarks.md`` ("Direct I/O for spool files").
+to the marker's 200 OK; then the checkpoint is read back at once (every shard and the marker, concurrently,
+while the drain has not taken them yet: a restore served by the spool), timed to its last byte. The saves
+go to gateways that differ in one setting (``--compare``: ``[spool] direct_io`` on and off by default, or
+``[server] zero_copy_min_bytes`` at its default and 0), interleaved round by round (A B, B A, ...) so that
+drift on a shared machine hits both alike. Results and their reading: ``docs/benchmarks.md`` ("Direct I/O
+for spool files", "Zero-copy GET relay").
 
 Theory of operation
 -------------------
@@ -15,7 +18,8 @@ Theory of operation
 - The requests are those of the contention trainer (:class:`loadtests.contention.workload.Trainer`):
   SigV4 ``UNSIGNED-PAYLOAD`` over HTTP with aiohttp, bodies streamed from views of one random block.
 - Per variant: every save's time, the p50 of each request type (create, part, complete, marker PUT), and
-  the gateway's CPU seconds per GB saved (``/proc/PID/stat``, user and system apart).
+  the gateway's CPU seconds per GB saved (``/proc/PID/stat``, user and system apart; sampled around each
+  round, restores subtracted); every restore's time and the gateway's CPU per GB restored.
 """
 
 from __future__ import annotations
@@ -47,11 +51,18 @@ from loadtests.bench_proxy import (
     new_weed,
 )
 from loadtests.bench_spool import Proc, start_gateway, stop_proc
-from loadtests.contention.workload import S3, Trainer
+from loadtests.contention.workload import METADATA_BYTES, S3, Trainer
 
-VARIANTS = {
-    "direct_io on": "",
-    "direct_io off": "direct_io = false\n",
+# --compare: variant name -> ([server] lines, [spool] lines) added to the generated config.
+COMPARISONS: dict[str, dict[str, tuple[str, str]]] = {
+    "direct-io": {
+        "direct_io on": ("", ""),
+        "direct_io off": ("", "direct_io = false\n"),
+    },
+    "zero-copy": {
+        "zero copy on": ("", ""),
+        "zero copy off": ("zero_copy_min_bytes = 0\n", ""),
+    },
 }
 
 
@@ -65,6 +76,10 @@ class Variant:
     cpu_user_s: float = 0.0
     cpu_sys_s: float = 0.0
     saved_bytes: int = 0
+    restores_s: list[float] = field(default_factory=list)
+    restore_cpu_user_s: float = 0.0
+    restore_cpu_sys_s: float = 0.0
+    restored_bytes: int = 0
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -77,6 +92,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--writers", type=int, default=4, help="concurrent writers (4)")
     p.add_argument("--pause-s", type=float, default=1.0, help="pause between saves, s (1.0)")
     p.add_argument("--trickle", type=float, default=5e6, help="[backend] bandwidth of the gateways, B/s")
+    p.add_argument(
+        "--compare", choices=sorted(COMPARISONS), default="direct-io", help="the setting varied (direct-io)"
+    )
     p.add_argument("--tmp-dir", type=Path, default=None, help="parent of the temporary state directory")
     p.add_argument("--out", type=Path, default=None, help="write results.json and report.md here")
     return p.parse_args(argv)
@@ -121,6 +139,7 @@ class Bench:
                     t = trainers[v.name]
                     user0, sys0 = cpu_user_sys_seconds(v.gateway.pid)
                     times = []
+                    restore_user = restore_sys = 0.0
                     for _ in range(a.saves):
                         t0 = time.monotonic()
                         rec = await t.save(index)
@@ -128,23 +147,47 @@ class Bench:
                         if rec.error is not None:
                             raise RuntimeError(f"{v.name}: save {index} failed: {rec.error}")
                         v.saved_bytes += rec.bytes_total
+                        ru0, rs0 = cpu_user_sys_seconds(v.gateway.pid)
+                        t1 = time.monotonic()
+                        await self.restore(t.ckpt_s3, rec.prefix)
+                        v.restores_s.append(time.monotonic() - t1)
+                        ru1, rs1 = cpu_user_sys_seconds(v.gateway.pid)
+                        restore_user += ru1 - ru0
+                        restore_sys += rs1 - rs0
+                        v.restored_bytes += rec.bytes_total
                         index += 1
                         await asyncio.sleep(a.pause_s)
                     user1, sys1 = cpu_user_sys_seconds(v.gateway.pid)
-                    v.cpu_user_s += user1 - user0
-                    v.cpu_sys_s += sys1 - sys0
+                    v.cpu_user_s += user1 - user0 - restore_user
+                    v.cpu_sys_s += sys1 - sys0 - restore_sys
+                    v.restore_cpu_user_s += restore_user
+                    v.restore_cpu_sys_s += restore_sys
                     v.saves_s += times
                     v.round_medians_s.append(med(times))
                     print(
                         f"round {r} {v.name:14s}: save median {med(times):.3f} s", file=sys.stderr, flush=True
                     )
 
+    async def restore(self, s3: S3, prefix: str) -> None:
+        """Read the checkpoint back: every shard whole and the marker, concurrently."""
+        a = self.args
+        keys = [(f"{prefix}__{i}_0.distcp", a.shard_mib * MIB) for i in range(a.shards)]
+        keys.append((f"{prefix}.metadata", METADATA_BYTES))
+        await asyncio.gather(*(s3.get_range(BUCKET, key, 0, size) for key, size in keys))
+
 
 def summary(variants: list[Variant]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v in variants:
         gb = v.saved_bytes / GB
+        rgb = v.restored_bytes / GB
         out[v.name] = {
+            "restore_median_s": med(v.restores_s),
+            "restore_gateway_cpu_s_per_GB": {
+                "user": round(v.restore_cpu_user_s / rgb, 3),
+                "system": round(v.restore_cpu_sys_s / rgb, 3),
+                "total": round((v.restore_cpu_user_s + v.restore_cpu_sys_s) / rgb, 3),
+            },
             "saves": len(v.saves_s),
             "save_median_s": med(v.saves_s),
             "round_medians_s": [round(x, 4) for x in v.round_medians_s],
@@ -197,6 +240,17 @@ def report(args: argparse.Namespace, s: dict[str, Any], facts: dict[str, str]) -
             f"{n} / {names[0]}, save time: median of per-round ratios {s[n][key]:.2f}x "
             f"(rounds: {', '.join(f'{y:.2f}' for y in s[n][f'per_round_ratio_to_{names[0]}'])}).",
         ]
+    lines += [
+        "",
+        "Restores right after each save (every shard and the marker read back concurrently, from the spool):",
+        "",
+        "| variant | restore median, s | gateway CPU s/GB restored (user / system) |",
+        "|---|---|---|",
+    ]
+    for n in names:
+        c = s[n]["restore_gateway_cpu_s_per_GB"]
+        cpu = f"{c['total']:.2f} ({c['user']:.2f} / {c['system']:.2f})"
+        lines.append(f"| {n} | {s[n]['restore_median_s']:.3f} | {cpu} |")
     lines += ["", "| machine | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in facts.items()]
     return "\n".join(lines)
 
@@ -209,10 +263,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         weed.start()
         variants = []
-        for name, extra in VARIANTS.items():
+        for name, (server_extra, spool_extra) in COMPARISONS[args.compare].items():
             slug = name.replace(" ", "-").replace("_", "")
             gw = start_gateway(
-                tmp, slug, weed.endpoint_url, tmp / f"spool-{slug}", args.trickle, spool_extra=extra
+                tmp,
+                slug,
+                weed.endpoint_url,
+                tmp / f"spool-{slug}",
+                args.trickle,
+                spool_extra=spool_extra,
+                server_extra=server_extra,
             )
             gateways.append(gw)
             variants.append(Variant(name, gw))

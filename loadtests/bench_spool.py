@@ -394,7 +394,12 @@ def _wait_ready(popen: subprocess.Popen[bytes], ready: Path, log: Path, timeout_
 
 
 def gateway_toml(
-    d: Path, backend_url: str, spool_dir: Path, bandwidth_bps: float | None, spool_extra: str = ""
+    d: Path,
+    backend_url: str,
+    spool_dir: Path,
+    bandwidth_bps: float | None,
+    spool_extra: str = "",
+    server_extra: str = "",
 ) -> str:
     bandwidth = f"bandwidth = {bandwidth_bps:.0f}  # bytes/s\n" if bandwidth_bps else ""
     return f"""[server]
@@ -403,6 +408,7 @@ state_dir = "{d / "state"}"
 log_level = "WARNING"
 shutdown_grace_s = 5
 drain_on_shutdown_s = 0
+{server_extra}
 
 [backend]
 endpoint = "{backend_url}"
@@ -427,11 +433,12 @@ def start_gateway(
     bandwidth_bps: float | None,
     *,
     spool_extra: str = "",
+    server_extra: str = "",
 ) -> Proc:
     d = root / f"gw-{name}"
     d.mkdir()
     cfg = d / "s3lanes.toml"
-    text = gateway_toml(d, backend_url, spool_dir, bandwidth_bps, spool_extra)
+    text = gateway_toml(d, backend_url, spool_dir, bandwidth_bps, spool_extra, server_extra)
     cfg.write_text(text)
     ready = d / "ready.json"
     log = d / "gateway.log"

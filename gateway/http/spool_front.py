@@ -659,7 +659,7 @@ class SpoolFront:
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("Connection lost")
-        sock = plain_socket(transport)
+        sock = plain_socket(transport) if self._cfg.server.zero_copy_min_bytes > 0 else None
         # Zero-copy over plain TCP once everything written before (the headers) has left the transport.
         if sock is not None and transport.get_write_buffer_size() == 0:
             try:
