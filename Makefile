@@ -49,7 +49,8 @@ bench: $(STAMP)
 bench-spool: $(STAMP)
 	$(BIN)/python -m loadtests.bench_spool $(BENCH_ARGS)
 
-## Checkpoint save time through the spool, [spool] direct_io on vs off interleaved (docs/benchmarks.md).
+## Checkpoint save and restore through the spool, two gateways differing in one setting, interleaved:
+## [spool] direct_io on/off, or BENCH_ARGS="--compare zero-copy" (docs/benchmarks.md).
 .PHONY: bench-save
 bench-save: $(STAMP)
 	$(BIN)/python -m loadtests.bench_save $(BENCH_ARGS)
