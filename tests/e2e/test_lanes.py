@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import threading
 import time
@@ -29,10 +30,12 @@ BANDWIDTH_BPS = 40_000_000
 OBJECT_BYTES = 4 * 1024 * 1024
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=[0, 1024 * 1024], ids=["copied-reads", "spliced-reads"])
 def shaped_gateway(
-    seaweed: Any, tmp_path_factory: pytest.TempPathFactory
+    seaweed: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Gateway, CountingRelay]]:
+    """A gateway paced at 40 MB/s in front of a byte-counting relay; once with every GET body copied
+    through the gateway, once with them spliced (``zero_copy_min_bytes`` below the 4 MiB objects)."""
     parts = urlsplit(seaweed.endpoint_url)
     relay = CountingRelay(parts.hostname or "127.0.0.1", parts.port or 80)
     relay.start()
@@ -45,6 +48,7 @@ def shaped_gateway(
         tmp,
         seaweed,
         backend_endpoint=f"http://127.0.0.1:{relay.port}",
+        server_toml=f"zero_copy_min_bytes = {request.param}",
         # Writes are proxied here (the spool off): the split is measured on client traffic itself. Spool
         # drains take the same lane (tests/e2e/test_spool.py).
         extra_toml=(
@@ -211,6 +215,15 @@ def test_reads_keep_70_percent_and_writes_take_idle_bandwidth(
     for share in shares:
         assert 0.65 <= share <= 0.75, report
     assert statistics.median(totals) <= BANDWIDTH_BPS * 1.1, report
+
+    with urllib.request.urlopen(gw.http_url + "/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    spliced = re.search(r'^s3lanes_zero_copy_bytes_total\{lane="dataset"\} (\S+)$', metrics, re.M)
+    spliced_bytes = float(spliced.group(1)) if spliced else 0.0
+    if "zero_copy_min_bytes = 0\n" in (gw.log_path.parent / "s3lanes.toml").read_text():
+        assert spliced_bytes == 0, spliced_bytes
+    else:
+        assert spliced_bytes >= 10 * OBJECT_BYTES, spliced_bytes  # the reads above took the zero-copy path
 
     alone = relay.windows(alone_from, alone_until)
     write_rates = [up / relay.window_s for up, _down in alone]
