@@ -301,6 +301,11 @@ def _copy_conditions(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def _close_span(files: list[tuple[int, int, int]]) -> None:
+    for fd, _, _ in files:
+        os.close(fd)
+
+
 class SpoolFront:
     def __init__(
         self,
@@ -614,7 +619,9 @@ class SpoolFront:
         files: list[tuple[int, int, int]] = []  # (fd, offset in file, count)
         if request.method == "GET" and plan.length:
             try:
-                files = await self.spool.run_read_io(self._open_span, entry, plan.start, plan.length)
+                files = await self.spool.run_read_io_owned(
+                    self._open_span, entry, plan.start, plan.length, release=_close_span
+                )
             except FileNotFoundError:
                 return None  # drained and freed meanwhile: the backend has it now
         try:
@@ -874,7 +881,11 @@ class SpoolFront:
         if tagging:
             meta.append(("x-amz-tagging", tagging))
         meta.sort()
-        files = await self.spool.run_read_io(self._open_span, src, 0, src.size) if src.size else []
+        files = (
+            await self.spool.run_read_io_owned(self._open_span, src, 0, src.size, release=_close_span)
+            if src.size
+            else []
+        )
         try:
             if self._spoolable(ctx, decision, bucket, key) and self._admit(src.size) is Admission.SPOOL:
                 try:
@@ -1060,7 +1071,9 @@ class SpoolFront:
                 raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
             try:
                 files = (
-                    await self.spool.run_read_io(self._open_span, src, plan.start, plan.length)
+                    await self.spool.run_read_io_owned(
+                        self._open_span, src, plan.start, plan.length, release=_close_span
+                    )
                     if size
                     else []
                 )

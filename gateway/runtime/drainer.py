@@ -420,7 +420,7 @@ class Drainer:
         lane = self._lane(entry)
         budget = StreamBudget(self._pools.dispatcher_for(entry.bucket), lane, self._chunk, size)
         path = self._spool.file_path(file_id)
-        fd = await self._spool.run_read_io(os.open, path, os.O_RDONLY)
+        fd = await self._spool.run_read_io_owned(os.open, path, os.O_RDONLY, release=os.close)
         try:
             offset = 0
             while offset < size:

@@ -170,6 +170,14 @@ class Spool:
         """Reading spool files: the drain, GETs served from the spool, copies."""
         return await asyncio.get_running_loop().run_in_executor(self._read_executor, fn, *args)
 
+    async def run_io_owned(self, fn: Callable[..., T], *args: Any, release: Callable[[T], object]) -> T:
+        """:meth:`run_io` for work that returns something to release (descriptors): see :func:`_owned`."""
+        return await _owned(asyncio.ensure_future(self.run_io(fn, *args)), release)
+
+    async def run_read_io_owned(self, fn: Callable[..., T], *args: Any, release: Callable[[T], object]) -> T:
+        """:meth:`run_read_io` for work that returns something to release: see :func:`_owned`."""
+        return await _owned(asyncio.ensure_future(self.run_read_io(fn, *args)), release)
+
     async def _run_journal_io(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._journal_executor, fn, *args)
 
@@ -642,7 +650,9 @@ class SpoolFileWriter:
 
     async def _create(self) -> None:
         try:
-            self._fd = await self._spool.run_io(_open_data_file, self._path(), self._spool.direct_io)
+            self._fd = await self._spool.run_io_owned(
+                _open_data_file, self._path(), self._spool.direct_io, release=os.close
+            )
         except OSError as exc:
             raise _write_failed(exc) from exc
         # Only now: a journal batch that fsyncs the directory after this point covers the new entry.
@@ -757,6 +767,23 @@ class SpoolFileWriter:
         if fd >= 0:
             await self._spool.run_io(os.close, fd)
         await self._spool.run_io(_unlink_all, [self._path()])
+
+
+async def _owned(fut: asyncio.Future[T], release: Callable[[T], object]) -> T:
+    """The result of thread work that hands over a resource (an open descriptor). A caller cancelled while
+    the thread still runs (a drain cut short, a shutdown) cannot stop the thread: the resource is then
+    released as soon as it arrives, instead of leaking (an open descriptor of a file the spool deletes later
+    keeps its disk space in use)."""
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+
+        def release_late(f: asyncio.Future[T]) -> None:
+            if not f.cancelled() and f.exception() is None:
+                release(f.result())
+
+        fut.add_done_callback(release_late)
+        raise
 
 
 def crash_on_failure(task: asyncio.Task[Any]) -> None:

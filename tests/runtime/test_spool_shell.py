@@ -274,3 +274,52 @@ async def test_acks_do_not_queue_behind_readers_and_the_journal_not_behind_write
     finally:
         release.set()
         await spool.close()
+
+
+@pytest.mark.parametrize("pool", ["run_io_owned", "run_read_io_owned"])
+async def test_a_descriptor_opened_for_a_cancelled_caller_is_closed_not_leaked(
+    tmp_path: Path, pool: str
+) -> None:
+    """A drain cut short (or a writer) cancelled while its thread opens a spool file: the thread cannot be
+    stopped, so the descriptor it returns is closed on arrival; without that it stayed open on a file the
+    spool deletes later (found by the soak's idle-descriptor check)."""
+    spool = await opened(tmp_path)
+    target = tmp_path / "victim"
+    target.write_bytes(b"x")
+    opening, release_thread = threading.Event(), threading.Event()
+    got: list[int] = []
+
+    def slow_open() -> int:
+        opening.set()
+        release_thread.wait(10)
+        fd = os.open(target, os.O_RDONLY)
+        got.append(fd)
+        return fd
+
+    closed: list[int] = []
+
+    def close(fd: int) -> None:
+        closed.append(fd)
+        os.close(fd)
+
+    try:
+        task = asyncio.create_task(getattr(spool, pool)(slow_open, release=close))
+        await asyncio.to_thread(opening.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release_thread.set()
+        for _ in range(200):
+            if closed:
+                break
+            await asyncio.sleep(0.01)
+        assert closed == got and len(got) == 1
+        with pytest.raises(OSError):
+            os.fstat(got[0])  # really closed
+        # Not cancelled: the caller gets the descriptor and nothing is released.
+        fd = await getattr(spool, pool)(os.open, target, os.O_RDONLY, release=close)
+        assert closed == got
+        os.close(fd)
+    finally:
+        release_thread.set()
+        await spool.close()
