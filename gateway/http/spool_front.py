@@ -46,6 +46,7 @@ from gateway.core.listing import (
     render_list_xml,
 )
 from gateway.core.objectread import DEFAULT_CONTENT_TYPE, StoredObject, plan_read
+from gateway.core.s3docs import MAX_XML_BODY_BYTES, delete_objects_keys
 from gateway.core.s3request import query_names
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
 from gateway.core.uri import s3_quote
@@ -81,7 +82,6 @@ UPLOAD_ID_PREFIX = "s3lanes-"
 # How long a write-through operation waits for a key's spooled data to reach the backend before 503.
 KEY_CLEAR_TIMEOUT_S = 30.0
 BUCKET_CHECK_TTL_S = 30.0
-MAX_XML_BODY_BYTES = 4 * 1024 * 1024
 READ_CHUNK_BYTES = 1024 * 1024
 
 # Request headers kept with a spooled object and sent with its upload to the backend.
@@ -198,37 +198,6 @@ def parse_copy_source(value: str) -> tuple[str, str]:
     if not sep or not bucket or not key:
         raise InvalidArgument("Copy Source must mention the source bucket and key: sourcebucket/sourcekey.")
     return unquote(bucket), unquote(key)
-
-
-def delete_objects_keys(body: bytes) -> list[str]:
-    """The keys a DeleteObjects document deletes (current versions only), or MalformedXML: the document is
-    checked as strictly as S3 does before the spool writes a tombstone for any of them."""
-    try:
-        body.decode("utf-8")
-        root = ET.fromstring(body)
-    except (UnicodeDecodeError, ET.ParseError) as exc:
-        raise MalformedXML() from exc
-    if root.tag.rsplit("}", 1)[-1] != "Delete":
-        raise MalformedXML()
-    keys: list[str] = []
-    objects = 0
-    for el in root:
-        name = el.tag.rsplit("}", 1)[-1]
-        if name == "Quiet":
-            if (el.text or "").strip().lower() not in ("true", "false"):
-                raise MalformedXML()
-        elif name == "Object":
-            objects += 1
-            fields = {child.tag.rsplit("}", 1)[-1]: child.text or "" for child in el}
-            if "Key" not in fields or set(fields) - {"Key", "VersionId", "ETag", "LastModifiedTime", "Size"}:
-                raise MalformedXML()
-            if "VersionId" not in fields:  # deleting one version leaves the current object alone
-                keys.append(fields["Key"])
-        else:
-            raise MalformedXML()
-    if not 1 <= objects <= 1000:
-        raise MalformedXML()
-    return keys
 
 
 def _utf8(value: str) -> bool:
