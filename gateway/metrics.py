@@ -67,8 +67,9 @@ class Metrics:
         )
         self.zero_copy_bytes = Counter(
             "s3lanes_zero_copy_bytes",
-            "GET body bytes sent without a copy through the gateway: spliced from the backend's socket "
-            "(counted in s3lanes_lane_bytes too) or sent from the spool with sendfile.",
+            "Body bytes sent without a copy through the gateway (counted in s3lanes_lane_bytes too "
+            "where they move to or from the backend): GET bodies spliced from the backend's socket, "
+            "spooled objects sent with sendfile to clients and, by the drain, to the backend.",
             ["lane"],
             registry=r,
         )

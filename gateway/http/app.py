@@ -124,6 +124,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             chunk_bytes=cfg.scheduler.chunk_bytes,
             request_cost_bytes=cfg.scheduler.request_cost_bytes,
             lane_names=frozenset(cfg.lanes),
+            zero_copy=cfg.server.zero_copy_min_bytes > 0,
         )
         front = SpoolFront(spool, proxy, cfg, pools, clock, metrics)
         proxy.spool_front = front

@@ -65,11 +65,10 @@ from gateway.errors import (
     SlowDown,
 )
 from gateway.http.proxy import SOURCE_HEADER, read_small_body
-from gateway.http.zerocopy import plain_socket
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
-from gateway.runtime.splice import DestinationGone, SourceEnded, send_file
+from gateway.runtime.splice import DestinationGone, SourceEnded, plain_socket, send_file
 from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolFileWriter
 
 if TYPE_CHECKING:

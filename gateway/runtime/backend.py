@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.payload import Payload
 from yarl import URL
 
 from gateway.clock import Clock
@@ -42,7 +43,7 @@ PRESIGN_PARAMS = frozenset(
     }
 )
 
-Body = bytes | AsyncIterable[bytes] | None
+Body = bytes | AsyncIterable[bytes] | Payload | None
 
 
 @dataclass(frozen=True, slots=True)

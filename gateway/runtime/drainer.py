@@ -12,6 +12,10 @@ computes the same ETag the gateway acknowledged. The backend's ETag is checked; 
 entry marked done in the journal, and only then are its files freed. Failures retry with capped exponential
 backoff and jitter, forever: acknowledged data is never given up. An upload whose entry is superseded while
 in flight (overwrite or DELETE acknowledged meanwhile) is cancelled; a multipart one is aborted.
+
+A file body goes to a plain-TCP store with ``sendfile(2)``, each granted piece straight from the spool file
+into the connection's socket (:class:`SpoolFileBody`); over TLS, or with ``[server] zero_copy_min_bytes =
+0``, it is read and written through the connection as usual. Either way the same pieces are granted first.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ import random
 import re
 import types
 import xml.etree.ElementTree as ET
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from xml.sax.saxutils import escape
+
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.payload import Payload
 
 from gateway.clock import Clock
 from gateway.config import Credential, SpoolConfig
@@ -40,6 +47,7 @@ from gateway.errors import S3Error
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
+from gateway.runtime.splice import SourceEnded, plain_socket, send_file
 from gateway.runtime.spool import Spool, SpoolWriteFailed
 
 log = logging.getLogger("s3lanes.drain")
@@ -94,6 +102,46 @@ async def close_body(body: object) -> None:
         await body.aclose()
 
 
+class SpoolFileBody(Payload):
+    """A spool file as the body of a drain request: opened only when aiohttp writes the body, paced through
+    the lane piece by piece, sent with ``sendfile(2)`` when the drainer may and the connection is plain TCP
+    whose transport has nothing buffered once the request headers are out, else copied."""
+
+    def __init__(self, drainer: Drainer, entry: Entry, file_id: str, size: int, *, commits: bool) -> None:
+        super().__init__(None)
+        self._size = size
+        self._length = size
+        self._drainer = drainer
+        self._entry = entry
+        self._file_id = file_id
+        self._commits = commits
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        raise TypeError("a spool file body is not text")
+
+    async def write(self, writer: AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
+        drainer = self._drainer
+        size = self._length if content_length is None else min(content_length, self._length)
+        sock = None
+        if drainer.zero_copy and size:
+            send_headers = getattr(writer, "send_headers", None)
+            if send_headers is not None:
+                send_headers()
+                transport = writer.transport
+                if transport is not None and transport.get_write_buffer_size() == 0:
+                    sock = plain_socket(transport)
+        if sock is not None:
+            await drainer._send_file_body(sock.fileno(), self._entry, self._file_id, size, self._commits)
+            return
+        body = drainer._file_body(self._entry, self._file_id, size, commits=self._commits)
+        async with contextlib.aclosing(body):
+            async for chunk in body:
+                await writer.write(chunk)
+
+
 def _norm_etag(etag: str) -> str:
     return html.unescape(etag).strip().strip('"').lower()
 
@@ -112,7 +160,9 @@ class Drainer:
         request_cost_bytes: int,
         lane_names: frozenset[str],
         default_lane: str = "checkpoint",
+        zero_copy: bool = False,
     ) -> None:
+        self.zero_copy = zero_copy
         self._lane_names = lane_names
         self._spool = spool
         self._pools = pools
@@ -380,7 +430,7 @@ class Drainer:
         method: str,
         raw_query: str,
         headers: dict[str, str],
-        body: bytes | AsyncIterator[bytes] | None = None,
+        body: bytes | SpoolFileBody | None = None,
         *,
         bucket_level: bool = False,
     ) -> tuple[int, bytes, Mapping[str, str]]:
@@ -414,29 +464,76 @@ class Drainer:
 
     async def _file_body(
         self, entry: Entry, file_id: str, size: int, *, commits: bool = False
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The file's bytes, paced through the lane. ``commits``: this body's last byte makes the request
         complete (a single PUT): from then on the upload may no longer be cancelled."""
-        lane = self._lane(entry)
-        budget = StreamBudget(self._pools.dispatcher_for(entry.bucket), lane, self._chunk, size)
-        path = self._spool.file_path(file_id)
-        fd = await self._spool.run_read_io_owned(os.open, path, os.O_RDONLY, release=os.close)
+        lane, budget, fd = await self._open_body(entry, file_id, size)
+        sent = 0
         try:
-            offset = 0
-            while offset < size:
-                n = min(self._read_bytes, size - offset)
+            for offset, n in self._pieces(size):
                 await budget.take(n)
                 chunk = await self._spool.run_read_io(os.pread, fd, n, offset)
-                if not chunk:
-                    raise DrainError(f"spool file {file_id} ended at {offset} of {size} bytes")
-                offset += len(chunk)
-                self._metrics.bytes.labels(lane, "up").inc(len(chunk))
-                if commits and offset >= size:
+                if len(chunk) != n:
+                    raise DrainError(f"spool file {file_id} ended before {offset + n} of {size} bytes")
+                sent += n
+                self._metrics.bytes.labels(lane, "up").inc(n)
+                if commits and sent >= size:
                     self._abortable.discard(entry.seq)
                 yield chunk
         finally:
             budget.close()
+            await self._close_file(fd, whole=sent >= size)
+
+    def _pieces(self, size: int) -> Iterator[tuple[int, int]]:
+        """(offset, length) of the pieces a body of ``size`` bytes is granted and sent in."""
+        for offset in range(0, size, self._read_bytes):
+            yield offset, min(self._read_bytes, size - offset)
+
+    async def _open_body(self, entry: Entry, file_id: str, size: int) -> tuple[str, StreamBudget, int]:
+        """The lane, its budget for ``size`` bytes and the open file of a body about to be sent."""
+        lane = self._lane(entry)
+        budget = StreamBudget(self._pools.dispatcher_for(entry.bucket), lane, self._chunk, size)
+        path = self._spool.file_path(file_id)
+        try:
+            fd = await self._spool.run_read_io_owned(os.open, path, os.O_RDONLY, release=os.close)
+        except BaseException:
+            budget.close()
+            raise
+        return lane, budget, fd
+
+    async def _close_file(self, fd: int, *, whole: bool) -> None:
+        """A drained file's descriptor. After the whole body went out it is closed right here: the store's
+        answer may arrive at any moment, and aiohttp cancels a request's body writer that is still running
+        then (closing the connection instead of reusing it). Cut short, it is closed on a read thread."""
+        if whole:
+            os.close(fd)
+        else:
             await self._spool.run_read_io(os.close, fd)
+
+    async def _send_file_body(
+        self, sock_fd: int, entry: Entry, file_id: str, size: int, commits: bool
+    ) -> None:
+        """The file's bytes into the connection's socket with ``sendfile(2)``, in the pieces
+        :meth:`_file_body` reads, each granted before it is sent."""
+        lane, budget, fd = await self._open_body(entry, file_id, size)
+        sent = 0
+        try:
+            for offset, n in self._pieces(size):
+                await budget.take(n)
+                if commits and offset + n >= size:
+                    self._abortable.discard(entry.seq)
+                try:
+                    await send_file(sock_fd, fd, offset, n, self._spool.run_read_io)
+                except SourceEnded:
+                    raise DrainError(
+                        f"spool file {file_id} ended before {offset + n} of {size} bytes"
+                    ) from None
+                sent += n
+                self._metrics.bytes.labels(lane, "up").inc(n)
+                self._metrics.zero_copy_bytes.labels(lane).inc(n)
+        finally:
+            budget.close()
+            await self._close_file(fd, whole=sent >= size)
 
     async def _upload(self, entry: Entry) -> None:
         if entry.kind == "del":
@@ -456,9 +553,7 @@ class Drainer:
         headers["content-length"] = str(entry.size)
         if entry.size:
             self._abortable.add(entry.seq)  # until the last byte is handed to the connection
-            body: bytes | AsyncIterator[bytes] = self._file_body(
-                entry, entry.files[0], entry.size, commits=True
-            )
+            body: bytes | SpoolFileBody = SpoolFileBody(self, entry, entry.files[0], entry.size, commits=True)
         else:
             body = b""
         status, data, resp_headers = await self._request(entry, "PUT", "", headers, body)
@@ -534,7 +629,7 @@ class Drainer:
                     "content-length": str(size),
                     "content-md5": base64.b64encode(bytes.fromhex(md5_hex)).decode(),
                 }
-                body = self._file_body(entry, file_id, size) if size else b""
+                body = SpoolFileBody(self, entry, file_id, size, commits=False) if size else b""
                 status, data, resp_headers = await self._request(
                     entry, "PUT", f"partNumber={number}&uploadId={qid}", part_headers, body
                 )

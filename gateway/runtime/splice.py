@@ -30,8 +30,10 @@ import contextlib
 import errno
 import fcntl
 import os
+import socket
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 PIPE_BYTES = 1024 * 1024
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -42,6 +44,21 @@ _FILE_ERRNOS = frozenset({errno.EIO, errno.EBADF, errno.EINVAL, errno.ENOMEM, er
 
 def splice_supported() -> bool:
     return sys.platform.startswith("linux") and hasattr(os, "splice")
+
+
+def plain_socket(transport: Any) -> socket.socket | None:
+    """The transport's socket when it carries plain TCP (no TLS layer above it), else None."""
+    if transport is None or transport.is_closing():
+        return None
+    if (
+        transport.get_extra_info("sslcontext") is not None
+        or transport.get_extra_info("ssl_object") is not None
+    ):
+        return None
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.type != socket.SOCK_STREAM:
+        return None
+    return sock  # type: ignore[no-any-return]
 
 
 class SourceEnded(ConnectionError):

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import types
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from gateway.clock import SystemClock
@@ -21,7 +23,7 @@ from gateway.config import SpoolConfig
 from gateway.core.spool_state import Entry
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import LaneDispatcher
-from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer, close_body
+from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer, SpoolFileBody, close_body
 from gateway.runtime.spool import Spool
 from tests.runtime.test_dispatcher import LANES, make_dispatcher
 from tests.runtime.test_spool_shell import opened, put
@@ -40,7 +42,9 @@ class OnePool:
         return self._dispatcher
 
 
-def _drainer(spool: Spool, dispatcher: LaneDispatcher, chunk_bytes: int = MiB) -> Drainer:
+def _drainer(
+    spool: Spool, dispatcher: LaneDispatcher, chunk_bytes: int = MiB, *, zero_copy: bool = False
+) -> Drainer:
     return Drainer(
         spool,
         OnePool(dispatcher),  # type: ignore[arg-type]
@@ -51,6 +55,7 @@ def _drainer(spool: Spool, dispatcher: LaneDispatcher, chunk_bytes: int = MiB) -
         chunk_bytes=chunk_bytes,
         request_cost_bytes=0,
         lane_names=frozenset(LANES),
+        zero_copy=zero_copy,
     )
 
 
@@ -139,5 +144,88 @@ async def test_closing_a_body_that_another_task_is_running_is_left_to_that_task(
         assert _open_fds() - before == set()
         dispatcher.release(blocker.result())
     finally:
+        dispatcher.close()
+        await spool.close()
+
+
+class BodySink:
+    """A loopback HTTP server that takes request bodies one after the other on a connection and answers 200
+    to each. At every read it compares the body bytes received so far (all requests) with what the
+    checkpoint lane had granted by then."""
+
+    def __init__(self, dispatcher: LaneDispatcher) -> None:
+        self._dispatcher = dispatcher
+        self.bodies: list[bytes] = []
+        self.received = 0
+        self.connections = 0
+        self.ahead_of_grants = 0  # reads at which more had arrived than the lane had granted
+        self.server: asyncio.Server | None = None
+
+    def _granted(self) -> int:
+        snap = self._dispatcher.scheduler.snapshot(asyncio.get_running_loop().time())
+        return snap.lane("checkpoint").granted_bytes_total
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                match = re.search(rb"(?i)content-length: *(\d+)", head)
+                assert match is not None, head
+                length, body = int(match.group(1)), bytearray()
+                while len(body) < length:
+                    piece = await reader.read(min(65536, length - len(body)))
+                    assert piece, "the body ended early"
+                    body += piece
+                    self.received += len(piece)
+                    self.ahead_of_grants += self.received > self._granted()
+                self.bodies.append(bytes(body))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/b/k"
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["sendfile", "copied"])
+async def test_a_file_body_reaches_the_connection_exactly_and_never_ahead_of_its_grants(
+    tmp_path: Path, zero_copy: bool
+) -> None:
+    """Two bodies on one keep-alive connection, sent with sendfile or copied: the bytes are exact, the
+    connection stays in step for the second request, no byte arrives before the lane granted it, and the
+    zero-copy counter says which way they went."""
+    spool = await opened(tmp_path)
+    dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=256 * KiB)
+    sink = BodySink(dispatcher)
+    url = await sink.start()
+    metrics = Metrics()
+    try:
+        data = os.urandom(3 * MiB + 777)
+        await put(spool, "k", data)
+        entry = spool.state.lookup("b", "k")
+        assert entry is not None
+        drainer = _drainer(spool, dispatcher, 256 * KiB, zero_copy=zero_copy)
+        drainer._metrics = metrics
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+            for _ in range(2):
+                body = SpoolFileBody(drainer, entry, entry.files[0], entry.size, commits=False)
+                async with session.put(url, data=body, headers={"content-length": str(entry.size)}) as resp:
+                    assert resp.status == 200
+        assert sink.bodies == [data, data]
+        assert sink.connections == 1  # the body writer was done when the answer came: connection reused
+        assert sink.ahead_of_grants == 0
+        assert metrics.zero_copy_bytes.labels("checkpoint")._value.get() == (
+            2 * len(data) if zero_copy else 0
+        )
+        assert metrics.bytes.labels("checkpoint", "up")._value.get() == 2 * len(data)
+    finally:
+        assert sink.server is not None
+        sink.server.close()
         dispatcher.close()
         await spool.close()
