@@ -72,6 +72,11 @@ class TokenBucket:
         if math.isinf(rate_bps):
             self.level_bytes = self.depth_bytes
 
+    def clip(self, max_level_bytes: float, now: float) -> None:
+        """Forfeit credit above ``max_level_bytes`` (debt stays)."""
+        self.settle(now)
+        self.level_bytes = min(self.level_bytes, max_level_bytes)
+
     def ready_at(self, need_bytes: float, now: float) -> float:
         """When the level reaches ``need_bytes`` (``now`` if it already has; ``inf`` if it never will)."""
         self.settle(now)

@@ -35,7 +35,10 @@ while sustained overload still follows the weights. Reservation-phase grants onl
 for it: reservations sum to at most ``C``, and a lane within its reservation must not wait on the others
 (research §7.1: reads are admitted at once and charged; the others yield). A read overdraft is forgiven
 beyond what can still be in flight, so the other lanes never wait out a stale debt. Every grant also needs
-the lane's ceiling bucket (GCRA with tau ``burst_bytes``). The ceiling is, as a fraction of ``C``: the
+the lane's ceiling bucket (GCRA with tau ``burst_bytes``; while reads are active, a capped lane that is not
+read-protected keeps, of the credit it earned while idle, only what its ceiling delivers in
+``latency_target_s``, so a checkpoint lane back from idle starts at its rate instead of with a burst in
+front of the reads). The ceiling is, as a fraction of ``C``: the
 lane's ``limit``; an *external limit* (:meth:`Scheduler.set_external_limit`: this node's allowance of a
 cluster-wide budget, in force whatever the local read activity, since the readers may be on another node);
 in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
@@ -94,6 +97,8 @@ _FAST_FORWARD_WINDOWS = 100
 # With an estimated capacity and no configured window, keep ~10 ms of capacity in flight (a bandwidth-delay
 # product for a store with a few ms of TTFB): saturation then shows up as a full window, which is the
 # estimator's main evidence. A much larger window would hide it (the clients' streams never fill it).
+# Pieces of a paced body: at most what the backend moves in the read latency target, in steps of this size.
+PIECE_STEP_BYTES = 64 * 1024
 AUTO_WINDOW_S = 0.01  # after a longer silence, skip the empty windows instead of ticking each
 
 
@@ -340,6 +345,7 @@ class _Lane:
         "granted_tickets_total",
         "hist_delivered",
         "hist_granted",
+        "idle_credit",
         "index",
         "inflight_bytes",
         "inflight_tickets",
@@ -373,6 +379,9 @@ class _Lane:
         self.delivered_total = 0
         self.res_bucket = TokenBucket(0.0, burst, now)
         self.limit_bucket = TokenBucket(math.inf, burst, now)
+        # The ceiling bucket's level when the lane last went idle (nothing queued or in flight); None while
+        # busy. See Scheduler._back_from_idle.
+        self.idle_credit: float | None = 0.0
         self.ceiling = math.inf  # fraction of C
         self.external_bps: float | None = None  # set_external_limit
         self.vstart = 0.0  # virtual start tag of the head (valid while backlogged)
@@ -441,6 +450,8 @@ class Scheduler:
         t = _Ticket(self._next_ticket, ln, cost_bytes)
         self._next_ticket += 1
         self._tickets[t.id] = t
+        if ln.idle_credit is not None:
+            self._back_from_idle(ln, now)
         if ln.queued_tickets == 0:
             backlogged = [x.vstart for x in self._lanes if x.queued_tickets > 0]
             v = min(backlogged) if backlogged else self._vclock
@@ -541,6 +552,7 @@ class Scheduler:
             if ln.queued_tickets == 0:
                 ln.vfinish = ln.vstart  # unserved: keep its place, never more
                 ln.queue.clear()
+            self._note_idle(ln, now)
         else:
             self._finish(t, 0, now)
 
@@ -604,6 +616,18 @@ class Scheduler:
         if bps != ln.external_bps:
             ln.external_bps = bps
             self._apply_rates(now)
+
+    def piece_bytes(self, lane: str, chunk_bytes: int) -> int:
+        """How much of a body on ``lane`` to ask for (and move) at a time: ``chunk_bytes``, except on a lane
+        that is not read-protected, where a piece is at most what the backend moves within the read latency
+        target (in steps of :data:`PIECE_STEP_BYTES`, at least one step). A granted piece goes to the store
+        at line rate, so a read that arrives behind it waits for all of it: on a 40 MB/s store a 1 MiB
+        piece of a checkpoint drain is 26 ms of queue, a 192 KiB one 5 ms. Fast stores keep whole chunks.
+        Raises ``KeyError`` for an unknown lane."""
+        if self._by_name[lane].spec.read_protected:
+            return chunk_bytes
+        fit = int(self._capacity() * self._cfg.latency_target_s) // PIECE_STEP_BYTES * PIECE_STEP_BYTES
+        return min(chunk_bytes, max(PIECE_STEP_BYTES, fit))
 
     def snapshot(self, now: float) -> SchedulerSnapshot:
         now = self._advance(now)
@@ -736,6 +760,27 @@ class Scheduler:
                 ln.res_bucket.give(unused, now)
         if ln.spec.read_protected:
             self._last_read_at = max(self._last_read_at, now)
+        self._note_idle(ln, now)
+
+    def _note_idle(self, ln: _Lane, now: float) -> None:
+        if ln.queued_tickets == 0 and ln.inflight_tickets == 0:
+            ln.limit_bucket.settle(now)
+            ln.idle_credit = ln.limit_bucket.level_bytes
+
+    def _paced_while_reads_active(self, ln: _Lane) -> bool:
+        return self._reads_active and not ln.spec.read_protected and math.isfinite(ln.limit_bucket.rate_bps)
+
+    def _back_from_idle(self, ln: _Lane, now: float) -> None:
+        """A lane capped for the reads' sake keeps, of the ceiling credit it earned while idle, only what its
+        ceiling delivers within the read latency target: a checkpoint lane back from seconds of idle would
+        otherwise put a whole ``burst_bytes`` (plus its head ticket) into the backend's queue at once, in
+        front of the reads it is capped to protect (on a 40 MB/s store, 4 MiB is 100 ms of queue). Credit
+        it banked while backlogged (waiting for its turn behind the reads) is kept, and so is its rate."""
+        assert ln.idle_credit is not None
+        if self._paced_while_reads_active(ln):
+            earned = ln.limit_bucket.rate_bps * self._cfg.latency_target_s
+            ln.limit_bucket.clip(max(0.0, ln.idle_credit) + earned, now)
+        ln.idle_credit = None
 
     # -- gates --------------------------------------------------------------------------------------------
 
@@ -786,12 +831,17 @@ class Scheduler:
             f = max(f, s.floor)
         return f
 
-    def _apply_rates(self, now: float) -> None:
+    def _apply_rates(self, now: float, *, reads_arrived: bool = False) -> None:
         cap = self._capacity()
         self._server.set_rate(cap, now)
         for ln in self._lanes:
             ln.ceiling = self._ceiling_fraction(ln, now)
             ln.limit_bucket.set_rate(ln.ceiling * cap if math.isfinite(ln.ceiling) else math.inf, now)
+            if reads_arrived and self._paced_while_reads_active(ln):
+                # Capped for the reads from now on: credit from before they came is not spent on them.
+                ln.limit_bucket.clip(ln.limit_bucket.rate_bps * self._cfg.latency_target_s, now)
+                if ln.idle_credit is not None:
+                    ln.idle_credit = min(ln.idle_credit, 0.0)
             ln.res_bucket.set_rate(_reservation(ln.spec) * cap, now)
 
     def _wake(self, at: float) -> float:
@@ -858,7 +908,7 @@ class Scheduler:
     def _set_reads_active(self, active: bool, now: float) -> None:
         if active != self._reads_active:
             self._reads_active = active
-            self._apply_rates(now)
+            self._apply_rates(now, reads_arrived=active)
 
     def _granted_fraction_last_s(self, ln: _Lane, now: float) -> float:
         """Like :meth:`_achieved_fraction`, but over a full second even just after start (never inflated

@@ -174,12 +174,19 @@ class StreamBudget:
     ) -> None:
         self._dispatcher = dispatcher
         self._lane = lane
-        self._chunk = chunk_bytes
+        self._chunk = dispatcher.scheduler.piece_bytes(lane, chunk_bytes)
         self._total = total_bytes
         self._charged = 0
         self._credit = 0
         self._ticket: int | None = None
         self._ticket_used = 0
+
+    @property
+    def piece_bytes(self) -> int:
+        """The size of the tickets this stream asks for: ``chunk_bytes``, or less on a paced lane in front
+        of a slow store (:meth:`Scheduler.piece_bytes`). A body sent in pieces of at most this size is on
+        the wire no sooner than granted, and no piece is more than the lane's latency allowance."""
+        return self._chunk
 
     async def take(self, nbytes: int) -> None:
         while self._credit < nbytes:

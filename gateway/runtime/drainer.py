@@ -470,7 +470,7 @@ class Drainer:
         lane, budget, fd = await self._open_body(entry, file_id, size)
         sent = 0
         try:
-            for offset, n in self._pieces(size):
+            for offset, n in self._pieces(size, budget):
                 await budget.take(n)
                 chunk = await self._spool.run_read_io(os.pread, fd, n, offset)
                 if len(chunk) != n:
@@ -484,10 +484,12 @@ class Drainer:
             budget.close()
             await self._close_file(fd, whole=sent >= size)
 
-    def _pieces(self, size: int) -> Iterator[tuple[int, int]]:
-        """(offset, length) of the pieces a body of ``size`` bytes is granted and sent in."""
-        for offset in range(0, size, self._read_bytes):
-            yield offset, min(self._read_bytes, size - offset)
+    def _pieces(self, size: int, budget: StreamBudget) -> Iterator[tuple[int, int]]:
+        """(offset, length) of the pieces a body of ``size`` bytes is granted and sent in: no larger than
+        the budget's tickets, so that no piece goes out as one burst bigger than its lane allows."""
+        step = min(self._read_bytes, budget.piece_bytes)
+        for offset in range(0, size, step):
+            yield offset, min(step, size - offset)
 
     async def _open_body(self, entry: Entry, file_id: str, size: int) -> tuple[str, StreamBudget, int]:
         """The lane, its budget for ``size`` bytes and the open file of a body about to be sent."""
@@ -518,7 +520,7 @@ class Drainer:
         lane, budget, fd = await self._open_body(entry, file_id, size)
         sent = 0
         try:
-            for offset, n in self._pieces(size):
+            for offset, n in self._pieces(size, budget):
                 await budget.take(n)
                 if commits and offset + n >= size:
                     self._abortable.discard(entry.seq)

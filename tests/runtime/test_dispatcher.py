@@ -340,6 +340,9 @@ async def test_stream_budget_charges_exactly_the_bytes_taken(known_total: bool) 
     d = make_dispatcher()
     total = 5 * CHUNK + 12_345
     budget = StreamBudget(d, "restore", CHUNK, total if known_total else None)
+    # A paced lane in front of a 10 MB/s store asks for 64 KiB at a time (50 KB in the 5 ms target).
+    piece = budget.piece_bytes
+    assert piece == 64 * KiB
     sizes = pieces(total, seed=7)
     for n in sizes:
         await budget.take(n)
@@ -348,9 +351,9 @@ async def test_stream_budget_charges_exactly_the_bytes_taken(known_total: bool) 
     budget.close()  # idempotent
     assert_all_clear(d)
     snap = lane(d, "restore")
-    expected_granted = total if known_total else -(-total // CHUNK) * CHUNK
+    expected_granted = total if known_total else -(-total // piece) * piece
     assert snap.granted_bytes_total == expected_granted
-    assert snap.granted_tickets_total == -(-total // CHUNK)
+    assert snap.granted_tickets_total == -(-total // piece)
     assert snap.delivered_bytes_total == total
     # What the scheduler was told was moved is what was taken; the unused tail was refunded.
     assert snap.done_bytes_total == total
