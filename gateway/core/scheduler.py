@@ -99,6 +99,8 @@ _FAST_FORWARD_WINDOWS = 100
 # estimator's main evidence. A much larger window would hide it (the clients' streams never fill it).
 # Pieces of a paced body: at most what the backend moves in the read latency target, in steps of this size.
 PIECE_STEP_BYTES = 64 * 1024
+# Backend answers that say the store is struggling (capacity estimator); 501, 505 and the like do not.
+BUSY_STATUSES = frozenset({500, 502, 503, 504})
 AUTO_WINDOW_S = 0.01  # after a longer silence, skip the empty windows instead of ticking each
 
 
@@ -585,10 +587,12 @@ class Scheduler:
 
     def observe_backend(self, lane: str, status: int, now: float) -> None:
         """A backend response status on ``lane``. 503 cuts the lane's rate to 0.7 x (at most once per window),
-        then it recovers along a cubic; 503 and other 5xx count as "busy" for the capacity estimator."""
+        then it recovers along a cubic; the statuses of a struggling store (:data:`BUSY_STATUSES`: 500, 502,
+        503, 504) count as "busy" for the capacity estimator. Other 5xx answers are about the request, not
+        the load: a 501 NotImplemented for an operation the store lacks is no reason to think it slower."""
         ln = self._by_name[lane]
         now = self._advance(now)
-        if 500 <= status <= 599:
+        if status in BUSY_STATUSES:
             self._win_errors += 1
         if status == 503:
             current = ln.ceiling if math.isfinite(ln.ceiling) else self._achieved_fraction(ln, now)

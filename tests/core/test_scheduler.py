@@ -655,6 +655,26 @@ def test_capacity_estimator_ladder_coasts_then_steps_by_iocost_percentages() -> 
     assert est.busy_level <= 5  # ... and pinned there, the ladder does not run away
 
 
+@pytest.mark.parametrize(
+    ("status", "busy"), [(500, True), (502, True), (503, True), (504, True), (501, False), (505, False)]
+)
+def test_only_the_answers_of_a_struggling_store_lower_an_estimated_capacity(status: int, busy: bool) -> None:
+    s = Scheduler(config(capacity_bps=None, initial_capacity_bps=C), T0)
+    now = T0
+    for i in range(20):  # two seconds: one such answer in every window, among ten requests
+        for _ in range(10):
+            t = s.submit("metadata", 0, now)
+            assert isinstance(s.pull(now), Grant)
+            s.complete(t, now)
+        s.observe_backend("metadata", status, now)
+        now = T0 + 0.1 * (i + 1)
+    cap = s.snapshot(now).capacity_bps
+    if busy:
+        assert cap < 0.9 * C
+    else:
+        assert cap == C
+
+
 def _read_window(s: Scheduler, now: float, nbytes: int, waited_s: float) -> None:
     """One 0.1 s window of reads: ``nbytes`` granted (WaitUntil followed), delivered and completed, and one
     read sample that waited ``waited_s`` in the gateway. Grants of other lanes are completed at once."""
