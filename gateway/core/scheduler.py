@@ -94,13 +94,13 @@ WriteCapMode = Literal["strict", "work_conserving"]
 SELF_QUEUEING_FRACTION = 0.95
 SHARE_HISTORY_WINDOWS = 10  # achieved shares and rates are reported over the last 10 windows (1 s)
 _FAST_FORWARD_WINDOWS = 100
-# With an estimated capacity and no configured window, keep ~10 ms of capacity in flight (a bandwidth-delay
-# product for a store with a few ms of TTFB): saturation then shows up as a full window, which is the
-# estimator's main evidence. A much larger window would hide it (the clients' streams never fill it).
 # Pieces of a paced body: at most what the backend moves in the read latency target, in steps of this size.
 PIECE_STEP_BYTES = 64 * 1024
 # Backend answers that say the store is struggling (capacity estimator); 501, 505 and the like do not.
 BUSY_STATUSES = frozenset({500, 502, 503, 504})
+# With an estimated capacity and no configured window, keep ~10 ms of capacity in flight (a bandwidth-delay
+# product for a store with a few ms of TTFB): saturation then shows up as a full window, which is the
+# estimator's main evidence. A much larger window would hide it (the clients' streams never fill it).
 AUTO_WINDOW_S = 0.01  # after a longer silence, skip the empty windows instead of ticking each
 
 
