@@ -39,7 +39,7 @@ from gateway.core.classify import (
 )
 from gateway.core.limits import check_limits
 from gateway.core.routing import rename_copy_source, split_copy_source
-from gateway.core.s3docs import MAX_XML_BODY_BYTES, delete_objects_keys
+from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_keys
 from gateway.core.s3request import S3Target, parse_target, query_names, split_target
 from gateway.core.sigv4 import (
     EMPTY_SHA256,
@@ -417,12 +417,16 @@ class S3Proxy:
         body: bytes | AsyncIterator[bytes] | None = None
         pipe: _BodyStream | None = None
         cost = self._request_cost
-        if ctx.target.operation == "DeleteObjects":
-            # Checked here as S3 checks it: a store may delete the keys of a document S3 refuses.
+        if ctx.target.operation in ("DeleteObjects", "CompleteMultipartUpload"):
+            # Checked here as S3 checks it: a store may delete the keys of a DeleteObjects document S3
+            # refuses, or complete an upload from a CompleteMultipartUpload document S3 refuses.
             if upload is not None and upload.expected_bytes > MAX_XML_BODY_BYTES:
                 raise MalformedXML("The request body is too large.")
             body = await read_small_body(request, upload) if upload is not None else b""
-            delete_objects_keys(body)
+            if ctx.target.operation == "DeleteObjects":
+                delete_objects_keys(body)
+            else:
+                complete_multipart_parts(body)
             cost += len(body)
             arrived = self._clock.monotonic()
         elif upload is not None:

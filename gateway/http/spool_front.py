@@ -21,7 +21,6 @@ import functools
 import logging
 import os
 import secrets
-import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
@@ -46,7 +45,7 @@ from gateway.core.listing import (
     render_list_xml,
 )
 from gateway.core.objectread import DEFAULT_CONTENT_TYPE, StoredObject, plan_read
-from gateway.core.s3docs import MAX_XML_BODY_BYTES, delete_objects_keys
+from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_keys
 from gateway.core.s3request import query_names
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
 from gateway.core.uri import s3_quote
@@ -1162,25 +1161,7 @@ class SpoolFront:
     async def _complete(
         self, request: web.Request, ctx: RequestContext, decision: Decision, upload: Upload
     ) -> web.StreamResponse:
-        body = await self._read_xml_body(request, ctx)
-        try:
-            root = ET.fromstring(body)
-        except ET.ParseError as exc:
-            raise MalformedXML() from exc
-        parts: list[tuple[int, str]] = []
-        for el in root:
-            if el.tag.rsplit("}", 1)[-1] != "Part":
-                continue
-            number = etag = None
-            for child in el:
-                name = child.tag.rsplit("}", 1)[-1]
-                if name == "PartNumber":
-                    number = (child.text or "").strip()
-                elif name == "ETag":
-                    etag = (child.text or "").strip()
-            if number is None or etag is None or not (number.isascii() and number.isdigit()):
-                raise MalformedXML()
-            parts.append((int(number), etag))
+        parts = complete_multipart_parts(await self._read_xml_body(request, ctx))
         rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
         await self.spool.commit([rec])
         location = f"/{upload.bucket}/{s3_quote(upload.key, safe='/')}"

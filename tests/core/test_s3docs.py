@@ -1,4 +1,4 @@
-"""DeleteObjects documents: what S3 accepts, what it refuses with MalformedXML."""
+"""DeleteObjects and CompleteMultipartUpload documents: what S3 accepts, what it refuses with MalformedXML."""
 
 from __future__ import annotations
 
@@ -6,7 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core.s3docs import MAX_DELETE_OBJECTS, delete_objects_keys
+from gateway.core.s3docs import (
+    MAX_COMPLETE_PARTS,
+    MAX_DELETE_OBJECTS,
+    complete_multipart_parts,
+    delete_objects_keys,
+)
 from gateway.errors import MalformedXML
 
 NS = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
@@ -79,3 +84,61 @@ def test_arbitrary_bytes_give_keys_or_malformed_xml(body: bytes) -> None:
     except MalformedXML:
         return
     assert all(isinstance(k, str) for k in keys)
+
+
+# -- CompleteMultipartUpload ---------------------------------------------------------------------------------
+
+
+def part(number: str, etag: str = '"e"', extra: str = "") -> str:
+    return f"<Part><PartNumber>{number}</PartNumber><ETag>{etag}</ETag>{extra}</Part>"
+
+
+def test_parts_in_document_order_with_checksums_and_without_namespace() -> None:
+    inner = part("1", '"a1"', "<ChecksumCRC32>AAAAAA==</ChecksumCRC32>") + part(" 3 ", ' "b2" ')
+    assert complete_multipart_parts(doc(inner, root="CompleteMultipartUpload")) == [(1, '"a1"'), (3, '"b2"')]
+    assert complete_multipart_parts(doc(part("2") + part("1"), root="CompleteMultipartUpload", ns="")) == [
+        (2, '"e"'),
+        (1, '"e"'),
+    ]  # order and range are the upload's business (InvalidPartOrder), not the document's
+
+
+def test_exactly_the_part_limit_is_accepted() -> None:
+    inner = "".join(part(str(n)) for n in range(1, MAX_COMPLETE_PARTS + 1))
+    assert len(complete_multipart_parts(doc(inner, root="CompleteMultipartUpload"))) == MAX_COMPLETE_PARTS
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"not xml",
+        doc(part("1"), root="Foo"),
+        doc(part("1"), root="Delete"),
+        doc("", root="CompleteMultipartUpload"),
+        doc(part("1") + "<Extra/>", root="CompleteMultipartUpload"),
+        doc("<Part><PartNumber>1</PartNumber></Part>", root="CompleteMultipartUpload"),
+        doc('<Part><ETag>"e"</ETag></Part>', root="CompleteMultipartUpload"),
+        doc(part("one"), root="CompleteMultipartUpload"),
+        doc(part("-1"), root="CompleteMultipartUpload"),
+        doc(part("\u0661"), root="CompleteMultipartUpload"),  # an Arabic-Indic digit is not a part number
+        doc(part("1", extra="<ETag>x</ETag>"), root="CompleteMultipartUpload"),
+        doc(part("1", extra="<Size>3</Size>"), root="CompleteMultipartUpload"),
+        doc(part("1", etag="<b>e</b>"), root="CompleteMultipartUpload"),
+        doc("".join(part(str(n)) for n in range(1, MAX_COMPLETE_PARTS + 2)), root="CompleteMultipartUpload"),
+        b"<CompleteMultipartUpload><Part><PartNumber>1</PartNumber>",
+        doc(part("1", etag="\xff"), root="CompleteMultipartUpload").decode().encode("latin-1"),
+    ],
+    ids=lambda b: repr(b[:60]),
+)
+def test_malformed_complete_documents_are_refused(body: bytes) -> None:
+    with pytest.raises(MalformedXML):
+        complete_multipart_parts(body)
+
+
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_give_parts_or_malformed_xml(body: bytes) -> None:
+    try:
+        parts = complete_multipart_parts(body)
+    except MalformedXML:
+        return
+    assert parts and all(n >= 0 and isinstance(e, str) for n, e in parts)

@@ -582,6 +582,56 @@ def test_malformed_delete_objects_is_malformed_xml_and_deletes_nothing(
     assert object_exists(backend, bucket, "a") and object_exists(backend, bucket, "b")
 
 
+MALFORMED_COMPLETES = {
+    "wrong root": "<Foo><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part></Foo>",
+    "no parts": "<CompleteMultipartUpload></CompleteMultipartUpload>",
+    "part without an etag": "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber></Part>"
+    "</CompleteMultipartUpload>",
+    "part number not a number": "<CompleteMultipartUpload><Part><PartNumber>one</PartNumber>"
+    "<ETag>{etag}</ETag></Part></CompleteMultipartUpload>",
+    "stray element": "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag></Part>"
+    "<Extra/></CompleteMultipartUpload>",
+    "truncated": "<CompleteMultipartUpload><Part><PartNumber>1</PartNumber><ETag>{etag}</ETag>",
+}
+
+
+@pytest.mark.parametrize("spooled", [False, True], ids=["proxied", "spooled"])
+@pytest.mark.parametrize("name", sorted(MALFORMED_COMPLETES))
+def test_malformed_complete_multipart_upload_is_malformed_xml_and_completes_nothing(
+    gateway: Gateway, spool_gateway: Gateway, backend: Any, bucket: str, name: str, spooled: bool
+) -> None:
+    """Checked by the gateway as S3 checks it, for uploads the store holds and uploads the spool holds:
+    SeaweedFS completes an upload from a document whose root is not CompleteMultipartUpload. The upload
+    stays open, and the right document (the control) completes it afterwards."""
+    gw = spool_gateway if spooled else gateway
+    s3 = gw.client()
+    key = f"ckpt/complete-{name.replace(' ', '-')}"
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    data = os.urandom(100 * KiB)
+    etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1, Body=data)["ETag"]
+    body = MALFORMED_COMPLETES[name].replace("{etag}", etag).encode()
+    target = f"{key_path(bucket, key)}?uploadId={upload_id}"
+    resp = signed_request(
+        gw.http_url,
+        "POST",
+        target,
+        access_key=gw.access_key,
+        secret_key=gw.secret_key,
+        body=body,
+        headers={"Content-Type": "application/xml"},
+    )
+    assert_s3_error(resp, 400, "MalformedXML")
+    gw.flush(bucket)
+    assert not object_exists(backend, bucket, key)
+    parts = s3.list_parts(Bucket=bucket, Key=key, UploadId=upload_id)["Parts"]
+    assert [p["PartNumber"] for p in parts] == [1]
+
+    parts_doc = {"Parts": [{"PartNumber": 1, "ETag": etag}]}  # the control: a well-formed document
+    s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload=parts_doc)
+    gw.flush(bucket)
+    assert_stored(backend, bucket, key, data)
+
+
 # --- several identities -------------------------------------------------------------------------------------
 
 
