@@ -47,7 +47,7 @@ from gateway.errors import S3Error
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
-from gateway.runtime.splice import SourceEnded, plain_socket, send_file
+from gateway.runtime.splice import SourceEnded, plain_socket, run_settled, send_file
 from gateway.runtime.spool import Spool, SpoolWriteFailed
 
 log = logging.getLogger("s3lanes.drain")
@@ -68,7 +68,7 @@ class DrainError(Exception):
 
 
 class Superseded(Exception):
-    """A newer write of the key was acknowledged while this multipart drain was between parts."""
+    """A newer write of the key was acknowledged while this upload could still be cut short."""
 
 
 _CLOCK_SLACK_S = 120.0  # the store's clock (Initiated) against ours (acked_at)
@@ -362,11 +362,24 @@ class Drainer:
         to the connection (cutting it leaves a short body, which the store discards), a multipart upload
         before its completion request (it is aborted). Once a request that completes the object is on the
         wire, the store may still apply it after anything sent later, so it is let finish; the key stays
-        blocked until the store has answered, and the newer entry goes after it.
+        blocked until the store has answered, and the newer entry goes after it. The body checks the same
+        condition itself before each piece (:meth:`_stop_if_cut`), since it runs in the HTTP client's task.
         """
         task = self._tasks.get(seq)
         if task is not None and seq in self._abortable:
             task.cancel()
+
+    def _stop_if_cut(self, entry: Entry) -> None:
+        """Called by a drain body right before it hands a piece to the connection, in the same event-loop
+        step: a superseded entry whose upload may still be cut goes no further.
+
+        Cancelling the drain task alone is not enough. aiohttp writes the body from a task of its own, which
+        it cancels only when the cancelled request unwinds; if that writer is already runnable (its grant or
+        its read just came in) it runs first and hands over the last piece, the store applies the PUT, and
+        the newer DELETE or overwrite, sent as soon as the drain task is gone, can reach the store before
+        it. The fuzzer saw exactly that: a DeleteObjects acknowledged, the key back on the store."""
+        if entry.superseded and entry.seq in self._abortable:
+            raise Superseded()
 
     # -- one entry -------------------------------------------------------------------------------------------
 
@@ -374,9 +387,12 @@ class Drainer:
         state = self._spool.state
         try:
             await self._upload(entry)
-        except Superseded:
-            self._spool.after_drain(state.upload_failed(entry, self._clock.monotonic(), "superseded"))
         except Exception as exc:
+            if isinstance(exc, Superseded) or entry.superseded:
+                # Cut on purpose (the body stopped itself, which the HTTP client reports as a connection
+                # error), or failed after a newer write won: either way nothing to retry and no failure.
+                self._spool.after_drain(state.upload_failed(entry, self._clock.monotonic(), "superseded"))
+                return
             self.uploads_failed += 1
             delay = self._backoff(entry.attempts)
             level = logging.WARNING if entry.attempts in (1, 5) or entry.attempts % 20 == 0 else logging.DEBUG
@@ -472,9 +488,10 @@ class Drainer:
         try:
             for offset, n in self._pieces(size, budget):
                 await budget.take(n)
-                chunk = await self._spool.run_read_io(os.pread, fd, n, offset)
+                chunk = await run_settled(self._spool.run_read_io(os.pread, fd, n, offset))
                 if len(chunk) != n:
                     raise DrainError(f"spool file {file_id} ended before {offset + n} of {size} bytes")
+                self._stop_if_cut(entry)
                 sent += n
                 self._metrics.bytes.labels(lane, "up").inc(n)
                 if commits and sent >= size:
@@ -510,7 +527,7 @@ class Drainer:
         if whole:
             os.close(fd)
         else:
-            await self._spool.run_read_io(os.close, fd)
+            await run_settled(self._spool.run_read_io(os.close, fd))
 
     async def _send_file_body(
         self, sock_fd: int, entry: Entry, file_id: str, size: int, commits: bool
@@ -522,6 +539,7 @@ class Drainer:
         try:
             for offset, n in self._pieces(size, budget):
                 await budget.take(n)
+                self._stop_if_cut(entry)
                 if commits and offset + n >= size:
                     self._abortable.discard(entry.seq)
                 try:

@@ -33,7 +33,9 @@ import os
 import socket
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 PIPE_BYTES = 1024 * 1024
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -196,6 +198,24 @@ async def wait_ready(
             loop.remove_writer(write_fd)
 
 
+async def run_settled(work: Awaitable[T]) -> T:
+    """Await thread work that uses descriptors the caller closes once it returns. A cancelled caller cannot
+    stop the thread, and closing a descriptor under a running ``sendfile(2)`` or ``pread(2)`` hands its
+    number to the next file or socket opened, which the call then writes or reads. So the work goes on
+    (shielded) and the cancellation is raised only once it is done; the wait is short (one call on a
+    non-blocking socket or a page-cache read), and a repeated cancellation does not cut it."""
+    job = asyncio.ensure_future(work)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        while not job.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait((job,))
+        if not job.cancelled():
+            job.exception()  # retrieved: the cancellation is what the caller sees
+        raise
+
+
 async def send_file(
     dst_fd: int,
     file_fd: int,
@@ -215,7 +235,7 @@ async def send_file(
     try:
         while count > 0:
             try:
-                sent = await run_blocking(os.sendfile, dst, file_fd, offset, count)
+                sent = await run_settled(run_blocking(os.sendfile, dst, file_fd, offset, count))
             except BlockingIOError:
                 await wait_ready(loop, write_fd=dst)
                 continue

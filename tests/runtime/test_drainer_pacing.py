@@ -10,8 +10,10 @@ that returns that dispatcher, since no backend request is made.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
+import socket
 import types
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from gateway.config import SpoolConfig
 from gateway.core.spool_state import Entry
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import LaneDispatcher
-from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer, SpoolFileBody, close_body
+from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer, SpoolFileBody, Superseded, close_body
 from gateway.runtime.spool import Spool
 from tests.runtime.test_dispatcher import LANES, make_dispatcher
 from tests.runtime.test_spool_shell import opened, put
@@ -156,6 +158,7 @@ class BodySink:
     def __init__(self, dispatcher: LaneDispatcher) -> None:
         self._dispatcher = dispatcher
         self.bodies: list[bytes] = []
+        self.cut_short = 0  # requests whose body ended before its Content-Length
         self.received = 0
         self.connections = 0
         self.ahead_of_grants = 0  # reads at which more had arrived than the lane had granted
@@ -175,7 +178,9 @@ class BodySink:
                 length, body = int(match.group(1)), bytearray()
                 while len(body) < length:
                     piece = await reader.read(min(65536, length - len(body)))
-                    assert piece, "the body ended early"
+                    if not piece:
+                        self.cut_short += 1
+                        return
                     body += piece
                     self.received += len(piece)
                     self.ahead_of_grants += self.received > self._granted()
@@ -227,5 +232,152 @@ async def test_a_file_body_reaches_the_connection_exactly_and_never_ahead_of_its
     finally:
         assert sink.server is not None
         sink.server.close()
+        dispatcher.close()
+        await spool.close()
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["sendfile", "copied"])
+async def test_a_superseded_put_whose_last_piece_is_granted_as_it_is_cancelled_never_completes(
+    tmp_path: Path, zero_copy: bool
+) -> None:
+    """The race the HTTP fuzzer found: a drain PUT waits for the grant of its last piece; in one event-loop
+    step the grant comes in and a DELETE of the key supersedes the entry (the drain task is cancelled). The
+    body is written by the HTTP client's own writer task, which is runnable before the cancelled request
+    has unwound: it must stop by itself, or the store gets the whole PUT and applies it after the DELETE.
+    The store must see a body cut short, never a complete one."""
+    spool = await opened(tmp_path)
+    # A slow lane: the first piece drives the bucket into debt, the second waits for it to refill.
+    dispatcher = make_dispatcher(capacity_bps=2e6, burst_bytes=16 * KiB)
+    sink = BodySink(dispatcher)
+    url = await sink.start()
+    try:
+        drainer = _drainer(spool, dispatcher, 256 * KiB, zero_copy=zero_copy)
+        step = min(READ_CHUNK_BYTES, dispatcher.scheduler.piece_bytes("checkpoint", 256 * KiB))
+        data = os.urandom(step + 777)  # two pieces
+        await put(spool, "k", data)
+        entry = spool.state.lookup("b", "k")
+        assert entry is not None
+        before = _open_fds()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as session:
+
+            async def drain_put() -> None:
+                body = SpoolFileBody(drainer, entry, entry.files[0], entry.size, commits=True)
+                async with session.put(url, data=body, headers={"content-length": str(entry.size)}) as r:
+                    await r.read()
+
+            spool.state.start_upload(entry)
+            drainer._abortable.add(entry.seq)
+            task = asyncio.create_task(drain_put())
+            drainer._tasks[entry.seq] = task
+            for _ in range(400):
+                if sink.received >= step and dispatcher.waiting == 1:
+                    break
+                await asyncio.sleep(0.001)
+            # The first piece is out; the writer waits for the grant of the second.
+            assert sink.received == step and dispatcher.waiting == 1
+            dispatcher._disarm()  # the grant comes when the test says so, not on the dispatcher's timer
+            await asyncio.sleep(2 * step / 2e6 + 0.05)  # the bucket has refilled
+            assert sink.received == step and dispatcher.waiting == 1
+            dispatcher._pump()  # the grant: the writer is runnable ...
+            assert dispatcher.waiting == 0
+            applied = spool.state.apply(
+                spool.state.delete_record(
+                    bucket="b", key="k", access_key="AK", lane="checkpoint", now_wall=0.0
+                )
+            )
+            assert applied.cancel == (entry.seq,) and entry.superseded
+            drainer._cancel(entry.seq)  # ... and, in the same step, the DELETE supersedes the entry
+            await asyncio.gather(task, return_exceptions=True)
+            assert task.cancelled()
+            for _ in range(100):
+                if sink.cut_short or sink.bodies:
+                    break
+                await asyncio.sleep(0.01)
+        assert sink.bodies == []  # the store never got a whole PUT
+        assert sink.cut_short == 1
+        assert sink.received < len(data)
+        for _ in range(100):
+            if _open_fds() - before == set():
+                break
+            await asyncio.sleep(0.01)
+        assert _open_fds() - before == set()  # the spool file was closed
+    finally:
+        assert sink.server is not None
+        sink.server.close()
+        dispatcher.close()
+        await spool.close()
+
+
+async def _superseded(spool: Spool, entry: Entry) -> None:
+    """A DELETE of the entry's key is acknowledged while its upload is in flight."""
+    applied = spool.state.apply(
+        spool.state.delete_record(bucket="b", key="k", access_key="AK", lane="checkpoint", now_wall=0.0)
+    )
+    assert applied.cancel == (entry.seq,) and entry.superseded
+
+
+async def test_a_copied_put_body_never_hands_over_its_last_piece_once_superseded(tmp_path: Path) -> None:
+    """The body itself refuses: whatever order the event loop runs the HTTP client's writer and the
+    cancelled drain task in, the last piece of a superseded single PUT does not leave the spool."""
+    spool = await opened(tmp_path)
+    dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=MiB)
+    try:
+        entry = await _spooled(spool, READ_CHUNK_BYTES + 777)
+        drainer = _drainer(spool, dispatcher)
+        spool.state.start_upload(entry)
+        drainer._abortable.add(entry.seq)
+        body = drainer._file_body(entry, entry.files[0], entry.size, commits=True)
+        first = await body.__anext__()
+        assert len(first) == READ_CHUNK_BYTES
+        await _superseded(spool, entry)
+        with pytest.raises(Superseded):
+            await body.__anext__()
+        # Once the last piece is handed over the upload is no longer cut: the store will apply it, and
+        # the key stays blocked until it answers.
+        entry2 = await _spooled(spool, 777)
+        spool.state.start_upload(entry2)
+        drainer._abortable.add(entry2.seq)
+        body2 = drainer._file_body(entry2, entry2.files[0], entry2.size, commits=True)
+        assert len(await body2.__anext__()) == 777
+        assert entry2.seq not in drainer._abortable
+        await close_body(body2)
+    finally:
+        dispatcher.close()
+        await spool.close()
+
+
+async def test_a_sendfile_put_body_never_sends_its_last_piece_once_superseded(tmp_path: Path) -> None:
+    spool = await opened(tmp_path)
+    # A slow lane: the first piece drives the bucket into debt, the second waits for it to refill.
+    dispatcher = make_dispatcher(capacity_bps=4e6, burst_bytes=16 * KiB)
+    a, b = socket.socketpair()
+    a.setblocking(False)
+    try:
+        drainer = _drainer(spool, dispatcher, 256 * KiB, zero_copy=True)
+        step = min(READ_CHUNK_BYTES, dispatcher.scheduler.piece_bytes("checkpoint", 256 * KiB))
+        entry = await _spooled(spool, step + 777)
+        spool.state.start_upload(entry)
+        drainer._abortable.add(entry.seq)
+        send = asyncio.create_task(
+            drainer._send_file_body(a.fileno(), entry, entry.files[0], entry.size, commits=True)
+        )
+        got = bytearray()
+        b.setblocking(False)
+        for _ in range(400):
+            with contextlib.suppress(BlockingIOError):
+                got += b.recv(1 << 20)
+            if len(got) >= step and dispatcher.waiting == 1:
+                break
+            await asyncio.sleep(0.001)
+        assert len(got) == step and dispatcher.waiting == 1  # the second piece waits for its grant
+        await _superseded(spool, entry)  # the drain task's cancel has not landed yet
+        with pytest.raises(Superseded):
+            await send
+        with contextlib.suppress(BlockingIOError):
+            got += b.recv(1 << 20)
+        assert len(got) == step
+    finally:
+        a.close()
+        b.close()
         dispatcher.close()
         await spool.close()
