@@ -18,16 +18,19 @@ and calls their ``tick`` once per window ``Δ`` (100 ms by default).
   ``m`` returns to 1. The baseline is the p5 TTFB of recent quiet windows (paced lanes under 5% of
   capacity), else the minimum over the last 60 s: passive, never pinned.
 - :class:`CapacityEstimator` is iocost's vrate ladder: a busy window (the in-flight window was full more
-  than 5% of the time, a 5xx/SlowDown rate over 0.1%, or a guard miss while the guard has nothing left to
-  cut) pushes ``busy_level`` up, an unbusy one (none of those above 75% of their thresholds, and the
-  capacity bucket itself was throttling) pushes it down, anything else resets it (coast: nobody throttled
-  means the capacity is unknown, do not drift). The estimate moves by the iocost step for ``|busy_level|``
-  (0% for the first three windows, then 1%, 2%, 4%, 8%, 16%), never below what the backend delivered in
-  the busy windows of the last second (a full window means the backend was the bottleneck, so that is a
-  measurement; when it holds the estimate the ladder stops escalating), and stays within [0.5, 2] x the
-  throughput delivered in the busy windows of the last 10 s. Saturation must be observable: with an
-  estimated capacity the in-flight window should be about a bandwidth-delay product, which is what the
-  scheduler picks when none is configured.
+  than 5% of the time, a 5xx/SlowDown rate over 0.1%, or a guard miss on the backend's own latency while
+  the guard has nothing left to cut) pushes ``busy_level`` up, an unbusy one (none of those above 75% of
+  their thresholds, and the capacity bucket itself was throttling) pushes it down, anything else resets it
+  (coast: nobody throttled means the capacity is unknown, do not drift). The estimate moves by the iocost
+  step for ``|busy_level|`` (0% for the first three windows, then 1%, 2%, 4%, 8%, 16%), never below what
+  the backend delivered in the *saturated* windows (in-flight window full) of the last second (demand was
+  above what the backend moved, so that is a measurement; when it holds the estimate the ladder stops
+  escalating), and stays within [0.5, 2] x the throughput delivered in the saturated windows of the last
+  10 s. A window busy only for an error or a slow read measures nothing: it may have carried a trickle.
+  The latency signal is the backend's (TTFB over its baseline), never the reads' wait in the gateway: a
+  lower estimate makes reads wait longer here, which must not lower it further. Saturation must be
+  observable: with an estimated capacity the in-flight window should be about a bandwidth-delay product,
+  which is what the scheduler picks when none is configured.
 - :class:`SlowdownCut` is botocore's CUBIC response to a 503: the lane's rate is cut to 0.7 x (at most once
   per window), grows back along a concave cubic that regains the pre-cut rate after 2 s, then probes beyond
   it along a convex one (``0.4 * t^3``, in fractions of capacity), so a lane cut to its floor by a storm is
@@ -119,6 +122,9 @@ class GuardVerdict:
     missed: bool
     changed: bool
     multiplier: float
+    # The miss holds on the backend's share alone (TTFB over the baseline, without the gateway wait): the
+    # store itself is slower, which is what the capacity estimator may act on.
+    backend_missed: bool = False
 
 
 class LatencyGuard:
@@ -135,6 +141,7 @@ class LatencyGuard:
         self._since = now
         self._n = 0
         self._missed = 0
+        self._backend_missed = 0
         self._high = 0
         self._max_extra_s = 0.0
         self._window_ttfb: list[float] = []
@@ -155,10 +162,13 @@ class LatencyGuard:
             self._window_ttfb.append(ttfb_s)
         self._min_ttfb_s = min(self._min_ttfb_s, ttfb_s)
         base = self.baseline_s if self.baseline_s is not None else self._min_ttfb_s
-        extra = wait_s + max(0.0, ttfb_s - base)
+        inflation = max(0.0, ttfb_s - base)
+        extra = wait_s + inflation
         self._n += 1
         if extra > self.self_p99_s + self.target_s:
             self._missed += 1
+            if inflation > self.self_p99_s + self.target_s:
+                self._backend_missed += 1
         if extra >= self.self_p99_s + GUARD_OK_FRACTION * self.target_s:
             self._high += 1
         self._max_extra_s = max(self._max_extra_s, extra)
@@ -167,7 +177,7 @@ class LatencyGuard:
 
     def _reset(self, now: float) -> None:
         self._since = now
-        self._n = self._missed = self._high = 0
+        self._n = self._missed = self._backend_missed = self._high = 0
         self._max_extra_s = 0.0
 
     def _update_self_p99(self, now: float, quiet: bool) -> None:
@@ -212,6 +222,7 @@ class LatencyGuard:
             return GuardVerdict(missed=False, changed=False, multiplier=self.multiplier)
         p99_over = missed >= max(n / 100.0, 1.0)
         if p99_over:
+            backend_missed = self._backend_missed >= max(n / 100.0, 1.0)
             self.last_p99_s = self._max_extra_s if n < 100 else None
             if read_share < GUARD_MIN_READ_SHARE:
                 self._reset(now)
@@ -223,7 +234,9 @@ class LatencyGuard:
                 self.multiplier = new
                 self.last_change_at = now
             self._reset(now)
-            return GuardVerdict(missed=True, changed=changed, multiplier=self.multiplier)
+            return GuardVerdict(
+                missed=True, changed=changed, multiplier=self.multiplier, backend_missed=backend_missed
+            )
         good = n >= GUARD_MIN_GOOD_SAMPLES and self._high <= n / 100.0
         if good and now - self.last_change_at >= 2 * self.window_s - EPSILON_S:
             changed = self.multiplier < 1.0
@@ -247,7 +260,7 @@ ESTIMATOR_UNBUSY_FRACTION = 0.75
 ESTIMATOR_THROTTLED = 0.05  # the capacity bucket held work back > 5% of the time
 ESTIMATOR_CLAMP_LOW = 0.5
 ESTIMATOR_CLAMP_HIGH = 2.0
-ESTIMATOR_HISTORY_S = 10.0  # busy windows' delivery kept this long for the [0.5, 2] clamp
+ESTIMATOR_HISTORY_S = 10.0  # saturated windows' delivery kept this long for the [0.5, 2] clamp
 ESTIMATOR_FLOOR_S = 1.0  # ... and this long for the floor under a decrease
 ESTIMATOR_FLOOR_MIN_WINDOWS = 3
 _LADDER_FIRST_STEP = 4  # the first |busy_level| with a non-zero step
@@ -261,7 +274,7 @@ class CapacityEstimator:
         self.capacity_bps = initial_bps
         self.window_s = window_s
         self.busy_level = 0
-        self._busy_delivered: deque[tuple[float, float]] = deque()  # (t, delivered bps) of busy windows
+        self._busy_delivered: deque[tuple[float, float]] = deque()  # (t, delivered bps), saturated windows
 
     def tick(
         self,
@@ -278,9 +291,8 @@ class CapacityEstimator:
         delivered_bps = delivered_bytes / w
         wait_frac = window_wait_s / w
         error_rate = errors / requests if requests else (1.0 if errors else 0.0)
-        busy = (
-            wait_frac > ESTIMATOR_WINDOW_WAIT_BUSY or error_rate > ESTIMATOR_ERROR_RATE_BUSY or guard_missed
-        )
+        saturated = wait_frac > ESTIMATOR_WINDOW_WAIT_BUSY
+        busy = saturated or error_rate > ESTIMATOR_ERROR_RATE_BUSY or guard_missed
         unbusy = (
             not busy
             and wait_frac <= ESTIMATOR_UNBUSY_FRACTION * ESTIMATOR_WINDOW_WAIT_BUSY
@@ -288,7 +300,10 @@ class CapacityEstimator:
             and throttled_s / w > ESTIMATOR_THROTTLED
         )
         q = self._busy_delivered
-        if busy and delivered_bytes > 0:
+        if saturated and delivered_bytes > 0:
+            # Only a full in-flight window makes the delivery a measurement: demand was above what the
+            # backend moved. A window that is busy for an error or a slow read may have carried a trickle
+            # (one such window delivering 240 KB/s clamped a 1 GB/s estimate to 1 MiB/s at once).
             q.append((now, delivered_bps))
         while q and q[0][0] < now - ESTIMATOR_HISTORY_S:
             q.popleft()

@@ -960,7 +960,9 @@ class Scheduler:
                 # (or a busy host), and a lower estimate would only throttle those reads against nobody (one
                 # such window at the start of a read burst, delivering little, capped the estimate at twice
                 # that for ten seconds: large GETs alone ran at half speed).
-                guard_missed=verdict.missed and self._guard.multiplier <= GUARD_M_MIN and paced_work,
+                # And only the backend's share of it (TTFB over the baseline): reads waiting here, behind a
+                # low estimate, would otherwise lower it further (fuzz runs sank to 1 MiB/s that way).
+                guard_missed=verdict.backend_missed and self._guard.multiplier <= GUARD_M_MIN and paced_work,
             )
         for ln in self._lanes:
             ln.slowdown.recover(t, self._ceiling_fraction(ln, t, slowdown=False))
