@@ -16,7 +16,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import aiohttp
@@ -114,8 +114,6 @@ _DROP_REQUEST = _HOP_BY_HOP | {
 _DROP_RESPONSE = _HOP_BY_HOP | {"content-length"}
 BACKEND_REQUEST_ID_HEADER = "x-s3lanes-backend-request-id"
 
-CTX_KEY = "s3lanes.ctx"
-
 
 @dataclass(frozen=True, slots=True)
 class RequestContext:
@@ -125,6 +123,15 @@ class RequestContext:
     auth: AuthInfo
     verified: Verified
     credential: Credential
+
+
+# Per-request storage: typed keys where aiohttp has them (it warns about plain strings from 3.13 on).
+if hasattr(web, "RequestKey"):
+    CTX_KEY: Any = web.RequestKey("s3lanes.ctx", RequestContext)
+    RID_KEY: Any = web.RequestKey("s3lanes.rid", str)
+else:  # pragma: no cover - older aiohttp
+    CTX_KEY = "s3lanes.ctx"
+    RID_KEY = "s3lanes.rid"
 
 
 def new_request_id() -> str:
@@ -201,22 +208,20 @@ class S3Proxy:
         verified = verify(
             view, auth, cred.secret_key, self._clock.wall(), max_skew_s=self._cfg.server.max_skew_s
         )
-        ctx = RequestContext(
-            request.get("s3lanes.rid") or new_request_id(), target, view, auth, verified, cred
-        )
+        ctx = RequestContext(request.get(RID_KEY) or new_request_id(), target, view, auth, verified, cred)
         request[CTX_KEY] = ctx
         return ctx
 
     async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
         """Answer ``Expect: 100-continue`` only once the signature checks out, else the final error."""
-        request["s3lanes.rid"] = new_request_id()
-        REQUEST_ID.set(request["s3lanes.rid"])
+        request[RID_KEY] = new_request_id()
+        REQUEST_ID.set(request[RID_KEY])
         if request.headers.get("Expect", "").lower() != "100-continue":
             return web.Response(status=417, text="Unsupported Expect value")
         try:
             self.authenticate(request)
         except S3Error as err:
-            return self.error_response(request, err, request["s3lanes.rid"])
+            return self.error_response(request, err, request[RID_KEY])
         if request.version == HttpVersion11:
             await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             request.writer.output_size = 0
@@ -225,8 +230,8 @@ class S3Proxy:
     # -- the handler ---------------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        rid = request.get("s3lanes.rid") or new_request_id()
-        request["s3lanes.rid"] = rid
+        rid = request.get(RID_KEY) or new_request_id()
+        request[RID_KEY] = rid
         REQUEST_ID.set(rid)
         try:
             ctx = self.authenticate(request)

@@ -81,6 +81,7 @@ UPLOAD_ID_PREFIX = "s3lanes-"
 KEY_CLEAR_TIMEOUT_S = 30.0
 BUCKET_CHECK_TTL_S = 30.0
 READ_CHUNK_BYTES = 1024 * 1024
+REROUTE_TRIES = 3  # see _Moved
 
 # Request headers kept with a spooled object and sent with its upload to the backend.
 _KEEP_HEADERS = frozenset(
@@ -127,6 +128,12 @@ _WRITE_THROUGH_ONLY = (
     "if-none-match",
 )
 _TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+class _Moved(Exception):
+    """The spooled entry a read or copy was routed to left the spool (drained and freed, or superseded and
+    freed) between the lookup and the opening of its files. Nothing has been read or written yet: the
+    request is routed again, to the key's newer entry, its tombstone or the backend, which has it now."""
 
 
 def upload_meta(headers: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -301,6 +308,20 @@ class SpoolFront:
     # -- routing ---------------------------------------------------------------------------------------------
 
     async def route(
+        self, request: web.Request, ctx: RequestContext, decision: Decision
+    ) -> web.StreamResponse | None:
+        """The spool's answer to the request, or None: the backend answers it (as proxied)."""
+        for _ in range(REROUTE_TRIES):
+            try:
+                return await self._route(request, ctx, decision)
+            except _Moved:
+                continue
+        raise SlowDown(
+            "The object is being moved from the gateway's spool to the store; retry.",
+            retry_after_s=self._cfg.spool.retry_after_s,
+        )
+
+    async def _route(
         self, request: web.Request, ctx: RequestContext, decision: Decision
     ) -> web.StreamResponse | None:
         target = ctx.target
@@ -590,7 +611,7 @@ class SpoolFront:
                     self._open_span, entry, plan.start, plan.length, release=_close_span
                 )
             except FileNotFoundError:
-                return None  # drained and freed meanwhile: the backend has it now
+                raise _Moved() from None
         try:
             resp = web.StreamResponse(status=plan.status)
             for name, value in plan.headers:
@@ -848,11 +869,14 @@ class SpoolFront:
         if tagging:
             meta.append(("x-amz-tagging", tagging))
         meta.sort()
-        files = (
-            await self.spool.run_read_io_owned(self._open_span, src, 0, src.size, release=_close_span)
-            if src.size
-            else []
-        )
+        try:
+            files = (
+                await self.spool.run_read_io_owned(self._open_span, src, 0, src.size, release=_close_span)
+                if src.size
+                else []
+            )
+        except FileNotFoundError:
+            raise _Moved() from None
         try:
             if self._spoolable(ctx, decision, bucket, key) and self._admit(src.size) is Admission.SPOOL:
                 try:
@@ -1037,13 +1061,16 @@ class SpoolFront:
             if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
             try:
-                files = (
-                    await self.spool.run_read_io_owned(
-                        self._open_span, src, plan.start, plan.length, release=_close_span
+                try:
+                    files = (
+                        await self.spool.run_read_io_owned(
+                            self._open_span, src, plan.start, plan.length, release=_close_span
+                        )
+                        if size
+                        else []
                     )
-                    if size
-                    else []
-                )
+                except FileNotFoundError:
+                    raise _Moved() from None
                 writer = self.spool.writer(size)
                 await writer.open()
                 try:
