@@ -161,8 +161,10 @@ class Drainer:
         lane_names: frozenset[str],
         default_lane: str = "checkpoint",
         zero_copy: bool = False,
+        in_doubt_hold_s: float = 60.0,
     ) -> None:
         self.zero_copy = zero_copy
+        self._in_doubt_hold_s = in_doubt_hold_s
         self._lane_names = lane_names
         self._spool = spool
         self._pools = pools
@@ -182,6 +184,7 @@ class Drainer:
             str, asyncio.Lock
         ] = {}  # one per drain upload intent (see _upload_multipart)
         self._abortable: set[int] = set()  # seqs whose upload may still be cut (see _cancel)
+        self._in_doubt: set[int] = set()  # seqs with a completing request out and no answer yet (_drain)
         self._closing = False
         self._last_age_warning = 0.0
         self._rng = random.Random()
@@ -227,6 +230,7 @@ class Drainer:
         """Whatever happened to the task (even a cancel before it ran), its key is not left blocked."""
         self._tasks.pop(entry.seq, None)
         self._abortable.discard(entry.seq)
+        self._in_doubt.discard(entry.seq)
         if entry.state is EntryState.UPLOADING:
             self._spool.after_drain(
                 self._spool.state.upload_failed(entry, self._clock.monotonic(), "cancelled")
@@ -388,6 +392,8 @@ class Drainer:
         try:
             await self._upload(entry)
         except Exception as exc:
+            if entry.seq in self._in_doubt:
+                await self._hold_in_doubt(entry, exc)
             if isinstance(exc, Superseded) or entry.superseded:
                 # Cut on purpose (the body stopped itself, which the HTTP client reports as a connection
                 # error), or failed after a newer write won: either way nothing to retry and no failure.
@@ -424,6 +430,23 @@ class Drainer:
                 applied = state.apply(done)
                 self._spool.forget_unjournaled(entry.bucket, entry.key, applied.garbage, entry.size)
                 self._spool.after_drain(Applied(removed=applied.removed))
+
+    async def _hold_in_doubt(self, entry: Entry, exc: Exception) -> None:
+        """A request that completes the object (the PUT's last byte, the multipart completion, the
+        tombstone's DELETE) went out and no answer came: the store may still apply it. The key stays
+        blocked (the entry is still uploading) for as long as an answer would have been waited for, so a
+        newer write of the key is not sent right behind a request that may yet land after it."""
+        self._in_doubt.discard(entry.seq)
+        log.warning(
+            "drain of %s/%s (entry %d): a request that completes the object went unanswered (%s); the key"
+            " stays blocked for %.0f s in case the store still applies it",
+            entry.bucket,
+            entry.key,
+            entry.seq,
+            exc,
+            self._in_doubt_hold_s,
+        )
+        await asyncio.sleep(self._in_doubt_hold_s)
 
     def _backoff(self, attempts: int) -> float:
         cap = min(self._cfg.retry_max_s, self._cfg.retry_base_s * (2 ** max(0, attempts - 1)))
@@ -469,6 +492,7 @@ class Drainer:
             except S3Error as exc:
                 dispatcher.observe_backend(lane, exc.status)
                 raise DrainError(f"{method} {target.raw_path}: {exc.code}: {exc.message}") from exc
+            self._in_doubt.discard(entry.seq)  # the store answered: whatever it did, it has done
             try:
                 dispatcher.observe_backend(lane, resp.status)
                 data = await resp.read()
@@ -496,6 +520,7 @@ class Drainer:
                 self._metrics.bytes.labels(lane, "up").inc(n)
                 if commits and sent >= size:
                     self._abortable.discard(entry.seq)
+                    self._in_doubt.add(entry.seq)
                 yield chunk
         finally:
             budget.close()
@@ -542,6 +567,7 @@ class Drainer:
                 self._stop_if_cut(entry)
                 if commits and offset + n >= size:
                     self._abortable.discard(entry.seq)
+                    self._in_doubt.add(entry.seq)
                 try:
                     await send_file(sock_fd, fd, offset, n, self._spool.run_read_io)
                 except SourceEnded:
@@ -557,6 +583,7 @@ class Drainer:
 
     async def _upload(self, entry: Entry) -> None:
         if entry.kind == "del":
+            self._in_doubt.add(entry.seq)
             status, data, _ = await self._request(entry, "DELETE", "", {})
             if status not in (200, 204, 404):
                 raise DrainError(f"DELETE answered {status}: {data[:300]!r}")
@@ -576,6 +603,7 @@ class Drainer:
             body: bytes | SpoolFileBody = SpoolFileBody(self, entry, entry.files[0], entry.size, commits=True)
         else:
             body = b""
+            self._in_doubt.add(entry.seq)
         status, data, resp_headers = await self._request(entry, "PUT", "", headers, body)
         if status != 200:
             raise DrainError(f"PUT answered {status}: {data[:300]!r}")
@@ -666,6 +694,7 @@ class Drainer:
                 for n, m in enumerate(entry.part_md5s, start=1)
             )
             body_xml = f"<CompleteMultipartUpload>{xml}</CompleteMultipartUpload>".encode()
+            self._in_doubt.add(entry.seq)
             status, data, _ = await self._request(
                 entry, "POST", f"uploadId={qid}", {"content-type": "application/xml"}, body_xml
             )

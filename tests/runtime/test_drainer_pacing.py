@@ -25,7 +25,14 @@ from gateway.config import SpoolConfig
 from gateway.core.spool_state import Entry
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import LaneDispatcher
-from gateway.runtime.drainer import READ_CHUNK_BYTES, Drainer, SpoolFileBody, Superseded, close_body
+from gateway.runtime.drainer import (
+    READ_CHUNK_BYTES,
+    Drainer,
+    DrainError,
+    SpoolFileBody,
+    Superseded,
+    close_body,
+)
 from gateway.runtime.spool import Spool
 from tests.runtime.test_dispatcher import LANES, make_dispatcher
 from tests.runtime.test_spool_shell import opened, put
@@ -45,7 +52,12 @@ class OnePool:
 
 
 def _drainer(
-    spool: Spool, dispatcher: LaneDispatcher, chunk_bytes: int = MiB, *, zero_copy: bool = False
+    spool: Spool,
+    dispatcher: LaneDispatcher,
+    chunk_bytes: int = MiB,
+    *,
+    zero_copy: bool = False,
+    in_doubt_hold_s: float = 60.0,
 ) -> Drainer:
     return Drainer(
         spool,
@@ -58,6 +70,7 @@ def _drainer(
         request_cost_bytes=0,
         lane_names=frozenset(LANES),
         zero_copy=zero_copy,
+        in_doubt_hold_s=in_doubt_hold_s,
     )
 
 
@@ -332,6 +345,7 @@ async def test_a_copied_put_body_never_hands_over_its_last_piece_once_superseded
         await _superseded(spool, entry)
         with pytest.raises(Superseded):
             await body.__anext__()
+        assert entry.seq not in drainer._in_doubt  # cut short: the store cannot apply it
         # Once the last piece is handed over the upload is no longer cut: the store will apply it, and
         # the key stays blocked until it answers.
         entry2 = await _spooled(spool, 777)
@@ -340,6 +354,7 @@ async def test_a_copied_put_body_never_hands_over_its_last_piece_once_superseded
         body2 = drainer._file_body(entry2, entry2.files[0], entry2.size, commits=True)
         assert len(await body2.__anext__()) == 777
         assert entry2.seq not in drainer._abortable
+        assert entry2.seq in drainer._in_doubt  # out whole, no answer yet
         await close_body(body2)
     finally:
         dispatcher.close()
@@ -379,5 +394,52 @@ async def test_a_sendfile_put_body_never_sends_its_last_piece_once_superseded(tm
     finally:
         a.close()
         b.close()
+        dispatcher.close()
+        await spool.close()
+
+
+@pytest.mark.parametrize("in_doubt", [True, False], ids=["unanswered", "answered-or-never-sent"])
+async def test_an_unanswered_completing_request_keeps_the_key_blocked_before_a_newer_write_drains(
+    tmp_path: Path, in_doubt: bool
+) -> None:
+    """A drain whose completing request went out whole and got no answer may still be applied by the store:
+    a DELETE acknowledged meanwhile must not be sent until the hold is over. A failure the store answered
+    (or a request that never went out whole) releases the key at once."""
+    spool = await opened(tmp_path)
+    dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=MiB)
+    hold_s = 0.5
+    try:
+        entry = await _spooled(spool, 1000)
+        drainer = _drainer(spool, dispatcher, in_doubt_hold_s=hold_s)
+
+        loop = asyncio.get_running_loop()
+        failed_at: list[float] = []
+
+        async def upload(e: Entry) -> None:
+            await asyncio.sleep(0.2)  # on the wire when the DELETE comes
+            failed_at.append(loop.time())
+            if in_doubt:
+                drainer._in_doubt.add(e.seq)  # the last byte went out ...
+            raise DrainError("connection reset by the store")  # ... and no answer came
+
+        drainer._upload = upload  # type: ignore[method-assign]
+        spool.state.start_upload(entry)
+        task = asyncio.create_task(drainer._drain(entry))
+        await asyncio.sleep(0.05)
+        await _superseded(spool, entry)  # a DELETE of the key is acknowledged
+        tombstone = spool.state.lookup("b", "k")
+        assert tombstone is not None and tombstone.kind == "del"
+        started = loop.time()
+        while tombstone not in spool.state.drainable(loop.time(), 10):
+            assert loop.time() - started < 5 * hold_s, "the key was never released"
+            await asyncio.sleep(0.01)
+        released_after = loop.time() - failed_at[0]
+        await task
+        if in_doubt:
+            assert released_after >= hold_s - 0.1
+        else:
+            assert released_after < 0.1
+        assert entry.seq not in spool.state.entries  # the superseded entry is gone either way
+    finally:
         dispatcher.close()
         await spool.close()
