@@ -128,6 +128,7 @@ class Options:
     phase_timeout_s: float
     py_spy_dir: Path | None
     gateway_toml: Path | None
+    gateway_cpus: frozenset[int] | None = None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -162,8 +163,26 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="TOML appended to the gateway's generated config (e.g. a [scheduler] or [lanes] section); "
         "the generated one sets [server], [backend] endpoint and region, and one [[credentials]]",
     )
+    p.add_argument(
+        "--gateway-cpus",
+        help="give the gateway CPUs of its own, e.g. '1': the gateway's threads run on these CPUs, "
+        "SeaweedFS and the benchmark client on the others, on both sides alike (models a node where the "
+        "store's CPU is not the gateway's; default: everything shares every CPU)",
+    )
     a = p.parse_args(argv)
     q = a.quick
+    gateway_cpus: frozenset[int] | None = None
+    if a.gateway_cpus is not None:
+        try:
+            gateway_cpus = frozenset(int(c) for c in a.gateway_cpus.split(",") if c.strip())
+        except ValueError:
+            p.error(f"--gateway-cpus: a comma-separated list of CPU numbers, not {a.gateway_cpus!r}")
+        usable = os.sched_getaffinity(0)
+        if not gateway_cpus or not gateway_cpus < usable:
+            p.error(
+                f"--gateway-cpus: must name some, not all, of the usable CPUs {sorted(usable)}, "
+                f"got {sorted(gateway_cpus)}"
+            )
 
     def pick(value: int | None, full: int, quick: int) -> int:
         chosen = value if value is not None else (quick if q else full)
@@ -187,11 +206,21 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         phase_timeout_s=a.phase_timeout_s,
         py_spy_dir=a.py_spy_dir,
         gateway_toml=a.gateway_toml,
+        gateway_cpus=gateway_cpus,
     )
 
 
 # --------------------------------------------------------------------------------------------------------
 # Processes: CPU and memory from /proc
+
+
+def pin_process(pid: int, cpus: frozenset[int]) -> int:
+    """Pin every thread of a process to ``cpus`` (threads it starts later inherit it); the thread count."""
+    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cpus)
+    return len(tids)
 
 
 def cpu_user_sys_seconds(pid: int) -> tuple[float, float]:
@@ -1329,7 +1358,9 @@ def report(res: Results, s: dict[str, Any]) -> str:
         "| baseline | |",
         f"| gateway CPU per small GET | | {sm['gateway_cpu_us_per_request']:.0f} us | | baseline | |",
         "",
-        f"Where the CPU goes, s per GB (median over rounds; {len(os.sched_getaffinity(0))} cores for all):",
+        "Where the CPU goes, s per GB (median over rounds; "
+        + (res.facts.get("CPU pinning") or f"{os.cpu_count()} cores for all")
+        + "):",
         "",
         "| phase | side | client | SeaweedFS | gateway | total | other processes, cores busy |",
         "|---|---|---|---|---|---|---|",
@@ -1396,6 +1427,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         stack.weed.start()
         stack.direct = Endpoint.from_url(stack.weed.endpoint_url)
         start_gateway(stack, opts.gateway_toml.read_text() if opts.gateway_toml else "")
+        if opts.gateway_cpus is not None:
+            rest = frozenset(os.sched_getaffinity(0)) - opts.gateway_cpus
+            pin_process(stack.gateway_pid, opts.gateway_cpus)
+            pin_process(stack.weed.pid or 0, rest)
+            pin_process(os.getpid(), rest)
+            results.facts["CPU pinning"] = (
+                f"gateway on CPUs {sorted(opts.gateway_cpus)}; SeaweedFS and the benchmark client on "
+                f"{sorted(rest)} (both sides)"
+            )
         print(
             f"SeaweedFS pid {stack.weed.pid} at {stack.weed.endpoint_url}; gateway pid {stack.gateway_pid} "
             f"at http://{stack.via_gateway.netloc}",
