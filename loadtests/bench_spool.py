@@ -51,8 +51,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import mmap
@@ -166,6 +168,7 @@ class Options:
     only: frozenset[str]
     command: str
     from_json: Path | None = None
+    content_md5: bool = False
 
 
 PHASES = ("ack", "latency", "drain", "checkpoint")
@@ -195,6 +198,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--trickle", default="5MB/s", help="[backend] bandwidth of the trickling gateway (5MB/s)")
     p.add_argument("--phase-timeout-s", type=float, default=900.0, help="hard limit per measurement (900)")
     p.add_argument("--only", help=f"run only these phases, comma-separated ({','.join(PHASES)})")
+    p.add_argument(
+        "--content-md5",
+        action="store_true",
+        help="the ack phase's PUTs carry Content-MD5, as rclone and minio send it (the gateway verifies it; "
+        "computed before each round's clock starts)",
+    )
     p.add_argument(
         "--from-json",
         type=Path,
@@ -241,6 +250,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         only=only,
         command=cmd,
         from_json=a.from_json,
+        content_md5=a.content_md5,
     )
 
 
@@ -260,6 +270,15 @@ def chunks(size_bytes: int, seed: int) -> Iterator[memoryview]:
         yield _BLOCK[off : off + n]
         sent += n
         i += 1
+
+
+@functools.lru_cache(maxsize=64)
+def body_md5_b64(size_bytes: int, seed: int) -> str:
+    """Content-MD5 of the body :func:`chunks` makes for (size, seed); bodies repeat, so it is cached."""
+    h = hashlib.md5(usedforsecurity=False)
+    for piece in chunks(size_bytes, seed):
+        h.update(piece)
+    return base64.b64encode(h.digest()).decode("ascii")
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -699,13 +718,23 @@ class Bench:
         reply = await self.client.call(ep, "PUT", path, headers, chunks(size, seed))
         expect(reply, 200, f"PUT {key} via {ep.netloc}")
 
-    async def put_all(self, ep: Endpoint, prefix: str, n_objects: int, size: int, writers: int) -> None:
-        """``n_objects`` of ``size`` under ``prefix`` by ``writers`` concurrent clients, each sequential."""
+    async def put_all(
+        self,
+        ep: Endpoint,
+        prefix: str,
+        n_objects: int,
+        size: int,
+        writers: int,
+        content_md5: list[str] | None = None,
+    ) -> None:
+        """``n_objects`` of ``size`` under ``prefix`` by ``writers`` concurrent clients, each sequential;
+        ``content_md5``: each object's Content-MD5 (:func:`body_md5_b64`), sent with it."""
         keys = [f"{prefix}/obj-{j:05d}" for j in range(n_objects)]
 
         async def writer(w: int) -> None:
             for j in range(w, n_objects, writers):
-                await self.put(ep, keys[j], size, j)
+                extra = {"content-md5": content_md5[j]} if content_md5 is not None else None
+                await self.put(ep, keys[j], size, j, extra)
 
         await run_all(writer(w) for w in range(min(writers, n_objects)))
 
@@ -817,6 +846,8 @@ class Bench:
         total = o.ack_mib * MIB
         direct_ok = bool((await self.spool_status(gw)).get("direct_io"))
         self.results.facts["spool data files"] = "O_DIRECT" if direct_ok else "page cache"
+        if o.content_md5:
+            self.results.facts["ack phase PUTs"] = "with Content-MD5 (verified by the gateway before the ack)"
         variants = (*disk_variants(o.clients, direct_ok), "spool-ack")
         for size_mib in o.sizes_mib:
             size = size_mib * MIB
@@ -826,10 +857,13 @@ class Bench:
                 meter = self.meter()
                 # Timed part only; the unlinks of the disk rounds happen after the clock stops.
                 if variant == "spool-ack":
+                    md5s = [body_md5_b64(size, j) for j in range(n)] if o.content_md5 else None
                     before = (await self.spool_status(gw))["acked_bytes_total"]
                     meter.start()
                     t0 = time.perf_counter()
-                    await self.bounded(phase, self.put_all(gw.endpoint, f"{phase}/r{i}", n, size, o.clients))
+                    await self.bounded(
+                        phase, self.put_all(gw.endpoint, f"{phase}/r{i}", n, size, o.clients, md5s)
+                    )
                     seconds = time.perf_counter() - t0
                     cpu = meter.stop()
                     spool = await self.spool_status(gw)

@@ -65,6 +65,12 @@ class UploadBody:
             self._held = piece
         return out
 
+    def take_md5_check(self) -> str | None:
+        """The ``Content-MD5`` check handed to a caller that hashes the body itself (see
+        :meth:`BodyVerifier.take_md5_check`): its expected value, or None. Only before the first
+        :meth:`feed`."""
+        return self._verifier.take_md5_check()
+
     def finish(self) -> bytes:
         """At the end of the raw body: verify everything; return the held-back tail to forward last."""
         self._finished = True

@@ -157,6 +157,17 @@ def _valid_b64_digest(value: str, algorithm: str) -> bool:
     return len(raw) == DIGEST_BYTES[algorithm]
 
 
+def check_content_md5(expected_b64: str, digest: bytes) -> None:
+    """``BadDigest`` unless ``digest`` (the 16 bytes of the body's MD5) is what ``Content-MD5`` said."""
+    computed = base64.b64encode(digest).decode("ascii")
+    if computed != expected_b64:
+        raise BadDigest(
+            "The Content-MD5 you specified did not match what we received.",
+            ExpectedDigest=expected_b64,
+            CalculatedDigest=computed,
+        )
+
+
 class BodyVerifier:
     """Feeds on the decoded payload; at the end checks everything the request promised about it.
 
@@ -204,6 +215,7 @@ class BodyVerifier:
         verifies_checksum = checksum_b64 is not None or self._checksum_in_trailer
         self._checksum = new_checksum(algorithm) if algorithm is not None and verifies_checksum else None
         self._verified_checksum: tuple[str, str] | None = None
+        self._fed = False
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], payload_hash: str) -> BodyVerifier:
@@ -280,7 +292,18 @@ class BodyVerifier:
         """After a successful :meth:`finish`: ``(header name, base64 value)`` of the checksum checked."""
         return self._verified_checksum
 
+    def take_md5_check(self) -> str | None:
+        """For a caller that computes the body's MD5 anyway (the spool does, for the ETag): stop hashing
+        for ``Content-MD5`` here and return its expected value (None if the request sent none), which the
+        caller must check with :func:`check_content_md5` before it acknowledges anything. Only before the
+        first :meth:`update`."""
+        if self._fed:
+            raise AssertionError("take_md5_check() after the body started")
+        expected, self._md5_expected, self._md5 = self._md5_expected, None, None
+        return expected
+
     def update(self, data: bytes) -> None:
+        self._fed = True
         if self._sha256 is not None:
             self._sha256.update(data)
         if self._md5 is not None:
@@ -297,13 +320,7 @@ class BodyVerifier:
                     ClientComputedContentSHA256=self._sha256_expected, S3ComputedContentSHA256=computed
                 )
         if self._md5 is not None and self._md5_expected is not None:
-            computed_md5 = base64.b64encode(self._md5.digest()).decode("ascii")
-            if computed_md5 != self._md5_expected:
-                raise BadDigest(
-                    "The Content-MD5 you specified did not match what we received.",
-                    ExpectedDigest=self._md5_expected,
-                    CalculatedDigest=computed_md5,
-                )
+            check_content_md5(self._md5_expected, self._md5.digest())
         if self._checksum is None or self._algorithm is None:
             return
         name = header_for(self._algorithm)

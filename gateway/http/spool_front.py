@@ -32,6 +32,7 @@ from aiohttp import web
 from gateway.clock import Clock
 from gateway.config import Config, Credential
 from gateway.core.body import UploadBody
+from gateway.core.checksums import check_content_md5
 from gateway.core.classify import Decision
 from gateway.core.listing import (
     ListEntry,
@@ -528,7 +529,11 @@ class SpoolFront:
     async def _write_body(
         self, request: web.Request, upload: UploadBody | None, writer: SpoolFileWriter
     ) -> str:
-        """Stream the decoded, verified request body into a spool file; return its MD5. Discards on error."""
+        """Stream the decoded, verified request body into a spool file; return its MD5. Discards on error.
+
+        The writer hashes every byte with MD5 for the ETag, so a ``Content-MD5`` is checked against that
+        hash, not against a second one computed on the event loop."""
+        expected_md5 = upload.take_md5_check() if upload is not None else None
         await writer.open()
         try:
             if upload is not None:
@@ -549,7 +554,10 @@ class SpoolFront:
                 tail = upload.finish()
                 if tail:
                     await writer.write(tail)
-            return await writer.finish()
+            md5 = await writer.finish()
+            if expected_md5 is not None:
+                check_content_md5(expected_md5, bytes.fromhex(md5))
+            return md5
         except BaseException:
             await writer.discard()
             raise

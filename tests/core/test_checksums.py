@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.checksums import ALGORITHMS, BodyVerifier, header_for, new_checksum
+from gateway.core.checksums import ALGORITHMS, BodyVerifier, check_content_md5, header_for, new_checksum
 from gateway.core.sigv4 import STREAMING_SIGNED, STREAMING_UNSIGNED_TRAILER, UNSIGNED_PAYLOAD
 from gateway.errors import (
     BadDigest,
@@ -152,6 +152,30 @@ def test_content_md5_is_checked() -> None:
     with pytest.raises(BadDigest) as caught:
         verified(BodyVerifier.from_headers({"content-md5": md5_b64(b"other")}, UNSIGNED_PAYLOAD), BODY)
     assert caught.value.message == "The Content-MD5 you specified did not match what we received."
+
+
+def test_a_taken_md5_check_is_the_callers_and_the_rest_is_still_verified() -> None:
+    crc = base64.b64encode(zlib.crc32(BODY).to_bytes(4, "big")).decode()
+    headers = {"content-md5": md5_b64(b"other"), "x-amz-checksum-crc32": crc}
+    verifier = BodyVerifier.from_headers(headers, UNSIGNED_PAYLOAD)
+    assert verifier.take_md5_check() == md5_b64(b"other")
+    verified(verifier, BODY)  # the wrong Content-MD5 is no longer this verifier's to check ...
+    with pytest.raises(BadDigest) as caught:  # ... but the caller's, with the digest it computed
+        check_content_md5(md5_b64(b"other"), hashlib.md5(BODY).digest())
+    assert caught.value.extra == {"ExpectedDigest": md5_b64(b"other"), "CalculatedDigest": md5_b64(BODY)}
+    check_content_md5(md5_b64(BODY), hashlib.md5(BODY).digest())
+    # The other promises stay: a wrong CRC32 still fails here.
+    wrong = base64.b64encode((zlib.crc32(BODY) ^ 1).to_bytes(4, "big")).decode()
+    bad_crc = BodyVerifier.from_headers({**headers, "x-amz-checksum-crc32": wrong}, UNSIGNED_PAYLOAD)
+    bad_crc.take_md5_check()
+    with pytest.raises(BadDigest):
+        verified(bad_crc, BODY)
+    # No Content-MD5: nothing to take; and taking it once the body started is a bug.
+    assert BodyVerifier.from_headers({}, UNSIGNED_PAYLOAD).take_md5_check() is None
+    started = BodyVerifier.from_headers({"content-md5": md5_b64(BODY)}, UNSIGNED_PAYLOAD)
+    started.update(BODY[:10])
+    with pytest.raises(AssertionError):
+        started.take_md5_check()
 
 
 @pytest.mark.parametrize("value", ["", "not base64!", "AAAA", base64.b64encode(b"x" * 17).decode(), "ü"])

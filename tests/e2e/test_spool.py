@@ -16,6 +16,7 @@ pass vacuously. Every test drains its bucket before the bucket is deleted (fixtu
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -379,6 +380,64 @@ def test_multipart_upload_is_readable_at_once_and_the_backend_etag_equals_the_ac
     assert stored["ContentType"] == "application/x-model"
     assert stored["Metadata"] == {"shard": "0"}
     assert backend.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def b64_md5(data: bytes) -> str:
+    return base64.b64encode(hashlib.md5(data).digest()).decode()
+
+
+def test_content_md5_is_checked_by_the_spool_before_the_ack_and_a_wrong_one_leaves_nothing(
+    slow: PlainGateway, backend: Any, bucket: str
+) -> None:
+    """rclone and minio send Content-MD5 on PutObject and UploadPart. The spool checks it against the MD5
+    it computes for the ETag: right, acknowledged from the spool; wrong, 400 BadDigest and nothing kept."""
+    s3 = slow.gw.client()
+    data = os.urandom(2 * MiB + 5)
+    good = s3.put_object(Bucket=bucket, Key="ckpt/md5/good.bin", Body=data, ContentMD5=b64_md5(data))
+    assert source(good) == "spool"
+    assert good["ETag"] == md5_etag(data)
+
+    def files() -> set[str]:
+        return {f.name for f in slow.spool_data.iterdir()}
+
+    before = files()
+    with pytest.raises(ClientError) as caught:
+        s3.put_object(Bucket=bucket, Key="ckpt/md5/bad.bin", Body=data, ContentMD5=b64_md5(data[:-1]))
+    assert client_error(caught.value) == ("BadDigest", 400)
+    assert caught.value.response["Error"]["ExpectedDigest"] == b64_md5(data[:-1])
+    assert caught.value.response["Error"]["CalculatedDigest"] == b64_md5(data)
+    assert files() <= before, "the refused body left a spool file"
+    with pytest.raises(ClientError) as missing:
+        s3.head_object(Bucket=bucket, Key="ckpt/md5/bad.bin")
+    assert client_error(missing.value)[1] == 404
+
+    # A part: a wrong Content-MD5 is refused and the upload has no such part; the right one is taken.
+    key = "ckpt/md5/parts.bin"
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    part = os.urandom(5 * MiB)
+    before = files()
+    with pytest.raises(ClientError) as bad_part:
+        s3.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1, Body=part, ContentMD5=b64_md5(b"x")
+        )
+    assert client_error(bad_part.value) == ("BadDigest", 400)
+    assert files() <= before, "the refused part left a spool file"
+    assert s3.list_parts(Bucket=bucket, Key=key, UploadId=upload_id).get("Parts", []) == []
+    ok = s3.upload_part(
+        Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1, Body=part, ContentMD5=b64_md5(part)
+    )
+    assert ok["ETag"] == md5_etag(part)
+    s3.complete_multipart_upload(
+        Bucket=bucket,
+        Key=key,
+        UploadId=upload_id,
+        MultipartUpload={"Parts": [{"PartNumber": 1, "ETag": ok["ETag"]}]},
+    )
+
+    slow.gw.flush(bucket)
+    assert backend.get_object(Bucket=bucket, Key="ckpt/md5/good.bin")["Body"].read() == data
+    assert backend.get_object(Bucket=bucket, Key=key)["Body"].read() == part
+    assert not object_exists(backend, bucket, "ckpt/md5/bad.bin")
 
 
 def test_put_over_https_with_aws_chunked_body_is_spooled_byte_exact(
