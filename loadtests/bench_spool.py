@@ -68,6 +68,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -169,6 +170,7 @@ class Options:
     command: str
     from_json: Path | None = None
     content_md5: bool = False
+    signed_payload: bool = False
 
 
 PHASES = ("ack", "latency", "drain", "checkpoint")
@@ -203,6 +205,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         action="store_true",
         help="the ack phase's PUTs carry Content-MD5, as rclone and minio send it (the gateway verifies it; "
         "computed before each round's clock starts)",
+    )
+    p.add_argument(
+        "--signed-payload",
+        action="store_true",
+        help="the ack phase's PUTs are signed with their body's SHA-256 and carry x-amz-checksum-crc32, as "
+        "boto3, the aws cli and s3fs send them over plain HTTP (computed before each round's clock starts)",
     )
     p.add_argument(
         "--from-json",
@@ -251,6 +259,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         command=cmd,
         from_json=a.from_json,
         content_md5=a.content_md5,
+        signed_payload=a.signed_payload,
     )
 
 
@@ -273,12 +282,27 @@ def chunks(size_bytes: int, seed: int) -> Iterator[memoryview]:
 
 
 @functools.lru_cache(maxsize=64)
-def body_md5_b64(size_bytes: int, seed: int) -> str:
-    """Content-MD5 of the body :func:`chunks` makes for (size, seed); bodies repeat, so it is cached."""
-    h = hashlib.md5(usedforsecurity=False)
+def body_promises(size_bytes: int, seed: int, content_md5: bool, signed: bool) -> tuple[str, dict[str, str]]:
+    """(payload hash, headers) promising what the body :func:`chunks` makes for (size, seed) is: its
+    Content-MD5 (as rclone and minio send), and/or its signed SHA-256 with x-amz-checksum-crc32 (as boto3
+    sends over plain HTTP). Bodies repeat, so it is cached."""
+    md5 = hashlib.md5(usedforsecurity=False) if content_md5 else None
+    sha = hashlib.sha256() if signed else None
+    crc = 0
     for piece in chunks(size_bytes, seed):
-        h.update(piece)
-    return base64.b64encode(h.digest()).decode("ascii")
+        if md5 is not None:
+            md5.update(piece)
+        if sha is not None:
+            sha.update(piece)
+            crc = zlib.crc32(piece, crc)
+    headers: dict[str, str] = {}
+    if md5 is not None:
+        headers["content-md5"] = base64.b64encode(md5.digest()).decode("ascii")
+    if sha is None:
+        return UNSIGNED_PAYLOAD, headers
+    headers["x-amz-checksum-crc32"] = base64.b64encode(crc.to_bytes(4, "big")).decode("ascii")
+    headers["x-amz-sdk-checksum-algorithm"] = "CRC32"
+    return sha.hexdigest(), headers
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -704,17 +728,23 @@ class Bench:
     # -- requests --------------------------------------------------------------------------------------------
 
     def _put_head(
-        self, ep: Endpoint, key: str, size: int, extra: dict[str, str] | None
+        self, ep: Endpoint, key: str, size: int, extra: dict[str, str] | None, payload_hash: str
     ) -> tuple[str, dict[str, str]]:
         path = f"/{BUCKET}/{quote(key, safe='/')}"
-        headers = signed_head(ep, "PUT", path, UNSIGNED_PAYLOAD, extra)
+        headers = signed_head(ep, "PUT", path, payload_hash, extra)
         headers["content-length"] = str(size)
         return path, headers
 
     async def put(
-        self, ep: Endpoint, key: str, size: int, seed: int, extra: dict[str, str] | None = None
+        self,
+        ep: Endpoint,
+        key: str,
+        size: int,
+        seed: int,
+        extra: dict[str, str] | None = None,
+        payload_hash: str = UNSIGNED_PAYLOAD,
     ) -> None:
-        path, headers = self._put_head(ep, key, size, extra)
+        path, headers = self._put_head(ep, key, size, extra, payload_hash)
         reply = await self.client.call(ep, "PUT", path, headers, chunks(size, seed))
         expect(reply, 200, f"PUT {key} via {ep.netloc}")
 
@@ -725,16 +755,19 @@ class Bench:
         n_objects: int,
         size: int,
         writers: int,
-        content_md5: list[str] | None = None,
+        promises: list[tuple[str, dict[str, str]]] | None = None,
     ) -> None:
         """``n_objects`` of ``size`` under ``prefix`` by ``writers`` concurrent clients, each sequential;
-        ``content_md5``: each object's Content-MD5 (:func:`body_md5_b64`), sent with it."""
+        ``promises``: each object's payload hash and headers (:func:`body_promises`)."""
         keys = [f"{prefix}/obj-{j:05d}" for j in range(n_objects)]
 
         async def writer(w: int) -> None:
             for j in range(w, n_objects, writers):
-                extra = {"content-md5": content_md5[j]} if content_md5 is not None else None
-                await self.put(ep, keys[j], size, j, extra)
+                if promises is None:
+                    await self.put(ep, keys[j], size, j)
+                else:
+                    payload_hash, extra = promises[j]
+                    await self.put(ep, keys[j], size, j, extra, payload_hash)
 
         await run_all(writer(w) for w in range(min(writers, n_objects)))
 
@@ -846,8 +879,15 @@ class Bench:
         total = o.ack_mib * MIB
         direct_ok = bool((await self.spool_status(gw)).get("direct_io"))
         self.results.facts["spool data files"] = "O_DIRECT" if direct_ok else "page cache"
-        if o.content_md5:
-            self.results.facts["ack phase PUTs"] = "with Content-MD5 (verified by the gateway before the ack)"
+        if o.content_md5 or o.signed_payload:
+            what = [
+                w
+                for w, on in (("Content-MD5", o.content_md5), ("signed SHA-256 + CRC32", o.signed_payload))
+                if on
+            ]
+            self.results.facts["ack phase PUTs"] = (
+                f"with {' and '.join(what)} (verified by the gateway before the ack)"
+            )
         variants = (*disk_variants(o.clients, direct_ok), "spool-ack")
         for size_mib in o.sizes_mib:
             size = size_mib * MIB
@@ -857,12 +897,16 @@ class Bench:
                 meter = self.meter()
                 # Timed part only; the unlinks of the disk rounds happen after the clock stops.
                 if variant == "spool-ack":
-                    md5s = [body_md5_b64(size, j) for j in range(n)] if o.content_md5 else None
+                    promises = (
+                        [body_promises(size, j, o.content_md5, o.signed_payload) for j in range(n)]
+                        if o.content_md5 or o.signed_payload
+                        else None
+                    )
                     before = (await self.spool_status(gw))["acked_bytes_total"]
                     meter.start()
                     t0 = time.perf_counter()
                     await self.bounded(
-                        phase, self.put_all(gw.endpoint, f"{phase}/r{i}", n, size, o.clients, md5s)
+                        phase, self.put_all(gw.endpoint, f"{phase}/r{i}", n, size, o.clients, promises)
                     )
                     seconds = time.perf_counter() - t0
                     cpu = meter.stop()
@@ -965,7 +1009,7 @@ class Bench:
                 ep, extra, flush_gw = targets[variant]
                 prefix = f"lat/{variant.replace(' ', '_').replace(',', '')}/r{i}"
                 for j in range(per_round):
-                    path, headers = self._put_head(ep, f"{prefix}/{j:05d}", size, extra)
+                    path, headers = self._put_head(ep, f"{prefix}/{j:05d}", size, extra, UNSIGNED_PAYLOAD)
                     body = chunks(size, j)
                     t0 = time.perf_counter_ns()
                     reply = await self.client.call(ep, "PUT", path, headers, body)

@@ -14,6 +14,8 @@ which is why the shell reads small bodies whole and sends them only after ``fini
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.core.checksums import BodyVerifier
 from gateway.core.chunked import AwsChunkedDecoder
 from gateway.errors import IncompleteBody
@@ -22,7 +24,16 @@ from gateway.errors import IncompleteBody
 class UploadBody:
     """Feed it the raw request body; it hands back decoded bytes that are safe to forward."""
 
-    __slots__ = ("_decoder", "_expected_bytes", "_finished", "_held", "_seen_bytes", "_verifier")
+    __slots__ = (
+        "_decoder",
+        "_delegated",
+        "_expected_bytes",
+        "_finished",
+        "_held",
+        "_seen_bytes",
+        "_trailers",
+        "_verifier",
+    )
 
     def __init__(
         self,
@@ -37,6 +48,8 @@ class UploadBody:
         self._held: bytes = b""
         self._seen_bytes = 0
         self._finished = False
+        self._delegated = False
+        self._trailers: dict[str, str] = {}
 
     @property
     def expected_bytes(self) -> int:
@@ -65,6 +78,21 @@ class UploadBody:
             self._held = piece
         return out
 
+    def delegate_hashing(self) -> list[Any]:
+        """The verifier's hash objects, for a caller that feeds them itself, off the event loop (see
+        :meth:`BodyVerifier.delegate_hashing`). :meth:`finish` then checks the length and the trailers but
+        verifies nothing: the caller calls :meth:`verify` once it has fed every byte. Only before the first
+        :meth:`feed`."""
+        hashers = self._verifier.delegate_hashing()
+        self._delegated = True
+        return hashers
+
+    def verify(self) -> None:
+        """After :meth:`finish`, with hashing delegated: check everything the request promised."""
+        if not self._finished or not self._delegated:
+            raise AssertionError("verify() is for a delegated body, after finish()")
+        self._verifier.finish(self._trailers)
+
     def take_md5_check(self) -> str | None:
         """The ``Content-MD5`` check handed to a caller that hashes the body itself (see
         :meth:`BodyVerifier.take_md5_check`): its expected value, or None. Only before the first
@@ -77,6 +105,9 @@ class UploadBody:
         trailers = self._decoder.finish() if self._decoder is not None else {}
         if self._seen_bytes != self._expected_bytes:
             raise IncompleteBody(f"Received {self._seen_bytes} of the {self._expected_bytes} declared bytes.")
-        self._verifier.finish(trailers)
+        if self._delegated:
+            self._trailers = dict(trailers)
+        else:
+            self._verifier.finish(trailers)
         held, self._held = self._held, b""
         return held

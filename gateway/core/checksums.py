@@ -28,6 +28,7 @@ import hashlib
 import re
 import zlib
 from collections.abc import Mapping
+from typing import Any
 
 from awscrt import checksums as crt_checksums
 
@@ -216,6 +217,7 @@ class BodyVerifier:
         self._checksum = new_checksum(algorithm) if algorithm is not None and verifies_checksum else None
         self._verified_checksum: tuple[str, str] | None = None
         self._fed = False
+        self._delegated = False
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], payload_hash: str) -> BodyVerifier:
@@ -302,8 +304,21 @@ class BodyVerifier:
         expected, self._md5_expected, self._md5 = self._md5_expected, None, None
         return expected
 
+    def delegate_hashing(self) -> list[Any]:
+        """For a caller that hashes the body on a thread of its own (the spool, with its MD5 for the ETag,
+        as it writes): the hash objects this verifier needs fed (SHA-256, MD5, checksum), in no particular
+        order. From now on :meth:`update` leaves them alone; the caller feeds each of them every byte of the
+        body, in order, and calls :meth:`finish` only after the last one, which then checks them as usual.
+        Only before the first :meth:`update`."""
+        if self._fed:
+            raise AssertionError("delegate_hashing() after the body started")
+        self._delegated = True
+        return [h for h in (self._sha256, self._md5, self._checksum) if h is not None]
+
     def update(self, data: bytes) -> None:
         self._fed = True
+        if self._delegated:
+            return
         if self._sha256 is not None:
             self._sha256.update(data)
         if self._md5 is not None:

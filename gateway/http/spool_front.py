@@ -532,8 +532,12 @@ class SpoolFront:
         """Stream the decoded, verified request body into a spool file; return its MD5. Discards on error.
 
         The writer hashes every byte with MD5 for the ETag, so a ``Content-MD5`` is checked against that
-        hash, not against a second one computed on the event loop."""
+        hash, not against a second one computed on the event loop; the request's other promises (a signed
+        payload's SHA-256, an ``x-amz-checksum-*``) are hashed by the writer too, on its I/O thread with the
+        MD5, and checked once it has written the last byte, before anything is acknowledged."""
         expected_md5 = upload.take_md5_check() if upload is not None else None
+        if upload is not None:
+            writer.extra_hashers = tuple(upload.delegate_hashing())
         await writer.open()
         try:
             if upload is not None:
@@ -555,6 +559,8 @@ class SpoolFront:
                 if tail:
                     await writer.write(tail)
             md5 = await writer.finish()
+            if upload is not None:
+                upload.verify()
             if expected_md5 is not None:
                 check_content_md5(expected_md5, bytes.fromhex(md5))
             return md5

@@ -635,6 +635,8 @@ class SpoolFileWriter:
         self.reserved_bytes = reserved_bytes
         self._fd = -1
         self._md5 = hashlib.md5(usedforsecurity=False)
+        # Hash objects fed every byte with the MD5, on the I/O thread (a body verifier's, delegated to us).
+        self.extra_hashers: tuple[Any, ...] = ()
         self._piece: mmap.mmap | None = None  # the piece filling
         self._filled = 0
         self._inflight: concurrent.futures.Future[None] | None = None  # the piece being hashed and written
@@ -693,7 +695,9 @@ class SpoolFileWriter:
         if self._fd < 0:
             await self._create()
         self._piece, self._filled = None, 0
-        self._inflight = self._spool.submit_io(_hash_and_write, self._fd, piece, n, self._md5)
+        self._inflight = self._spool.submit_io(
+            _hash_and_write, self._fd, piece, n, self._md5, self.extra_hashers
+        )
         self._inflight_piece, self._inflight_bytes = piece, n
 
     async def _settle(self) -> None:
@@ -749,7 +753,9 @@ class SpoolFileWriter:
         piece, n = self._piece, self._filled
         self._piece, self._filled = None, 0
         try:
-            await self._spool.run_io(_create_whole, self._path(), self._spool.direct_io, piece, n, self._md5)
+            await self._spool.run_io(
+                _create_whole, self._path(), self._spool.direct_io, piece, n, self._md5, self.extra_hashers
+            )
         except OSError as exc:
             await self._spool.run_io(_unlink_all, [self._path()])
             raise _write_failed(exc) from exc
@@ -821,21 +827,26 @@ def _open_data_file(path: Path, direct: bool) -> int:
     return os.open(path, flags, 0o600)
 
 
-def _create_whole(path: Path, direct: bool, piece: mmap.mmap | None, nbytes: int, md5: Any) -> None:
+def _create_whole(
+    path: Path, direct: bool, piece: mmap.mmap | None, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()
+) -> None:
     """I/O thread: a whole small file (``nbytes`` of ``piece``), created, written, fsynced and closed."""
     fd = _open_data_file(path, direct)
     try:
         if piece is not None and nbytes:
-            _hash_and_write(fd, piece, nbytes, md5)
+            _hash_and_write(fd, piece, nbytes, md5, extra)
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _hash_and_write(fd: int, piece: mmap.mmap, nbytes: int, md5: Any) -> None:
-    """I/O thread: MD5 and write the first ``nbytes`` of ``piece`` at the file's position."""
+def _hash_and_write(fd: int, piece: mmap.mmap, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:
+    """I/O thread: MD5 (and ``extra`` hashes) and write the first ``nbytes`` of ``piece`` at the file's
+    position."""
     with memoryview(piece) as whole, whole[:nbytes] as view:
         md5.update(view)
+        for h in extra:
+            h.update(view)
         aligned = nbytes - nbytes % DIRECT_ALIGN
         _write_all(fd, view[:aligned])
         if aligned < nbytes:  # the end of the file: O_DIRECT cannot write a partial block

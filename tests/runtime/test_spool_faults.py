@@ -223,10 +223,10 @@ async def test_discarding_a_writer_waits_for_its_piece_in_flight(
     real = spool_module._hash_and_write
     events: list[str] = []
 
-    def slow_hash_and_write(fd: int, piece: Any, nbytes: int, md5: Any) -> None:
+    def slow_hash_and_write(fd: int, piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:
         events.append("write started")
         time.sleep(0.2)
-        real(fd, piece, nbytes, md5)
+        real(fd, piece, nbytes, md5, extra)
         events.append("write done")
 
     real_close = os.close
