@@ -29,7 +29,11 @@ Definitions (the same for every scenario):
   within its band. Also reported: the round-to-round spread of the outside p99 (max / min over rounds) and
   a 90% bootstrap interval of each ratio (resampling reads as if independent: it understates the noise of
   reads that queue behind each other).
-- **Trainer time lost**: (time waiting for samples + time blocked in saves) / trainer wall time.
+- **Trainer time lost**: (time waiting for samples + time blocked in saves) / trainer wall time, both
+  counted after the trainer's first ``WARMUP_S``, as for the probe: the loader's first samples wait for
+  connections to open and its queue to fill, a one-off cost of starting a job, not of its checkpoints, and
+  identical in every scenario. The warm-up's wait and the fraction with it counted in are reported too
+  (``warmup_stall_s``, ``lost_fraction_with_warmup``); runs before this definition (2026-12-05) counted it.
 
 Percentiles pool the samples of all rounds (p99.9 needs them); per-round figures (trainer time lost,
 save times) are reported as medians over rounds or checkpoints, with every value in ``results.json``.
@@ -190,6 +194,27 @@ def quiet_windows(
     return out
 
 
+def lost_after_warmup(trainer: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's time lost, after its warm-up and with it. A trainer record from before the warm-up was
+    kept apart (no ``warmup_stall_s``) is re-counted from its listed waits (those of ``STALL_EVENT_S`` or
+    more; shorter ones in the first second stay in), so ``--rebuild-report`` puts old runs on the same
+    definition."""
+    if "warmup_stall_s" in trainer:
+        keys = ("lost_fraction", "stall_s", "warmup_stall_s", "lost_fraction_with_warmup")
+        return {k: trainer[k] for k in keys}
+    wall_s = float(trainer["wall_s"])
+    warm_until = float(trainer["t0"]) + WARMUP_S
+    warmup_stall = sum(s for at, s in trainer.get("stall_events", []) if at < warm_until)
+    stall_s = float(trainer["stall_s"]) - warmup_stall
+    measured_s = wall_s - WARMUP_S
+    return {
+        "lost_fraction": (stall_s + float(trainer["save_s"])) / measured_s if measured_s > 0 else None,
+        "stall_s": stall_s,
+        "warmup_stall_s": warmup_stall,
+        "lost_fraction_with_warmup": trainer["lost_fraction"],
+    }
+
+
 def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
     probe, trainer = seg["probe"], seg["trainer"]
     windows = burst_windows(trainer)
@@ -294,8 +319,7 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
         "gateway_request_durations": trainer.get("gateway_request_durations") or {},
         "durable_s": [c["durable_s"] for c in ckpts],
         "checkpoint_errors": [c["error"] for c in ckpts if c["error"]],
-        "lost_fraction": trainer["lost_fraction"],
-        "stall_s": trainer["stall_s"],
+        **lost_after_warmup(trainer),
         "saves_total_s": trainer["save_s"],
         "wall_s": trainer["wall_s"],
         "steps": trainer["steps"],
@@ -369,6 +393,8 @@ def summarize_scenario(segs: list[dict[str, Any]]) -> dict[str, Any]:
         "lost_fraction_median": median([s["lost_fraction"] for s in segs]),
         "lost_fraction_per_round": [s["lost_fraction"] for s in segs],
         "stall_s_median": median([s["stall_s"] for s in segs]),
+        "warmup_stall_s_median": median([s["warmup_stall_s"] for s in segs]),
+        "lost_fraction_with_warmup_median": median([s["lost_fraction_with_warmup"] for s in segs]),
         "saves_total_s_median": median([s["saves_total_s"] for s in segs]),
         "wall_s_median": median([s["wall_s"] for s in segs]),
         "read_share_wire_during": median([s["wire"]["read_share_during"] for s in segs]),
@@ -547,7 +573,8 @@ def markdown(doc: dict[str, Any]) -> str:
         "| scenario | save time seen by the trainer, s | until durable on the store, s "
         "| read share during bursts: dataset FIFO / its pool's lanes | read MB/s during / outside bursts "
         "| FIFO backlog max during bursts, MB (separate pools: dataset / checkpoint FIFO) "
-        "| trainer time lost | of which data stalls / saves, s per segment |",
+        "| trainer time lost (with the warm-up) | of which data stalls / saves, s per segment "
+        "(warm-up wait) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for key, x in sc.items():
@@ -558,14 +585,18 @@ def markdown(doc: dict[str, Any]) -> str:
             f"{_pct(x['read_share_gateway_during'], 0)} "
             f"| {_f(x['read_MBps_during'])} / {_f(x['read_MBps_outside'])} "
             f"| {_backlog(x)} | {_pct(x['lost_fraction_median'], 2)} "
-            f"({', '.join(_pct(v, 1) for v in x['lost_fraction_per_round'])}) "
-            f"| {_f(x['stall_s_median'], '.2f')} / {_f(x['saves_total_s_median'], '.2f')} |"
+            f"({', '.join(_pct(v, 1) for v in x['lost_fraction_per_round'])}; "
+            f"{_pct(x['lost_fraction_with_warmup_median'], 2)}) "
+            f"| {_f(x['stall_s_median'], '.2f')} / {_f(x['saves_total_s_median'], '.2f')} "
+            f"({_f(x['warmup_stall_s_median'], '.2f')}) |"
         )
     lines += [
         "",
         "Save and durable times: median over all checkpoints (every save in brackets); trainer time lost: "
         "median over rounds (per round in brackets), of a trainer wall time of "
-        f"{_f(median([x['wall_s_median'] for x in sc.values()]), '.0f')} s per segment.",
+        f"{_f(median([x['wall_s_median'] for x in sc.values()]), '.0f')} s per segment, counted after its "
+        f"first {WARMUP_S:g} s (the loader's warm-up, the same in every scenario; the fraction with it "
+        "counted in follows the per-round values, its wait is in brackets in the last column).",
         "",
         "Where a save's time goes, p50 of its requests in ms (create, part, complete, marker PUT): "
         + "; ".join(
@@ -598,6 +629,15 @@ def markdown(doc: dict[str, Any]) -> str:
         lines.append(
             f"| {t['target']} | {_f(t['measured'], '.4g')} | {t['op']} {t['limit']:.3g} | {verdict} |"
         )
+    a, c = sc.get("a"), sc.get("c")
+    if a and c:
+        with_warmup = ratio(c["lost_fraction_with_warmup_median"], a["lost_fraction_with_warmup_median"])
+        lines += [
+            "",
+            f"Trainer time lost is counted after the trainer's first {WARMUP_S:g} s (its loader's warm-up, "
+            "the same in every scenario); with the warm-up counted in, as runs before 2026-12-05 did, "
+            f"s3lanes / direct = {_f(with_warmup, '.4g')}.",
+        ]
     lines += pools_markdown(s)
     lines += ["", "### Run", ""]
     noise = {k: x["other_cores_median"] for k, x in sc.items()}

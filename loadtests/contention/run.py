@@ -615,6 +615,7 @@ class Run:
             "gateway_url": gw.url if gw else None,
             "flush": bool(gw) and GATEWAY_SPOOL[scenario],
             "status_interval_s": SAMPLE_INTERVAL_S,
+            "warmup_s": report.WARMUP_S,
         }
         self.progress.describe(f"round {rnd + 1}/{o.rounds}: ({scenario}) {SCENARIOS[scenario]}")
         probe = self.run_workload("probe", probe_spec, d)

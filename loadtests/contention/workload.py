@@ -20,7 +20,11 @@ Theory of operation
   ``torch.save`` or a blocking DCP save does: ``shards`` objects written as multipart uploads by ``writers``
   concurrent writers, then a small ``.metadata`` commit marker, the training loop blocked until all are
   acknowledged. Checkpoints go to ``ckpt_endpoint`` (default: ``endpoint``): in the separate-pools direct
-  scenario that is a second store. Time lost to storage = time waiting for samples + time blocked in saves.
+  scenario that is a second store. Time lost to storage = time waiting for samples + time blocked in saves,
+  over the trainer's wall time, counted after its first ``warmup_s`` (:class:`LostTime`): the loader's first
+  samples wait for connections to open and the prefetch queue to fill, a one-off cost of the first seconds
+  of a job that a 33 s segment would otherwise weigh as if it came with every checkpoint (the probe skips
+  the same first second). That warm-up is reported on its own, and the fraction with it as well.
   Through a gateway with a spool, a background task then calls ``POST /_s3lanes/flush`` for the checkpoint's
   prefix, which answers once it is durable on the store; without one, acknowledged means durable.
 - While it runs, the trainer also samples the gateway's ``/_s3lanes/status`` (lane byte counters, the write
@@ -65,6 +69,7 @@ RETRY_BASE_S = 0.5
 PROBE_DRAIN_S = 30.0  # after SIGTERM, how long in-flight probe requests may still finish
 DURABLE_WAIT_S = 600.0
 STALL_EVENT_S = 0.005  # waits for data shorter than this are not listed one by one (they are summed)
+WARMUP_S = 1.0  # the trainer's first second (as the probe's, loadtests.contention.report.WARMUP_S)
 
 _BLOCK = memoryview(os.urandom(BLOCK_BYTES))
 GATEWAY_DURATION = re.compile(
@@ -391,6 +396,50 @@ class CheckpointRecord:
         }
 
 
+class LostTime:
+    """The trainer's account of time lost to storage (pure: the caller passes the clock's readings).
+
+    Waits for data that begin in the first ``warmup_s`` after ``t0`` are the warm-up (connections opening,
+    the prefetch queue filling) and are kept apart; the steady-state fraction is (later waits + saves) over
+    the wall time after the warm-up. The fraction with the warm-up counted in is reported beside it.
+    """
+
+    def __init__(self, t0: float, warmup_s: float) -> None:
+        self.t0 = t0
+        self.warmup_s = max(0.0, warmup_s)
+        self.stall_s = 0.0
+        self.warmup_stall_s = 0.0
+        self.save_s = 0.0
+        self.stall_events: list[list[float]] = []  # [at, seconds] of waits for data >= STALL_EVENT_S
+
+    def stalled(self, at: float, seconds: float) -> None:
+        if at < self.t0 + self.warmup_s:
+            self.warmup_stall_s += seconds
+        else:
+            self.stall_s += seconds
+        if seconds >= STALL_EVENT_S:
+            self.stall_events.append([at, seconds])
+
+    def saved(self, seconds: float) -> None:
+        self.save_s += seconds
+
+    def summary(self, end: float) -> dict[str, Any]:
+        wall_s = end - self.t0
+        measured_s = wall_s - self.warmup_s
+        lost_s = self.stall_s + self.save_s
+        with_warmup_s = lost_s + self.warmup_stall_s
+        return {
+            "wall_s": wall_s,
+            "warmup_s": self.warmup_s,
+            "warmup_stall_s": self.warmup_stall_s,
+            "stall_s": self.stall_s,
+            "save_s": self.save_s,
+            "lost_s": lost_s,
+            "lost_fraction": lost_s / measured_s if measured_s > 0 else None,
+            "lost_fraction_with_warmup": with_warmup_s / wall_s if wall_s > 0 else None,
+        }
+
+
 class Trainer:
     def __init__(self, spec: dict[str, Any], session: aiohttp.ClientSession) -> None:
         self.spec = spec
@@ -403,8 +452,6 @@ class Trainer:
         self.counters: dict[str, int] = {}
         self.checkpoints: list[CheckpointRecord] = []
         self.status_samples: list[dict[str, Any]] = []
-        self.stall_s = 0.0
-        self.stall_events: list[list[float]] = []  # [at, seconds] of waits for data >= STALL_EVENT_S
         self.steps = 0
 
     # -- the data loader -------------------------------------------------------------------------------
@@ -561,16 +608,17 @@ class Trainer:
         loaders = [asyncio.create_task(self.loader(queue, w)) for w in range(int(sp["workers"]))]
         durable: list[asyncio.Task[None]] = []
         t0 = time.monotonic()
+        account = LostTime(t0, float(sp.get("warmup_s", WARMUP_S)))
         next_ckpt = t0 + first_at
         done_ckpts = 0
-        save_s = 0.0
+        t_end = t0
         try:
             while True:
                 now = time.monotonic()
                 if done_ckpts < count and now >= next_ckpt:
                     rec = await self.save(done_ckpts)
                     self.checkpoints.append(rec)
-                    save_s += rec.save_end - rec.save_start
+                    account.saved(rec.save_end - rec.save_start)
                     if rec.error is None:
                         if sp.get("flush"):
                             durable.append(asyncio.create_task(self.wait_durable(rec)))
@@ -584,13 +632,10 @@ class Trainer:
                 t_wait = time.monotonic()
                 for _ in range(per_step):
                     await queue.get()
-                stalled = time.monotonic() - t_wait
-                self.stall_s += stalled
-                if stalled >= STALL_EVENT_S:
-                    self.stall_events.append([t_wait, stalled])
+                account.stalled(t_wait, time.monotonic() - t_wait)
                 await asyncio.sleep(step_s)  # the GPU computes
                 self.steps += 1
-            wall_s = time.monotonic() - t0
+            t_end = time.monotonic()
         finally:
             for task in loaders:
                 task.cancel()
@@ -600,24 +645,20 @@ class Trainer:
         end = time.monotonic()
         status_stop.set()
         await asyncio.gather(*background, return_exceptions=True)
-        lost_s = self.stall_s + save_s
+        lost = account.summary(t_end)
         served = await self.gateway_durations() if sp.get("gateway_url") else {}
         return {
             "t0": t0,
             "end": end,
             "late_start_s": late_s,
-            "wall_s": wall_s,
+            **lost,
             "steps": self.steps,
             "step_s": step_s,
-            "stall_s": self.stall_s,
-            "save_s": save_s,
-            "lost_s": lost_s,
-            "lost_fraction": lost_s / wall_s if wall_s > 0 else None,
-            "overhead_s": wall_s - lost_s - self.steps * step_s,
+            "overhead_s": lost["wall_s"] - lost["lost_s"] - lost["warmup_stall_s"] - self.steps * step_s,
             "checkpoints": [c.as_json() for c in self.checkpoints],
             "save_request_ms": self.ckpt_s3.timings,
             "gateway_request_durations": served,
-            "stall_events": self.stall_events,
+            "stall_events": account.stall_events,
             "loader_latencies": self.loader_latencies,
             "loader_errors": self.loader_errors,
             "counters": self.counters,

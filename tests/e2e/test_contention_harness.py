@@ -91,7 +91,13 @@ def test_quick_model_run_records_numbers_for_every_scenario(quick_run: Path) -> 
             assert lat["n"] > 0, (key, group)
             for q in ("p50_ms", "p99_ms", "p999_ms"):
                 assert _number(lat[q]) and lat[q] > 0, (key, group, q)
-        for name in ("save_s_median", "durable_s_median", "lost_fraction_median", "read_share_wire_during"):
+        for name in (
+            "save_s_median",
+            "durable_s_median",
+            "lost_fraction_median",
+            "lost_fraction_with_warmup_median",
+            "read_share_wire_during",
+        ):
             assert _number(x[name]), (key, name, x[name])
         assert x["durable_s_median"] >= x["save_s_median"], key
         assert x["checkpoint_errors"] == [], key
