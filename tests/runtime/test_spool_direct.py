@@ -216,7 +216,7 @@ async def test_a_body_that_fits_one_piece_takes_one_trip_to_the_io_thread(
     try:
         monkeypatch.setattr(spool, "run_io", counted_run)
         monkeypatch.setattr(spool, "submit_io", counted_submit)
-        for size in (0, 1, 4096, 123_457, PIECE_BYTES):
+        for size in (0, 1, 4096, 123_457, spool_module.PARALLEL_HASH_MIN_BYTES, PIECE_BYTES):
             data = os.urandom(size)
             trips.clear()
             writer = spool.writer(size)
@@ -226,7 +226,11 @@ async def test_a_body_that_fits_one_piece_takes_one_trip_to_the_io_thread(
             assert trips == []  # nothing created before the whole body is here
             assert not spool._dir_dirty
             assert await writer.finish() == hashlib.md5(data).hexdigest()
-            assert trips == ["_create_whole"], size
+            if size >= spool_module.PARALLEL_HASH_MIN_BYTES:
+                # Hashed on a second thread while the first writes and fsyncs: two trips, at once.
+                assert trips == ["_create_whole", "_hash_piece"], size
+            else:
+                assert trips == ["_create_whole"], size
             assert writer.size == size
             # The directory is marked for the next journal batch's fsync after the file was created.
             assert spool._dir_dirty
@@ -238,7 +242,15 @@ async def test_a_body_that_fits_one_piece_takes_one_trip_to_the_io_thread(
         await writer.open()
         await writer.write(os.urandom(PIECE_BYTES + 1))
         await writer.finish()
-        assert trips == ["_open_data_file", "_hash_and_write", "_hash_and_write", "_fsync_close"]
+        # Each full piece: a write and a hash, at once.
+        assert trips == [
+            "_open_data_file",
+            "_hash_and_write",
+            "_hash_piece",
+            "_hash_and_write",
+            "_hash_piece",
+            "_fsync_close",
+        ]
     finally:
         await spool.close()
 

@@ -251,3 +251,81 @@ async def test_discarding_a_writer_waits_for_its_piece_in_flight(
     finally:
         monkeypatch.setattr(os, "close", real_close)
         await spool.close()
+
+
+@pytest.mark.parametrize("pieces", [1, 3])
+async def test_each_piece_is_hashed_while_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pieces: int
+) -> None:
+    """The two trips of a piece run at once: the write of each piece and its hash meet at a barrier inside
+    their threads. Run one after the other (or in one thread), in either order, the barrier times out and
+    the write fails. One piece: the file is created, written and fsynced in one trip; several: streamed."""
+    import threading
+
+    meet = threading.Barrier(2, timeout=10)
+    met: list[int] = []
+    real_write_all, real_hash = spool_module._write_all, spool_module._hash_piece
+
+    def write_meeting_the_hash(fd: int, view: memoryview) -> None:
+        meet.wait()
+        real_write_all(fd, view)
+
+    def hash_meeting_the_write(piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:
+        meet.wait()
+        met.append(nbytes)
+        real_hash(piece, nbytes, md5, extra)
+
+    spool = await opened(tmp_path)
+    try:
+        monkeypatch.setattr(spool_module, "_write_all", write_meeting_the_hash)
+        monkeypatch.setattr(spool_module, "_hash_piece", hash_meeting_the_write)
+        data = os.urandom(pieces * spool_module.PIECE_BYTES)
+        await put(spool, "k", data)
+        assert met == [spool_module.PIECE_BYTES] * pieces
+        assert stored(spool, "k") == data
+        entry = spool.state.lookup("b", "k")
+        assert entry is not None and entry.etag == f'"{hashlib.md5(data).hexdigest()}"'
+    finally:
+        monkeypatch.undo()
+        await spool.close()
+
+
+@pytest.mark.parametrize("pieces", [1, 3])
+async def test_a_failed_write_gives_its_piece_back_only_after_the_hash_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pieces: int
+) -> None:
+    """The piece buffer is shared by the two trips; the one that fails first must not hand it to the next
+    writer while the other still reads it."""
+    events: list[str] = []
+    real_hash = spool_module._hash_piece
+
+    def slow_hash(piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:
+        time.sleep(0.2)
+        real_hash(piece, nbytes, md5, extra)
+        events.append("hash done")
+
+    def failing_write(fd: int, view: memoryview) -> None:
+        events.append("write failed")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    spool = await opened(tmp_path)
+    real_give = spool.pieces.give
+
+    def watched_give(buf: Any) -> None:
+        events.append("piece given back")
+        real_give(buf)
+
+    try:
+        monkeypatch.setattr(spool_module, "_hash_piece", slow_hash)
+        monkeypatch.setattr(spool_module, "_write_all", failing_write)
+        monkeypatch.setattr(spool.pieces, "give", watched_give)
+        with pytest.raises(SpoolWriteFailed) as exc:
+            await put(spool, "k", os.urandom(pieces * spool_module.PIECE_BYTES))
+        assert "full" in exc.value.message
+        # Streamed, the next piece was filling meanwhile; the discard gives it back too.
+        assert events == ["write failed", "hash done"] + ["piece given back"] * min(pieces, 2)
+        assert spool.state.lookup("b", "k") is None
+        assert os.listdir(tmp_path / "data") == []
+    finally:
+        monkeypatch.undo()
+        await spool.close()
