@@ -65,6 +65,9 @@ PIECE_BYTES = 1024 * 1024
 # the ack then waits for the longer of the two, not their sum (MD5 of 1 MiB ~1.3 ms, write+fsync ~1 ms).
 # Below it, the extra trip costs about what it saves.
 PARALLEL_HASH_MIN_BYTES = 128 * 1024
+# While such a body arrives, what has arrived is hashed ahead, in trips of at least this much (one at a time,
+# in order), so that little is left to hash after its last byte.
+HASH_AHEAD_MIN_BYTES = 256 * 1024
 # O_DIRECT: buffer address, length and file offset must be multiples of the logical block size; 4096 covers
 # 512-byte and 4K-sector disks. The end of a file that is not a multiple is written through the page cache.
 DIRECT_ALIGN = 4096
@@ -647,6 +650,11 @@ class SpoolFileWriter:
         self._inflight: tuple[concurrent.futures.Future[None], ...] = ()
         self._inflight_piece: mmap.mmap | None = None
         self._inflight_bytes = 0
+        # Hashing ahead (a body declared to fit one piece): the trip hashing the filling piece's head, and
+        # how many of its bytes have been handed to hash trips.
+        self._hash_ahead = PARALLEL_HASH_MIN_BYTES <= reserved_bytes <= PIECE_BYTES
+        self._ahead: concurrent.futures.Future[None] | None = None
+        self._hashed = 0
         self._open = False
         self.size = 0
 
@@ -686,6 +694,25 @@ class SpoolFileWriter:
             # created: finish() then does everything in one trip.
             if self._filled == size and (self._fd >= 0 or self.size + size < self.reserved_bytes):
                 await self._hand_over()
+            elif self._hash_ahead and self._filled - self._hashed >= HASH_AHEAD_MIN_BYTES:
+                self._hash_more()
+
+    def _hash_more(self) -> None:
+        """Hash what has arrived of the filling piece, unless a hash trip over it still runs (the next call
+        takes the bytes that arrive meanwhile). One trip at a time keeps the bytes in order; the thread reads
+        only bytes already copied, while the loop copies the next ones behind them."""
+        ahead = self._ahead
+        if ahead is not None and (not ahead.done() or ahead.cancelled() or ahead.exception() is not None):
+            return  # still hashing, or failed: finish() waits for it and reports the failure
+        lo, hi = self._hashed, self._filled
+        self._ahead = self._spool.submit_io(_hash_piece, self._piece, hi, self._md5, self.extra_hashers, lo)
+        self._hashed = hi
+
+    def _take_ahead(self) -> tuple[concurrent.futures.Future[None] | None, int]:
+        """The filling piece's hash-ahead trip and how far it went; the next piece starts afresh."""
+        ahead, hashed = self._ahead, self._hashed
+        self._ahead, self._hashed = None, 0
+        return ahead, hashed
 
     async def _hand_over(self) -> None:
         """Wait for the piece in flight, then start the filled one."""
@@ -700,10 +727,14 @@ class SpoolFileWriter:
         if self._fd < 0:
             await self._create()
         self._piece, self._filled = None, 0
+        # Hashing ahead is for a body that fits one piece; with a piece in flight, it would also have to wait
+        # for that piece's hash.
+        self._hash_ahead = False
+        ahead, hashed = self._take_ahead()  # a body longer than declared may have been hashed ahead
         self._inflight = (
             self._spool.submit_io(_hash_and_write, self._fd, piece, n, None),
-            self._spool.submit_io(_hash_piece, piece, n, self._md5, self.extra_hashers),
-        )
+            self._spool.submit_io(_hash_rest, ahead, piece, n, self._md5, self.extra_hashers, hashed),
+        ) + ((ahead,) if ahead is not None else ())  # waited for too, before the piece goes back
         self._inflight_piece, self._inflight_bytes = piece, n
 
     async def _settle(self) -> None:
@@ -731,7 +762,8 @@ class SpoolFileWriter:
 
     async def _quiesce(self) -> None:
         """Before the fd is closed: the I/O threads must be done with it (their outcome no longer matters)."""
-        cfs, self._inflight = self._inflight, ()
+        ahead, _ = self._take_ahead()
+        cfs, self._inflight = self._inflight + ((ahead,) if ahead is not None else ()), ()
         for cf in cfs:
             if cf.cancelled():  # never started (a waiter cancelled it): the thread never saw the piece
                 continue
@@ -766,15 +798,16 @@ class SpoolFileWriter:
         while another hashes the same (unchanging) piece."""
         piece, n = self._piece, self._filled
         self._piece, self._filled = None, 0
+        ahead, hashed = self._take_ahead()
         path, direct = self._path(), self._spool.direct_io
         try:
-            if piece is None or n < PARALLEL_HASH_MIN_BYTES:
+            if piece is None or (n < PARALLEL_HASH_MIN_BYTES and ahead is None):
                 md5, extra = self._md5, self.extra_hashers
                 trips = [self._spool.run_io(_create_whole, path, direct, piece, n, md5, extra)]
             else:
                 trips = [
                     self._spool.run_io(_create_whole, path, direct, piece, n, None),
-                    self._spool.run_io(_hash_piece, piece, n, self._md5, self.extra_hashers),
+                    self._spool.run_io(_hash_rest, ahead, piece, n, self._md5, self.extra_hashers, hashed),
                 ]
             # Both trips end before the piece goes back to the pool, also when one of them fails.
             outcomes = await asyncio.gather(*trips, return_exceptions=True)
@@ -866,13 +899,29 @@ def _create_whole(
         os.close(fd)
 
 
-def _hash_piece(piece: mmap.mmap, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:
-    """I/O thread: feed the first ``nbytes`` of ``piece`` to the MD5 and the ``extra`` hashes (hashlib and
-    zlib release the GIL on buffers this size)."""
-    with memoryview(piece) as whole, whole[:nbytes] as view:
+def _hash_piece(piece: mmap.mmap, nbytes: int, md5: Any, extra: tuple[Any, ...] = (), start: int = 0) -> None:
+    """I/O thread: feed bytes ``start`` to ``nbytes`` of ``piece`` to the MD5 and the ``extra`` hashes
+    (hashlib and zlib release the GIL on buffers this size)."""
+    with memoryview(piece) as whole, whole[start:nbytes] as view:
         md5.update(view)
         for h in extra:
             h.update(view)
+
+
+def _hash_rest(
+    ahead: concurrent.futures.Future[None] | None,
+    piece: mmap.mmap,
+    nbytes: int,
+    md5: Any,
+    extra: tuple[Any, ...],
+    start: int,
+) -> None:
+    """I/O thread: once the hash-ahead trip over the head of ``piece`` is done (it was queued on the same
+    pool before this one, so it already runs or ran), hash bytes ``start`` to ``nbytes``."""
+    if ahead is not None:
+        ahead.result()  # its failure is this trip's
+    if nbytes > start:
+        _hash_piece(piece, nbytes, md5, extra, start)
 
 
 def _hash_and_write(fd: int, piece: mmap.mmap, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:

@@ -216,19 +216,33 @@ async def test_a_body_that_fits_one_piece_takes_one_trip_to_the_io_thread(
     try:
         monkeypatch.setattr(spool, "run_io", counted_run)
         monkeypatch.setattr(spool, "submit_io", counted_submit)
-        for size in (0, 1, 4096, 123_457, spool_module.PARALLEL_HASH_MIN_BYTES, PIECE_BYTES):
+        for size in (
+            0,
+            1,
+            4096,
+            123_457,
+            spool_module.PARALLEL_HASH_MIN_BYTES,
+            spool_module.HASH_AHEAD_MIN_BYTES,
+            PIECE_BYTES,
+        ):
             data = os.urandom(size)
             trips.clear()
             writer = spool.writer(size)
             await writer.open()
             for i in range(0, size, 65_536):
                 await writer.write(data[i : i + 65_536])
-            assert trips == []  # nothing created before the whole body is here
+            # Nothing created before the whole body is here; what has arrived may be hashed ahead.
+            assert set(trips) <= {"_hash_piece"}, size
+            if size < spool_module.HASH_AHEAD_MIN_BYTES:
+                assert trips == [], size
+            else:
+                assert trips, size
+            ahead = len(trips)
             assert not spool._dir_dirty
             assert await writer.finish() == hashlib.md5(data).hexdigest()
             if size >= spool_module.PARALLEL_HASH_MIN_BYTES:
-                # Hashed on a second thread while the first writes and fsyncs: two trips, at once.
-                assert trips == ["_create_whole", "_hash_piece"], size
+                # The rest hashed on a second thread while the first writes and fsyncs: two trips, at once.
+                assert trips[ahead:] == ["_create_whole", "_hash_rest"], size
             else:
                 assert trips == ["_create_whole"], size
             assert writer.size == size
@@ -242,27 +256,33 @@ async def test_a_body_that_fits_one_piece_takes_one_trip_to_the_io_thread(
         await writer.open()
         await writer.write(os.urandom(PIECE_BYTES + 1))
         await writer.finish()
-        # Each full piece: a write and a hash, at once.
+        # Each full piece: a write and a hash, at once; nothing hashed ahead (the body is over a piece).
         assert trips == [
             "_open_data_file",
             "_hash_and_write",
-            "_hash_piece",
+            "_hash_rest",
             "_hash_and_write",
-            "_hash_piece",
+            "_hash_rest",
             "_fsync_close",
         ]
     finally:
         await spool.close()
 
 
-async def test_a_body_longer_than_declared_is_still_written_whole(tmp_path: Path) -> None:
-    """The spool writer is told the declared length; it must not lose bytes if more arrive."""
+@pytest.mark.parametrize("declared", [PIECE_BYTES, 300_000])
+@pytest.mark.parametrize("step", [2 * PIECE_BYTES + 3, 100_000])
+async def test_a_body_longer_than_declared_is_still_written_whole(
+    tmp_path: Path, declared: int, step: int
+) -> None:
+    """The spool writer is told the declared length; it must not lose bytes if more arrive (after hashing
+    ahead, as a body that fits one piece is)."""
     spool = await opened(tmp_path)
     try:
         data = os.urandom(2 * PIECE_BYTES + 3)
-        writer = spool.writer(PIECE_BYTES)  # the first full piece is held back for a one-trip finish
+        writer = spool.writer(declared)  # the first full piece is held back for a one-trip finish
         await writer.open()
-        await writer.write(data)
+        for i in range(0, len(data), step):
+            await writer.write(data[i : i + step])
         assert await writer.finish() == hashlib.md5(data).hexdigest()
         assert spool.file_path(writer.file_id).read_bytes() == data
     finally:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import hashlib
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -40,6 +41,13 @@ def stored(spool: Spool, key: str) -> bytes | None:
     if entry is None:
         return None
     return b"".join(spool.file_path(f).read_bytes() for f in entry.files)
+
+
+async def finished_as(spool: Spool, writer: Any, data: bytes) -> None:
+    """``writer`` finishes with the MD5 of ``data``, and its file holds exactly ``data``."""
+    assert await writer.finish() == hashlib.md5(data).hexdigest()
+    assert writer.size == len(data)
+    assert spool.file_path(writer.file_id).read_bytes() == data
 
 
 def file_size(path: str) -> int:
@@ -210,9 +218,7 @@ async def test_pieces_written_while_the_next_arrive_keep_their_order_and_md5(tmp
             await writer.write(data[offset : offset + step])
             offset += step
             step = step * 3 % 100_003 + 1
-        assert await writer.finish() == hashlib.md5(data).hexdigest()
-        assert writer.size == len(data)
-        assert spool.file_path(writer.file_id).read_bytes() == data
+        await finished_as(spool, writer, data)
     finally:
         await spool.close()
 
@@ -270,13 +276,16 @@ async def test_each_piece_is_hashed_while_it_is_written(
         meet.wait()
         real_write_all(fd, view)
 
-    def hash_meeting_the_write(piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:
+    def hash_meeting_the_write(
+        piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = (), start: int = 0
+    ) -> None:
         meet.wait()
-        met.append(nbytes)
-        real_hash(piece, nbytes, md5, extra)
+        met.append(nbytes - start)
+        real_hash(piece, nbytes, md5, extra, start)
 
     spool = await opened(tmp_path)
     try:
+        monkeypatch.setattr(spool_module, "HASH_AHEAD_MIN_BYTES", 2 * spool_module.PIECE_BYTES)  # off
         monkeypatch.setattr(spool_module, "_write_all", write_meeting_the_hash)
         monkeypatch.setattr(spool_module, "_hash_piece", hash_meeting_the_write)
         data = os.urandom(pieces * spool_module.PIECE_BYTES)
@@ -299,9 +308,9 @@ async def test_a_failed_write_gives_its_piece_back_only_after_the_hash_is_done(
     events: list[str] = []
     real_hash = spool_module._hash_piece
 
-    def slow_hash(piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:
+    def slow_hash(piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = (), start: int = 0) -> None:
         time.sleep(0.2)
-        real_hash(piece, nbytes, md5, extra)
+        real_hash(piece, nbytes, md5, extra, start)
         events.append("hash done")
 
     def failing_write(fd: int, view: memoryview) -> None:
@@ -316,6 +325,7 @@ async def test_a_failed_write_gives_its_piece_back_only_after_the_hash_is_done(
         real_give(buf)
 
     try:
+        monkeypatch.setattr(spool_module, "HASH_AHEAD_MIN_BYTES", 2 * spool_module.PIECE_BYTES)  # off
         monkeypatch.setattr(spool_module, "_hash_piece", slow_hash)
         monkeypatch.setattr(spool_module, "_write_all", failing_write)
         monkeypatch.setattr(spool.pieces, "give", watched_give)
@@ -326,6 +336,66 @@ async def test_a_failed_write_gives_its_piece_back_only_after_the_hash_is_done(
         assert events == ["write failed", "hash done"] + ["piece given back"] * min(pieces, 2)
         assert spool.state.lookup("b", "k") is None
         assert os.listdir(tmp_path / "data") == []
+    finally:
+        monkeypatch.undo()
+        await spool.close()
+
+
+async def test_a_body_that_fits_one_piece_is_hashed_ahead_as_it_arrives_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a one-piece body arrives, what has arrived is hashed (in order, each byte once), so that only
+    the tail is left to hash after its last byte."""
+    ranges: list[tuple[int, int]] = []
+    real_hash = spool_module._hash_piece
+
+    def recorded(piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = (), start: int = 0) -> None:
+        ranges.append((start, nbytes))
+        real_hash(piece, nbytes, md5, extra, start)
+
+    monkeypatch.setattr(spool_module, "_hash_piece", recorded)
+    spool = await opened(tmp_path)
+    try:
+        data = os.urandom(spool_module.PIECE_BYTES)
+        writer = spool.writer(len(data))
+        await writer.open()
+        half = len(data) // 2
+        for i in range(0, half, 65_536):
+            await writer.write(data[i : i + 65_536])
+        for _ in range(500):  # the first half is being hashed before the second half arrives
+            if ranges:
+                break
+            await asyncio.sleep(0.01)
+        assert ranges and ranges[0][0] == 0 and ranges[0][1] <= half
+        for i in range(half, len(data), 65_536):
+            await writer.write(data[i : i + 65_536])
+        await finished_as(spool, writer, data)
+        # Contiguous, in order, every byte once.
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(data)
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    finally:
+        await spool.close()
+
+
+async def test_a_failed_hash_ahead_fails_the_write_and_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trip hashing a body's head fails: the write is refused, and its file and piece do not linger."""
+    real_hash = spool_module._hash_piece
+
+    def failing_first(piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = (), start: int = 0) -> None:
+        if start == 0:
+            raise OSError(errno.EIO, "Input/output error")
+        real_hash(piece, nbytes, md5, extra, start)
+
+    monkeypatch.setattr(spool_module, "_hash_piece", failing_first)
+    spool = await opened(tmp_path)
+    try:
+        with pytest.raises(SpoolWriteFailed):
+            await put(spool, "k", os.urandom(spool_module.PIECE_BYTES))
+        assert spool.state.lookup("b", "k") is None
+        assert os.listdir(tmp_path / "data") == []
+        assert spool.pieces.idle >= 1  # the piece came back
     finally:
         monkeypatch.undo()
         await spool.close()
