@@ -42,7 +42,7 @@ import mmap
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +68,10 @@ PARALLEL_HASH_MIN_BYTES = 128 * 1024
 # While such a body arrives, what has arrived is hashed ahead, in trips of at least this much (one at a time,
 # in order), so that little is left to hash after its last byte.
 HASH_AHEAD_MIN_BYTES = 256 * 1024
+# Pieces of one body being hashed and written at once while the next fills. With two, the hash of one piece
+# (the slowest step, and sequential) runs while the next is written, and a stream is not held up each time a
+# piece fills before the one ahead of it is done.
+MAX_PIECES_IN_FLIGHT = 2
 # O_DIRECT: buffer address, length and file offset must be multiples of the logical block size; 4096 covers
 # 512-byte and 4K-sector disks. The end of a file that is not a multiple is written through the page cache.
 DIRECT_ALIGN = 4096
@@ -629,12 +633,28 @@ class PiecePool:
         return len(self._free)
 
 
+@dataclass(slots=True)
+class _Flight:
+    """A piece handed to the I/O threads: its write, its hash, and the hash-ahead trip over its head."""
+
+    piece: mmap.mmap
+    nbytes: int
+    write: concurrent.futures.Future[None]
+    hash: concurrent.futures.Future[None]
+    ahead: concurrent.futures.Future[None] | None = None
+
+    @property
+    def trips(self) -> tuple[concurrent.futures.Future[None], ...]:
+        return (self.write, self.hash) if self.ahead is None else (self.write, self.hash, self.ahead)
+
+
 class SpoolFileWriter:
     """Streams one object's (or part's) bytes into a new spool file, computing its MD5 on the way.
 
-    The bytes are copied into a page-aligned piece buffer; a full piece goes to an I/O thread, which hashes
-    it and writes it (with O_DIRECT where the spool uses it) while the next piece fills. One piece is in
-    flight at a time, so the MD5 sees the bytes in order and a write error surfaces at the next call."""
+    The bytes are copied into a page-aligned piece buffer; a full piece goes to two I/O threads, one writing
+    it at its offset (with O_DIRECT where the spool uses it), one hashing it, while the next piece fills. Up
+    to MAX_PIECES_IN_FLIGHT pieces are in flight; each piece's hash trip waits for the one before it, so the
+    MD5 sees the bytes in order, and a write error surfaces when its piece is settled."""
 
     def __init__(self, spool: Spool, file_id: str, reserved_bytes: int) -> None:
         self._spool = spool
@@ -646,10 +666,8 @@ class SpoolFileWriter:
         self.extra_hashers: tuple[Any, ...] = ()
         self._piece: mmap.mmap | None = None  # the piece filling
         self._filled = 0
-        # The piece being hashed and written: two trips at once, one hashing it, one writing it.
-        self._inflight: tuple[concurrent.futures.Future[None], ...] = ()
-        self._inflight_piece: mmap.mmap | None = None
-        self._inflight_bytes = 0
+        self._flights: collections.deque[_Flight] = collections.deque()  # oldest first
+        self._submitted = 0  # bytes handed to write trips: the next piece's file offset
         # Hashing ahead (a body declared to fit one piece): the trip hashing the filling piece's head, and
         # how many of its bytes have been handed to hash trips.
         self._hash_ahead = PARALLEL_HASH_MIN_BYTES <= reserved_bytes <= PIECE_BYTES
@@ -715,8 +733,9 @@ class SpoolFileWriter:
         return ahead, hashed
 
     async def _hand_over(self) -> None:
-        """Wait for the piece in flight, then start the filled one."""
-        await self._settle()
+        """Start the filled piece, once fewer than MAX_PIECES_IN_FLIGHT are in flight."""
+        while len(self._flights) >= MAX_PIECES_IN_FLIGHT:
+            await self._settle_oldest()
         piece, n = self._piece, self._filled
         if piece is None:
             return
@@ -727,49 +746,86 @@ class SpoolFileWriter:
         if self._fd < 0:
             await self._create()
         self._piece, self._filled = None, 0
-        # Hashing ahead is for a body that fits one piece; with a piece in flight, it would also have to wait
-        # for that piece's hash.
+        # Hashing ahead is for a body that fits one piece; once pieces are in flight, their hash trips chain.
         self._hash_ahead = False
         ahead, hashed = self._take_ahead()  # a body longer than declared may have been hashed ahead
-        self._inflight = (
-            self._spool.submit_io(_hash_and_write, self._fd, piece, n, None),
-            self._spool.submit_io(_hash_rest, ahead, piece, n, self._md5, self.extra_hashers, hashed),
-        ) + ((ahead,) if ahead is not None else ())  # waited for too, before the piece goes back
-        self._inflight_piece, self._inflight_bytes = piece, n
+        before = self._flights[-1].hash if self._flights else ahead
+        offset, self._submitted = self._submitted, self._submitted + n
+        self._flights.append(
+            _Flight(
+                piece,
+                n,
+                self._spool.submit_io(_write_piece, self._fd, piece, n, offset),
+                self._after(before, _hash_piece, piece, n, self._md5, self.extra_hashers, hashed),
+                ahead,  # waited for too, before the piece goes back
+            )
+        )
 
-    async def _settle(self) -> None:
-        """Wait for both trips of the piece in flight (also when one fails: they share the piece)."""
+    def _after(
+        self, before: concurrent.futures.Future[None] | None, fn: Callable[..., None], *args: Any
+    ) -> concurrent.futures.Future[None]:
+        """``fn(*args)`` on the I/O pool once ``before`` is done (at once if None); its outcome, or
+        ``before``'s failure, in the returned future. No thread is held while ``before`` runs: the trip is
+        submitted by ``before``'s completion."""
+        out: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+        def copy(inner: concurrent.futures.Future[None]) -> None:
+            exc = SpoolWriteFailed() if inner.cancelled() else inner.exception()
+            if exc is not None:
+                out.set_exception(exc)
+            else:
+                out.set_result(None)
+
+        def start(prev: concurrent.futures.Future[None] | None) -> None:
+            if not out.set_running_or_notify_cancel():
+                return  # its waiter gave up before it started: it never runs, and never reads the piece
+            if prev is not None and (prev.cancelled() or prev.exception() is not None):
+                out.set_exception(SpoolWriteFailed() if prev.cancelled() else prev.exception())
+                return
+            try:
+                self._spool.submit_io(fn, *args).add_done_callback(copy)
+            except RuntimeError as exc:  # the pool is shut down (the gateway is stopping)
+                out.set_exception(exc)
+
+        if before is None:
+            start(None)
+        else:
+            before.add_done_callback(start)
+        return out
+
+    async def _settle_oldest(self) -> None:
+        """Wait for every trip of the oldest piece in flight (also when one fails: they share the piece)."""
+        flight = self._flights[0]
         failed: BaseException | None = None
-        for cf in self._inflight:
+        for cf in flight.trips:
             try:
                 await asyncio.wrap_future(cf)
-            except Exception as exc:  # the first failure is raised once both trips are over
+            except Exception as exc:  # the first failure is raised once all its trips are over
                 failed = failed or exc
-        if not self._inflight:
-            return
-        self._inflight = ()
-        self._release_inflight()
+        self._flights.popleft()
+        self._spool.pieces.give(flight.piece)
         if isinstance(failed, OSError):
             raise _write_failed(failed) from failed
         if failed is not None:
             raise failed
-        self.size += self._inflight_bytes
+        self.size += flight.nbytes
 
-    def _release_inflight(self) -> None:
-        piece, self._inflight_piece = self._inflight_piece, None
-        if piece is not None:
-            self._spool.pieces.give(piece)
+    async def _settle(self) -> None:
+        while self._flights:
+            await self._settle_oldest()
 
     async def _quiesce(self) -> None:
         """Before the fd is closed: the I/O threads must be done with it (their outcome no longer matters)."""
         ahead, _ = self._take_ahead()
-        cfs, self._inflight = self._inflight + ((ahead,) if ahead is not None else ()), ()
+        flights, self._flights = list(self._flights), collections.deque()
+        cfs = [cf for f in flights for cf in f.trips] + ([ahead] if ahead is not None else [])
         for cf in cfs:
             if cf.cancelled():  # never started (a waiter cancelled it): the thread never saw the piece
                 continue
             with contextlib.suppress(Exception):
                 await asyncio.shield(asyncio.wrap_future(cf))
-        self._release_inflight()
+        for f in flights:
+            self._spool.pieces.give(f.piece)
         piece, self._piece = self._piece, None
         if piece is not None:
             self._spool.pieces.give(piece)
@@ -800,14 +856,16 @@ class SpoolFileWriter:
         self._piece, self._filled = None, 0
         ahead, hashed = self._take_ahead()
         path, direct = self._path(), self._spool.direct_io
+        trips: list[Awaitable[None]]
         try:
             if piece is None or (n < PARALLEL_HASH_MIN_BYTES and ahead is None):
                 md5, extra = self._md5, self.extra_hashers
                 trips = [self._spool.run_io(_create_whole, path, direct, piece, n, md5, extra)]
             else:
+                hashing = self._after(ahead, _hash_piece, piece, n, self._md5, self.extra_hashers, hashed)
                 trips = [
                     self._spool.run_io(_create_whole, path, direct, piece, n, None),
-                    self._spool.run_io(_hash_rest, ahead, piece, n, self._md5, self.extra_hashers, hashed),
+                    asyncio.wrap_future(hashing),
                 ]
             # Both trips end before the piece goes back to the pool, also when one of them fails.
             outcomes = await asyncio.gather(*trips, return_exceptions=True)
@@ -893,7 +951,9 @@ def _create_whole(
     fd = _open_data_file(path, direct)
     try:
         if piece is not None and nbytes:
-            _hash_and_write(fd, piece, nbytes, md5, extra)
+            if md5 is not None:
+                _hash_piece(piece, nbytes, md5, extra)
+            _write_piece(fd, piece, nbytes, 0)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -908,44 +968,31 @@ def _hash_piece(piece: mmap.mmap, nbytes: int, md5: Any, extra: tuple[Any, ...] 
             h.update(view)
 
 
-def _hash_rest(
-    ahead: concurrent.futures.Future[None] | None,
-    piece: mmap.mmap,
-    nbytes: int,
-    md5: Any,
-    extra: tuple[Any, ...],
-    start: int,
-) -> None:
-    """I/O thread: once the hash-ahead trip over the head of ``piece`` is done (it was queued on the same
-    pool before this one, so it already runs or ran), hash bytes ``start`` to ``nbytes``."""
-    if ahead is not None:
-        ahead.result()  # its failure is this trip's
-    if nbytes > start:
-        _hash_piece(piece, nbytes, md5, extra, start)
-
-
-def _hash_and_write(fd: int, piece: mmap.mmap, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:
-    """I/O thread: MD5 (and ``extra`` hashes; neither if ``md5`` is None) and write the first ``nbytes`` of
-    ``piece`` at the file's position."""
-    if md5 is not None:
-        _hash_piece(piece, nbytes, md5, extra)
+def _write_piece(fd: int, piece: mmap.mmap, nbytes: int, offset: int) -> None:
+    """I/O thread: write the first ``nbytes`` of ``piece`` at ``offset`` of the file."""
     with memoryview(piece) as whole, whole[:nbytes] as view:
         aligned = nbytes - nbytes % DIRECT_ALIGN
-        _write_all(fd, view[:aligned])
+        _pwrite_all(fd, view[:aligned], offset)
         if aligned < nbytes:  # the end of the file: O_DIRECT cannot write a partial block
             _drop_direct(fd)
-            _write_all(fd, view[aligned:])
+            _pwrite_all(fd, view[aligned:], offset + aligned)
 
 
-def _write_all(fd: int, view: memoryview) -> None:
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    retried = False
     while view:
         try:
-            view = view[os.write(fd, view) :]
+            n = os.pwrite(fd, view, offset)
         except OSError as exc:
             # EINVAL from an O_DIRECT write (a short write left an unaligned rest, or the filesystem wants
-            # more alignment): carry on through the page cache. Any other error is the write's.
-            if exc.errno != errno.EINVAL or not _drop_direct(fd):
+            # more alignment): carry on through the page cache, retrying once (another piece's thread may
+            # have turned O_DIRECT off already). Any other error, or EINVAL again, is the write's.
+            if exc.errno != errno.EINVAL or retried:
                 raise
+            _drop_direct(fd)
+            retried = True
+            continue
+        view, offset, retried = view[n:], offset + n, False
 
 
 def _drop_direct(fd: int) -> bool:

@@ -31,8 +31,9 @@ from typing import Any
 import pytest
 
 import gateway.runtime.spool as spool_module
+from gateway.clock import SystemClock
 from gateway.runtime.spool import Spool, SpoolWriteFailed
-from tests.runtime.test_spool_shell import opened, put
+from tests.runtime.test_spool_shell import CFG, opened, put
 
 
 def stored(spool: Spool, key: str) -> bytes | None:
@@ -226,13 +227,13 @@ async def test_pieces_written_while_the_next_arrive_keep_their_order_and_md5(tmp
 async def test_discarding_a_writer_waits_for_its_piece_in_flight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = spool_module._hash_and_write
+    real = spool_module._write_piece
     events: list[str] = []
 
-    def slow_hash_and_write(fd: int, piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()) -> None:
+    def slow_write(fd: int, piece: Any, nbytes: int, offset: int) -> None:
         events.append("write started")
         time.sleep(0.2)
-        real(fd, piece, nbytes, md5, extra)
+        real(fd, piece, nbytes, offset)
         events.append("write done")
 
     real_close = os.close
@@ -241,7 +242,7 @@ async def test_discarding_a_writer_waits_for_its_piece_in_flight(
         events.append("close")
         real_close(fd)
 
-    monkeypatch.setattr(spool_module, "_hash_and_write", slow_hash_and_write)
+    monkeypatch.setattr(spool_module, "_write_piece", slow_write)
     spool = await opened(tmp_path)
     try:
         writer = spool.writer(4 * spool_module.PIECE_BYTES)
@@ -270,11 +271,11 @@ async def test_each_piece_is_hashed_while_it_is_written(
 
     meet = threading.Barrier(2, timeout=10)
     met: list[int] = []
-    real_write_all, real_hash = spool_module._write_all, spool_module._hash_piece
+    real_pwrite_all, real_hash = spool_module._pwrite_all, spool_module._hash_piece
 
-    def write_meeting_the_hash(fd: int, view: memoryview) -> None:
+    def write_meeting_the_hash(fd: int, view: memoryview, offset: int) -> None:
         meet.wait()
-        real_write_all(fd, view)
+        real_pwrite_all(fd, view, offset)
 
     def hash_meeting_the_write(
         piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = (), start: int = 0
@@ -286,7 +287,9 @@ async def test_each_piece_is_hashed_while_it_is_written(
     spool = await opened(tmp_path)
     try:
         monkeypatch.setattr(spool_module, "HASH_AHEAD_MIN_BYTES", 2 * spool_module.PIECE_BYTES)  # off
-        monkeypatch.setattr(spool_module, "_write_all", write_meeting_the_hash)
+        # One piece in flight, so that each piece's two trips are the only ones that can meet.
+        monkeypatch.setattr(spool_module, "MAX_PIECES_IN_FLIGHT", 1)
+        monkeypatch.setattr(spool_module, "_pwrite_all", write_meeting_the_hash)
         monkeypatch.setattr(spool_module, "_hash_piece", hash_meeting_the_write)
         data = os.urandom(pieces * spool_module.PIECE_BYTES)
         await put(spool, "k", data)
@@ -313,7 +316,7 @@ async def test_a_failed_write_gives_its_piece_back_only_after_the_hash_is_done(
         real_hash(piece, nbytes, md5, extra, start)
         events.append("hash done")
 
-    def failing_write(fd: int, view: memoryview) -> None:
+    def failing_write(fd: int, view: memoryview, offset: int) -> None:
         events.append("write failed")
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -326,8 +329,9 @@ async def test_a_failed_write_gives_its_piece_back_only_after_the_hash_is_done(
 
     try:
         monkeypatch.setattr(spool_module, "HASH_AHEAD_MIN_BYTES", 2 * spool_module.PIECE_BYTES)  # off
+        monkeypatch.setattr(spool_module, "MAX_PIECES_IN_FLIGHT", 1)  # one piece's trips in the events
         monkeypatch.setattr(spool_module, "_hash_piece", slow_hash)
-        monkeypatch.setattr(spool_module, "_write_all", failing_write)
+        monkeypatch.setattr(spool_module, "_pwrite_all", failing_write)
         monkeypatch.setattr(spool.pieces, "give", watched_give)
         with pytest.raises(SpoolWriteFailed) as exc:
             await put(spool, "k", os.urandom(pieces * spool_module.PIECE_BYTES))
@@ -398,4 +402,97 @@ async def test_a_failed_hash_ahead_fails_the_write_and_leaves_nothing(
         assert spool.pieces.idle >= 1  # the piece came back
     finally:
         monkeypatch.undo()
+        await spool.close()
+
+
+async def test_a_stream_keeps_two_pieces_in_flight_and_hashes_them_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a slow hash, the next piece is written while the one before it is still being hashed (the
+    pipeline), never more than MAX_PIECES_IN_FLIGHT pieces are out, and the hashes still take the pieces in
+    order: the MD5 comes out right."""
+    events: list[tuple[str, int]] = []
+    real_hash, real_write = spool_module._hash_piece, spool_module._write_piece
+    writers: list[Any] = []
+    most_in_flight = 0
+
+    def slow_hash(piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = (), start: int = 0) -> None:
+        nonlocal most_in_flight
+        most_in_flight = max(most_in_flight, len(writers[0]._flights))
+        events.append(("hash started", id(piece)))
+        time.sleep(0.05)
+        real_hash(piece, nbytes, md5, extra, start)
+        events.append(("hash done", id(piece)))
+
+    def recorded_write(fd: int, piece: Any, nbytes: int, offset: int) -> None:
+        events.append(("write started", offset))
+        real_write(fd, piece, nbytes, offset)
+
+    monkeypatch.setattr(spool_module, "_hash_piece", slow_hash)
+    monkeypatch.setattr(spool_module, "_write_piece", recorded_write)
+    spool = await opened(tmp_path)
+    try:
+        data = os.urandom(6 * spool_module.PIECE_BYTES + 12_345)
+        writer = spool.writer(len(data))
+        writers.append(writer)
+        await writer.open()
+        for i in range(0, len(data), 100_000):
+            await writer.write(data[i : i + 100_000])
+        await finished_as(spool, writer, data)
+        kinds = [k for k, _ in events]
+        # The second piece's write started before the first piece's hash was done.
+        assert kinds.index("write started", 1) < kinds.index("hash done")
+        # Hashes one at a time: started and done alternate.
+        hashes = [k for k in kinds if k.startswith("hash")]
+        assert hashes == ["hash started", "hash done"] * 7
+        assert most_in_flight <= spool_module.MAX_PIECES_IN_FLIGHT
+        assert sorted(o for k, o in events if k == "write started") == [
+            i * spool_module.PIECE_BYTES for i in range(7)
+        ]
+    finally:
+        await spool.close()
+
+
+async def test_a_hash_waiting_for_the_one_before_it_holds_no_io_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writer A's second piece must be hashed after its first; that wait must not sit on an I/O thread. With
+    two threads, one busy hashing A's first piece, writer B's body is still written and fsynced meanwhile."""
+    import threading
+
+    a_hashing = threading.Event()
+    release_a = threading.Event()
+    real_hash = spool_module._hash_piece
+    a_pieces: set[int] = set()
+
+    def hash_holding_a(
+        piece: Any, nbytes: int, md5: Any, extra: tuple[Any, ...] = (), start: int = 0
+    ) -> None:
+        if id(md5) in a_pieces and not release_a.is_set():
+            a_hashing.set()
+            release_a.wait(timeout=10)
+        real_hash(piece, nbytes, md5, extra, start)
+
+    monkeypatch.setattr(spool_module, "_hash_piece", hash_holding_a)
+    spool = Spool(CFG, tmp_path, SystemClock(), io_threads=2)
+    await spool.open()
+    try:
+        a_data = os.urandom(3 * spool_module.PIECE_BYTES)
+        a = spool.writer(len(a_data))
+        a_pieces.add(id(a._md5))
+        await a.open()
+        await a.write(a_data[: 2 * spool_module.PIECE_BYTES])  # two pieces in flight, the first one held
+        assert await asyncio.to_thread(a_hashing.wait, 10)
+        b_data = os.urandom(spool_module.PIECE_BYTES)
+        b = spool.writer(len(b_data))
+        await b.open()
+        await b.write(b_data)
+        # B finishes while A's first hash is still held: the second thread was free.
+        await asyncio.wait_for(finished_as(spool, b, b_data), timeout=5)
+        assert not release_a.is_set()
+        release_a.set()
+        await a.write(a_data[2 * spool_module.PIECE_BYTES :])
+        await finished_as(spool, a, a_data)
+    finally:
+        release_a.set()
         await spool.close()

@@ -154,19 +154,19 @@ async def test_disk_full_while_writing_fails_the_write_and_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spool = await opened(tmp_path)
-    real_write = os.write
+    real_pwrite = os.pwrite
 
-    def full(fd: int, data: Any) -> int:
+    def full(fd: int, data: Any, offset: int) -> int:
         if len(data) > 50_000:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_write(fd, data)
+        return real_pwrite(fd, data, offset)
 
-    monkeypatch.setattr(os, "write", full)
+    monkeypatch.setattr(os, "pwrite", full)
     try:
         with pytest.raises(SpoolWriteFailed) as exc:
             await put(spool, "big", os.urandom(2 * 1024 * 1024))
         assert exc.value.status == 503 and "full" in exc.value.message
-        monkeypatch.setattr(os, "write", real_write)
+        monkeypatch.setattr(os, "pwrite", real_pwrite)
         assert spool.degraded is None  # a data file failing is that write's problem only
         assert spool.state.lookup("b", "big") is None
         assert os.listdir(tmp_path / "data") == []  # the partial file is gone
