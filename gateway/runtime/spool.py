@@ -58,8 +58,8 @@ log = logging.getLogger("s3lanes.spool")
 
 T = TypeVar("T")
 
-# A body is copied into page-aligned buffers of this size; each full one goes to the I/O thread (MD5 and
-# write), one piece in flight while the next one fills. A multiple of any disk's logical block size.
+# A body is copied into page-aligned buffers of this size; each full one goes to the I/O threads (one writes
+# it, one hashes it) while the next one fills. A multiple of any disk's logical block size.
 PIECE_BYTES = 1024 * 1024
 # A one-piece body at least this long is hashed on a second I/O thread while the first writes and fsyncs it:
 # the ack then waits for the longer of the two, not their sum (MD5 of 1 MiB ~1.3 ms, write+fsync ~1 ms).
@@ -678,7 +678,7 @@ class SpoolFileWriter:
 
     async def open(self) -> None:
         """Start the upload. The file itself is created with the first full piece, or by :meth:`finish` for a
-        body that fits in one piece (created, written, fsynced and closed in one trip to the I/O thread)."""
+        body that fits in one piece (created, written and fsynced there: :meth:`_finish_whole`)."""
         self._open = True
 
     async def _create(self) -> None:
@@ -708,8 +708,8 @@ class SpoolFileWriter:
             self._piece[self._filled : self._filled + n] = view[:n]
             self._filled += n
             view = view[n:]
-            # A full piece goes to the I/O thread, unless it is the whole declared body of a file not yet
-            # created: finish() then does everything in one trip.
+            # A full piece goes to the I/O threads, unless it is the whole declared body of a file not yet
+            # created: finish() then creates, writes and fsyncs it at once (its head hashed ahead meanwhile).
             if self._filled == size and (self._fd >= 0 or self.size + size < self.reserved_bytes):
                 await self._hand_over()
             elif self._hash_ahead and self._filled - self._hashed >= HASH_AHEAD_MIN_BYTES:
@@ -995,13 +995,11 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
         view, offset, retried = view[n:], offset + n, False
 
 
-def _drop_direct(fd: int) -> bool:
-    """Turn O_DIRECT off on ``fd``; False if it was not on."""
+def _drop_direct(fd: int) -> None:
+    """Turn O_DIRECT off on ``fd`` (nothing to do if it is off)."""
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    if not flags & os.O_DIRECT:
-        return False
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
-    return True
+    if flags & os.O_DIRECT:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
 
 
 def _direct_io_works(data_dir: Path) -> bool:
