@@ -215,6 +215,10 @@ class SpoolConfig:
     # Write data files with O_DIRECT (no copy into the page cache, no writeback storm after a burst) where the
     # spool's filesystem accepts it; probed at start, page cache otherwise.
     direct_io: bool = True
+    # How long the store is given to apply (or drop) a drain request that may still be on its way to it
+    # (a crash or an unanswered request left it there) before the key is read back and, if an older state
+    # shows, the newest one applied again. None = [backend] read_timeout_s. See docs/spool.md (fencing).
+    fence_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -496,6 +500,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "journal_compact_bytes": "size",
         "abandoned_upload_s": "float",
         "direct_io": "bool",
+        "fence_s": "float",
     },
     "cluster": {
         "redis_url": "opt_str",
@@ -897,6 +902,8 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[spool]", "need 0 < retry_base_s <= retry_max_s")
     if sp.capacity_bytes < 0:
         problems.add("[spool].capacity", "must not be negative")
+    if sp.fence_s is not None and sp.fence_s < 0:
+        problems.add("[spool].fence_s", "must not be negative")
     for lane in sp.lanes:
         if lane not in cfg.lanes:
             problems.add("[spool].lanes", f"unknown lane {lane!r} (lanes: {', '.join(sorted(cfg.lanes))})")

@@ -7,7 +7,18 @@ so the state after a crash is exactly the state that was acknowledged. Records:
     put      an object acknowledged (single PUT, CopyObject, or a completed multipart upload)
     del      a DELETE acknowledged for a key that still had spooled data (a tombstone)
     mpu      a multipart upload created in the spool;  part  one part of it;  abort  it was aborted
-    done     an entry is on the backend (the drain confirmed it)
+    done     an entry is on the backend (the drain confirmed it); settles the key's wires up to its seq
+    wire     a drain request that completes an object (PUT, multipart completion, tombstone DELETE) may
+             be on its way to the store: journaled before it is sent
+
+Fencing. A request that completes an object may be applied by the store long after it was sent (the
+store stalled with it in a socket buffer), after a newer state of the key that a restarted gateway (or a
+drainer that gave up waiting for an answer) sent later. Such a key is *in doubt*: after replay, every key
+with a ``wire`` not settled by a later ``done``; while running, a key whose completing request went
+unanswered (the shell marks it). The newest entry of a key in doubt is not done once the store answered
+its upload: the shell waits a fence interval, reads the key back and re-applies the newest state until the
+store shows it, and only then clears the doubt and journals ``done``. ``done`` settles only wires of seqs
+up to its own: a newer entry's wire, journaled while the ``done`` was still on its way, stays open.
 
 Ordering rules (what the backend ends up with equals the order of acknowledgements):
 
@@ -186,6 +197,12 @@ class SpoolState:
         # after a crash means the store may hold an upload whose id the journal never got; the janitor
         # finds it by listing the key's uploads initiated since ``not before``.
         self.backend_intents: dict[str, tuple[str, str, str, str, float]] = {}
+        # Completing drain requests that may be on the wire, per key: the seqs of ``wire`` records not
+        # settled by a ``done`` of that seq or a newer one of the key.
+        self.wires: dict[tuple[str, str], set[int]] = {}
+        # Keys whose state on the store is in doubt (see the module doc). Not journaled: derived from the
+        # wires at recovery (:meth:`recovered`), added to by the shell, cleared once the fence confirmed.
+        self.in_doubt: set[tuple[str, str]] = set()
         self._next_seq = 1
         self.bytes_on_disk = 0
 
@@ -267,8 +284,15 @@ class SpoolState:
         if kind == "bmpi_end":
             self.backend_intents.pop(rec["i"], None)
             return Applied()
+        if kind == "wire":
+            self.wires.setdefault((rec["b"], rec["k"]), set()).add(int(rec["s"]))
+            return Applied()
         if kind == "done":
             done = self.entries.get(int(rec["s"]))
+            if "k" in rec:  # older journals' done records name no key: the entry's, if it is still there
+                self._settle_wires(rec["b"], rec["k"], int(rec["s"]))
+            elif done is not None:
+                self._settle_wires(done.bucket, done.key, done.seq)
             if done is None:
                 return Applied()
             self._remove(done)
@@ -343,6 +367,33 @@ class SpoolState:
         self._latest[ident] = entry
         return Applied(garbage=garbage, cancel=cancel, removed=removed)
 
+    def _settle_wires(self, bucket: str, key: str, seq: int) -> None:
+        ident = (bucket, key)
+        wires = self.wires.get(ident)
+        if wires is None:
+            return
+        wires.difference_update([s for s in wires if s <= seq])
+        if not wires:
+            del self.wires[ident]
+
+    def recovered(self) -> int:
+        """Called once the journal is replayed: every key with a completing request that may still be on
+        the wire is in doubt. The number of such keys."""
+        self.in_doubt.update(self.wires)
+        return len(self.wires)
+
+    def wire_needed(self, entry: Entry) -> bool:
+        """Whether a ``wire`` record must be journaled before a completing request of ``entry`` is sent
+        (none is while one of this entry is still open, e.g. on a retry)."""
+        return entry.seq not in self.wires.get((entry.bucket, entry.key), ())
+
+    @staticmethod
+    def wire_record(entry: Entry) -> dict[str, Any]:
+        return {"t": "wire", "b": entry.bucket, "k": entry.key, "s": entry.seq}
+
+    def is_in_doubt(self, entry: Entry) -> bool:
+        return (entry.bucket, entry.key) in self.in_doubt
+
     def _remove(self, entry: Entry) -> None:
         self.entries.pop(entry.seq, None)
         ident = (entry.bucket, entry.key)
@@ -400,8 +451,12 @@ class SpoolState:
         return {"t": "abort", "u": upload_id}
 
     @staticmethod
-    def done_record(seq: int) -> dict[str, Any]:
-        return {"t": "done", "s": seq}
+    def done_record(seq: int, entry: Entry | None = None) -> dict[str, Any]:
+        """``entry`` given: the record names its key, and settles the key's wires up to ``seq`` even if
+        replay no longer holds the entry (superseded before it drained)."""
+        if entry is None:
+            return {"t": "done", "s": seq}
+        return {"t": "done", "s": seq, "b": entry.bucket, "k": entry.key}
 
     @staticmethod
     def backend_upload_record(upload_id: str, entry: Entry) -> dict[str, Any]:
@@ -653,6 +708,8 @@ class SpoolState:
                     "nb": not_before,
                 }
             )
+        for (bucket, key), wire_seqs in self.wires.items():
+            out.extend({"t": "wire", "b": bucket, "k": key, "s": s} for s in sorted(wire_seqs))
         out.append({"t": "seq", "seq": self.last_seq})
         return out
 

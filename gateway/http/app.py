@@ -126,6 +126,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             lane_names=frozenset(cfg.lanes),
             zero_copy=cfg.server.zero_copy_min_bytes > 0,
             in_doubt_hold_s=cfg.backend.read_timeout_s,
+            fence_s=cfg.backend.read_timeout_s if cfg.spool.fence_s is None else cfg.spool.fence_s,
         )
         front = SpoolFront(spool, proxy, cfg, pools, clock, metrics)
         proxy.spool_front = front

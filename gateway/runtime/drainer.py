@@ -13,6 +13,11 @@ entry marked done in the journal, and only then are its files freed. Failures re
 backoff and jitter, forever: acknowledged data is never given up. An upload whose entry is superseded while
 in flight (overwrite or DELETE acknowledged meanwhile) is cancelled; a multipart one is aborted.
 
+Fencing: before a request that completes an object goes out, the journal records that the key may have a
+request on the wire. A key whose such request may still be applied by the store (after a crash, or when
+no answer came) is *in doubt*: once the newest state of it is applied, the drainer waits ``fence_s``, reads
+the key back (HEAD) and applies the newest state again until the store shows it; only then is it done.
+
 A file body goes to a plain-TCP store with ``sendfile(2)``, each granted piece straight from the spool file
 into the connection's socket (:class:`SpoolFileBody`); over TLS, or with ``[server] zero_copy_min_bytes =
 0``, it is read and written through the connection as usual. Either way the same pieces are granted first.
@@ -162,9 +167,11 @@ class Drainer:
         default_lane: str = "checkpoint",
         zero_copy: bool = False,
         in_doubt_hold_s: float = 60.0,
+        fence_s: float = 60.0,
     ) -> None:
         self.zero_copy = zero_copy
         self._in_doubt_hold_s = in_doubt_hold_s
+        self._fence_s = fence_s
         self._lane_names = lane_names
         self._spool = spool
         self._pools = pools
@@ -185,6 +192,7 @@ class Drainer:
         ] = {}  # one per drain upload intent (see _upload_multipart)
         self._abortable: set[int] = set()  # seqs whose upload may still be cut (see _cancel)
         self._in_doubt: set[int] = set()  # seqs with a completing request out and no answer yet (_drain)
+        self._fencing: set[int] = set()  # seqs waiting out a fence (see _fence): they hold no drain slot
         self._closing = False
         self._last_age_warning = 0.0
         self._rng = random.Random()
@@ -219,7 +227,7 @@ class Drainer:
                 return
             self._check_age()
             self._start_janitor()
-            free = self._cfg.drain_concurrency - len(self._tasks)
+            free = self._cfg.drain_concurrency - len(self._tasks) + len(self._fencing)
             for entry in self._spool.state.drainable(self._clock.monotonic(), free):
                 self._spool.state.start_upload(entry)
                 task = asyncio.create_task(self._drain(entry), name=f"drain-{entry.seq}")
@@ -231,6 +239,7 @@ class Drainer:
         self._tasks.pop(entry.seq, None)
         self._abortable.discard(entry.seq)
         self._in_doubt.discard(entry.seq)
+        self._fencing.discard(entry.seq)
         if entry.state is EntryState.UPLOADING:
             self._spool.after_drain(
                 self._spool.state.upload_failed(entry, self._clock.monotonic(), "cancelled")
@@ -391,6 +400,8 @@ class Drainer:
         state = self._spool.state
         try:
             await self._upload(entry)
+            if state.is_in_doubt(entry):
+                await self._fence(entry)
         except Exception as exc:
             if entry.seq in self._in_doubt:
                 await self._hold_in_doubt(entry, exc)
@@ -420,7 +431,7 @@ class Drainer:
             state.upload_succeeded(entry)
             self._spool.note_drained(entry.size)
             self._metrics.spool_durable_latency.observe(max(0.0, self._clock.wall() - entry.acked_at))
-            done = state.done_record(entry.seq)
+            done = state.done_record(entry.seq, entry)
             try:
                 await self._spool.commit([done])
             except SpoolWriteFailed:
@@ -437,9 +448,11 @@ class Drainer:
         blocked (the entry is still uploading) for as long as an answer would have been waited for, so a
         newer write of the key is not sent right behind a request that may yet land after it."""
         self._in_doubt.discard(entry.seq)
+        self._spool.state.in_doubt.add((entry.bucket, entry.key))  # its newest state is fenced (_fence)
         log.warning(
             "drain of %s/%s (entry %d): a request that completes the object went unanswered (%s); the key"
-            " stays blocked for %.0f s in case the store still applies it",
+            " stays blocked for %.0f s in case the store still applies it, and its newest state is read back"
+            " after it drains",
             entry.bucket,
             entry.key,
             entry.seq,
@@ -447,6 +460,68 @@ class Drainer:
             self._in_doubt_hold_s,
         )
         await asyncio.sleep(self._in_doubt_hold_s)
+
+    async def _wire(self, entry: Entry) -> None:
+        """Journal that a request completing ``entry`` may be on its way to the store, before it is sent:
+        after a crash the key is then in doubt (see :meth:`_fence`). With the journal out of service the
+        request goes out unrecorded (a crash then leaves the key unfenced: drains are not held up)."""
+        state = self._spool.state
+        if not state.wire_needed(entry):
+            return
+        try:
+            await self._spool.commit([state.wire_record(entry)])
+        except SpoolWriteFailed:
+            if self._spool.degraded is None:
+                raise
+
+    async def _fence(self, entry: Entry) -> None:
+        """The newest state of a key in doubt was applied and answered: an older request of the key may
+        still be applied after it. Wait ``fence_s`` (the store has just answered, so the interval is one
+        of a working store; a HEAD that is slow again says it stalled, and the wait starts over), read the
+        key back, and apply the newest state again until the store shows it. Until then the entry stays
+        uploading: served from the spool, pending in flush and status. It holds no drain slot meanwhile."""
+        self._fencing.add(entry.seq)
+        self._spool.drain_wakeup.set()
+        try:
+            while True:
+                await asyncio.sleep(self._fence_s)
+                if entry.superseded:
+                    raise Superseded()  # the newer entry of the key is fenced in its turn
+                started = self._clock.monotonic()
+                shows = await self._store_shows(entry)
+                if shows and self._clock.monotonic() - started <= max(1.0, self._fence_s / 2):
+                    break
+                if shows:
+                    continue  # the store was slow again: give an older request another interval
+                self._spool.fence_reapplies += 1
+                log.warning(
+                    "drain of %s/%s (entry %d): after the fence the store holds an older state (a request"
+                    " left on the wire was applied late); applying the newest state again",
+                    entry.bucket,
+                    entry.key,
+                    entry.seq,
+                )
+                self._fencing.discard(entry.seq)
+                await self._upload(entry)
+                self._fencing.add(entry.seq)
+        finally:
+            self._fencing.discard(entry.seq)
+        self._spool.state.in_doubt.discard((entry.bucket, entry.key))
+
+    async def _store_shows(self, entry: Entry) -> bool:
+        """Whether the store holds what ``entry`` applied: absence for a tombstone, else its ETag and size."""
+        status, data, head = await self._request(entry, "HEAD", "", {})
+        if status == 404:
+            return entry.kind == "del"
+        if status != 200:
+            raise DrainError(f"HEAD after the fence answered {status}: {data[:200]!r}")
+        if entry.kind == "del":
+            return False
+        if int(head.get("Content-Length", "-1")) != entry.size:
+            return False
+        got = _norm_etag(head.get("ETag", ""))
+        # No ETag at all (SeaweedFS, empty objects): the size matches, and all empty objects are alike.
+        return not got or got == _norm_etag(entry.etag)
 
     def _backoff(self, attempts: int) -> float:
         cap = min(self._cfg.retry_max_s, self._cfg.retry_base_s * (2 ** max(0, attempts - 1)))
@@ -583,6 +658,7 @@ class Drainer:
 
     async def _upload(self, entry: Entry) -> None:
         if entry.kind == "del":
+            await self._wire(entry)
             self._in_doubt.add(entry.seq)
             status, data, _ = await self._request(entry, "DELETE", "", {})
             if status not in (200, 204, 404):
@@ -598,6 +674,7 @@ class Drainer:
         md5_hex = _norm_etag(entry.etag)
         headers["content-md5"] = base64.b64encode(bytes.fromhex(md5_hex)).decode()
         headers["content-length"] = str(entry.size)
+        await self._wire(entry)
         if entry.size:
             self._abortable.add(entry.seq)  # until the last byte is handed to the connection
             body: bytes | SpoolFileBody = SpoolFileBody(self, entry, entry.files[0], entry.size, commits=True)
@@ -686,6 +763,7 @@ class Drainer:
                 got = _norm_etag(resp_headers.get("ETag", ""))
                 if got != md5_hex:
                     raise DrainError(f"UploadPart {number}: backend ETag {got!r} differs from {md5_hex!r}")
+            await self._wire(entry)
             self._abortable.discard(entry.seq)
             if entry.superseded:
                 raise Superseded()
