@@ -25,6 +25,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+from loadtests.crashmodel import CrashConfig, run_crash
 from tests.conftest import Backend, s3_client
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
 
@@ -245,3 +246,45 @@ def test_a_drain_request_the_drainer_gave_up_on_does_not_overwrite_the_newer_sta
     finally:
         stallable.resume()
         stop_gateway(proc)
+
+
+@pytest.mark.timeout(300)
+def test_randomized_crash_run_with_the_store_stalled_at_every_kill_ends_with_the_newest_state(
+    stallable: StallableSeaweed, store: Any, fence_bucket: str, tmp_path: Path
+) -> None:
+    """The fast variant of ``python -m loadtests.spool_crash --stall``: a few kills, each while the store is
+    frozen, resumed before or after the restart; the store must end with exactly what was acknowledged,
+    with no multipart upload left, once flush answered durable."""
+    seed = secrets.randbelow(2**31)
+
+    def stall_store(frozen: bool) -> None:
+        if frozen:
+            stallable.stall()
+        else:
+            stallable.resume()
+
+    report = run_crash(
+        CrashConfig(
+            ops=60,
+            kills=5,
+            seed=seed,
+            max_kill_phase_s=150,
+            flush_timeout_s=90,
+            stall=True,
+            stall_min_s=1.5,
+            stall_max_s=3.0,
+            fence_s=FENCE_S,
+        ),
+        work_dir=tmp_path,
+        backend_endpoint=stallable.endpoint_url,
+        access_key=stallable.admin.access_key,
+        secret_key=stallable.admin.secret_key,
+        bucket=fence_bucket,
+        backend=store,
+        say=print,
+        stall_store=stall_store,
+    )
+    summary = f"{report.summary()}\nseed {seed}; logs in {tmp_path}"
+    print(summary)
+    assert report.ok, summary
+    assert report.stats.kills >= 5, summary
