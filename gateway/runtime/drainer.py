@@ -193,6 +193,10 @@ class Drainer:
         self._abortable: set[int] = set()  # seqs whose upload may still be cut (see _cancel)
         self._in_doubt: set[int] = set()  # seqs with a completing request out and no answer yet (_drain)
         self._fencing: set[int] = set()  # seqs waiting out a fence (see _fence): they hold no drain slot
+        # Stale drain uploads and intents (by upload id or intent token) -> when the store first answered
+        # about them here: they are closed only once a look a fence interval later finds nothing either,
+        # since an older request (a CreateMultipartUpload, a part) may still be applied (_settled).
+        self._first_answer: dict[str, float] = {}
         self._closing = False
         self._last_age_warning = 0.0
         self._rng = random.Random()
@@ -278,10 +282,27 @@ class Drainer:
                 )
                 continue
             if status in (200, 204, 404):
+                if not self._settled(upload_id):
+                    continue  # aborted; aborted again after the fence interval, in case it came back
                 with contextlib.suppress(SpoolWriteFailed):
                     await self._spool.commit([self._spool.state.backend_upload_end_record(upload_id)])
             else:
                 log.warning("abort of stale backend upload %s answered %d: %r", upload_id, status, data[:200])
+
+    def _settled(self, name: str) -> bool:
+        """Whether a stale upload or intent the store has just answered about may be closed: only a fence
+        interval after its first answer here (a request the store still holds from a killed process, or one
+        that went unanswered, could create or recreate the upload until then)."""
+        now = self._clock.monotonic()
+        first = self._first_answer.setdefault(name, now)
+        if now - first < self._fence_s:
+            return False
+        del self._first_answer[name]
+        return True
+
+    def _fence_left(self, name: str) -> float:
+        first = self._first_answer.get(name)
+        return 0.0 if first is None else max(0.0, first + self._fence_s - self._clock.monotonic())
 
     def _intent_lock(self, token: str) -> asyncio.Lock:
         lock = self._intent_locks.get(token)
@@ -308,7 +329,8 @@ class Drainer:
     async def _resolve_intent(self, token: str) -> None:
         """List the key's multipart uploads on the store and abort those initiated since the intent's entry
         was acknowledged that the journal does not know (while a key has spooled data, writes of it through
-        the gateway are spooled, so such an upload is a drain's); then end the intent."""
+        the gateway are spooled, so such an upload is a drain's); then end the intent, once a listing a
+        fence interval after the first one was made (the CreateMultipartUpload may still be in the store)."""
         state = self._spool.state
         found = state.backend_intents.get(token)
         if found is None:
@@ -331,6 +353,8 @@ class Drainer:
             log.info(
                 "aborted drain upload %s of %s/%s left by a crash or a failed attempt", upload_id, bucket, key
             )
+        if not self._settled(token):
+            return
         with contextlib.suppress(SpoolWriteFailed):
             await self._spool.commit([state.backend_intent_end_record(token)])
 
@@ -709,9 +733,11 @@ class Drainer:
         # Held from the intent until the upload id is journaled, so the janitor never resolves an intent
         # whose upload is being created (it would miss it, or abort a live one).
         async with self._intent_lock(token):
-            if token in state.backend_intents:
+            while token in state.backend_intents:
                 # A previous attempt (or process) may have left an upload behind: clean it up first.
                 await self._resolve_intent(token)
+                if token in state.backend_intents:
+                    await asyncio.sleep(max(0.05, self._fence_left(token)))
             journaled = True
             if token not in state.backend_intents:
                 try:
