@@ -35,18 +35,26 @@ from gateway.core.body import UploadBody
 from gateway.core.checksums import check_content_md5
 from gateway.core.classify import Decision
 from gateway.core.listing import (
+    NULL_VERSION,
     ListEntry,
     NotOurToken,
+    VersionEntry,
     decode_token,
     iso8601,
     merge_page,
+    merge_versions_page,
     parse_backend_listing,
+    parse_backend_versions,
     parse_list_request,
+    parse_owner,
+    parse_versions_request,
     prefixes_to_expand,
     render_list_xml,
+    render_versions_xml,
+    versions_prefixes_to_expand,
 )
 from gateway.core.objectread import DEFAULT_CONTENT_TYPE, StoredObject, plan_read
-from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_keys
+from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_targets
 from gateway.core.s3request import query_names
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
 from gateway.core.uri import s3_quote
@@ -302,6 +310,8 @@ class SpoolFront:
         # (backend identity, bucket) -> monotonic time until which the bucket is known to be there for it
         self._bucket_ok: dict[tuple[str, str], float] = {}
         self._bucket_checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # HEADs on their way
+        # (backend, backend access key) -> (Owner ID, DisplayName)
+        self._owners: dict[tuple[str, str], tuple[str, str]] = {}
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
         self._closing = False
@@ -337,6 +347,9 @@ class SpoolFront:
                 # (the backend cannot continue a listing from a token it did not issue).
                 if state.has_bucket_prefix(bucket, q.get("prefix", "")) or _our_token(q):
                     return await self._list(request, ctx, decision, bucket)
+            elif op == "ListObjectVersions":
+                if state.has_bucket_prefix(bucket, q.get("prefix", "")):
+                    return await self._list_versions(ctx, decision, bucket, q)
             elif op in ("DeleteObjects", "DeleteBucket") and any(
                 b == bucket for b, _ in self.spool.unjournaled_keys
             ):
@@ -360,6 +373,14 @@ class SpoolFront:
             return await self._spooled_upload_op(request, ctx, decision, op, upload_id, q)
         if (bucket, key) in self.spool.unjournaled_keys and _writes_key(op):
             raise self._journal_out_of_service()
+        if (
+            op == "DeleteObject"
+            and q.get("versionId") == NULL_VERSION
+            and state.lookup(bucket, key) is not None
+        ):
+            # The spool models an unversioned bucket: a spooled key's one version is "null" (as listed).
+            # The store answers it without an x-amz-version-id on an unversioned bucket, as this does.
+            return await self._tombstone(request, ctx, decision, bucket, key)
         if "versionId" in q:
             if _writes_key(op):  # not modelled by the spool, but ordered after the key's spooled data
                 await self._wait_clear(bucket, key)
@@ -705,11 +726,22 @@ class SpoolFront:
         entries, prefixes = listed
         spooled: list[ListEntry] = []
         hidden: set[str] = set()
-        for entry in self.spool.state.live_under(bucket, req.prefix):
+        show_owner = req.version == 1 or req.fetch_owner
+        for entry in list(self.spool.state.live_under(bucket, req.prefix)):
             if entry.kind == "del":
                 hidden.add(entry.key)
             else:
-                spooled.append(ListEntry(entry.key, entry.size, entry.etag, entry.acked_at))
+                owner = await self._owner(ctx, bucket, entry.access_key) if show_owner else None
+                spooled.append(
+                    ListEntry(
+                        entry.key,
+                        entry.size,
+                        entry.etag,
+                        entry.acked_at,
+                        owner_id=owner[0] if owner else None,
+                        owner_name=owner[1] if owner else None,
+                    )
+                )
         # A backend common prefix whose keys may all be deleted in the spool: list it out key by key.
         for prefix in prefixes_to_expand(req, prefixes, hidden):
             expanded = await self._backend_listing(ctx, decision, bucket, prefix, "")
@@ -730,6 +762,7 @@ class SpoolFront:
         limit = self._cfg.spool.list_merge_max_keys
         while True:
             params = [("list-type", "2"), ("encoding-type", "url"), ("max-keys", "1000"), ("prefix", prefix)]
+            params.append(("fetch-owner", "true"))
             if delimiter:
                 params.append(("delimiter", delimiter))
             if token:
@@ -759,6 +792,115 @@ class SpoolFront:
             if not page.is_truncated or not page.next_continuation_token:
                 return entries, prefixes
             token = page.next_continuation_token
+
+    async def _owner(
+        self, ctx: RequestContext, bucket: str, writer_access_key: str
+    ) -> tuple[str, str] | None:
+        """The backend's Owner (ID, DisplayName) of the identity that wrote a spooled object, as the store
+        will list it once drained (ListBuckets' Owner as that identity; cached). None if unknown."""
+        cred = self._creds.get(writer_access_key, ctx.credential)
+        backend = self._pools.backend_for(bucket)
+        ident = (backend.name, cred.backend_access_key)
+        cached = self._owners.get(ident)
+        if cached is not None:
+            return cached
+        target = backend.target(None, None, "")
+        try:
+            resp = await backend.request("GET", target, {}, cred, lane="metadata")
+            try:
+                data = await resp.read()
+                status = resp.status
+            finally:
+                resp.release()
+        except S3Error:
+            return None
+        if status != 200:
+            return None
+        owner = parse_owner(data)
+        if owner is not None:
+            self._owners[ident] = owner
+        return owner
+
+    async def _list_versions(
+        self, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
+    ) -> web.StreamResponse:
+        """ListObjectVersions over a prefix with spooled keys: the backend's whole version listing of the
+        prefix merged with the spool (a spooled key is one version, "null", the latest)."""
+        req = parse_versions_request(q)
+        listed = await self._backend_versions(ctx, decision, bucket, req.prefix, req.delimiter)
+        if isinstance(listed, web.Response):
+            return listed
+        versions, prefixes = listed
+        spooled: list[VersionEntry] = []
+        hidden: set[str] = set()
+        for entry in list(self.spool.state.live_under(bucket, req.prefix)):
+            if entry.kind == "del":
+                hidden.add(entry.key)
+                continue
+            owner = await self._owner(ctx, bucket, entry.access_key)
+            spooled.append(
+                VersionEntry(
+                    key=entry.key,
+                    version_id=NULL_VERSION,
+                    is_latest=True,
+                    last_modified=entry.acked_at,
+                    size=entry.size,
+                    etag=entry.etag,
+                    owner_id=owner[0] if owner else None,
+                    owner_name=owner[1] if owner else None,
+                )
+            )
+        for prefix in versions_prefixes_to_expand(req, prefixes, hidden):
+            expanded = await self._backend_versions(ctx, decision, bucket, prefix, "")
+            if isinstance(expanded, web.Response):
+                return expanded
+            prefixes.remove(prefix)
+            versions.extend(expanded[0])
+        page = merge_versions_page(req, versions, prefixes, spooled, hidden)
+        return self._response(ctx, decision, body=render_versions_xml(req, bucket, page))
+
+    async def _backend_versions(
+        self, ctx: RequestContext, decision: Decision, bucket: str, prefix: str, delimiter: str
+    ) -> tuple[list[VersionEntry], list[str]] | web.Response:
+        """The backend's whole version listing of a prefix, paged with its own markers."""
+        versions: list[VersionEntry] = []
+        prefixes: list[str] = []
+        marker: tuple[str, str] | None = None
+        limit = self._cfg.spool.list_merge_max_keys
+        while True:
+            params = [("versions", ""), ("max-keys", "1000"), ("prefix", prefix)]
+            if delimiter:
+                params.append(("delimiter", delimiter))
+            if marker is not None:
+                params.append(("key-marker", marker[0]))
+                if marker[1]:
+                    params.append(("version-id-marker", marker[1]))
+            raw_query = "&".join(f"{k}={s3_quote(v, safe='')}" for k, v in params)
+            resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
+            try:
+                data = await resp.read()
+                status = resp.status
+            finally:
+                resp.release()
+            if status != 200:
+                out = web.Response(status=status, body=data, content_type="application/xml")
+                out.headers["x-amz-request-id"] = ctx.request_id
+                return out
+            try:
+                page = parse_backend_versions(data)
+            except ValueError as exc:
+                raise ServiceUnavailable(f"The backend's version listing could not be parsed: {exc}") from exc
+            versions.extend(page.versions)
+            prefixes.extend(page.common_prefixes)
+            if len(versions) + len(prefixes) > limit:
+                raise SlowDown(
+                    f"The listing has more than {limit} versions under this prefix and cannot be merged"
+                    " with spooled writes; retry after they are uploaded."
+                )
+            following = (page.next_key_marker, page.next_version_id_marker)
+            if not page.is_truncated or not page.next_key_marker or following == marker:
+                return versions, prefixes
+            marker = following
 
     async def _list_uploads(
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
@@ -797,7 +939,12 @@ class SpoolFront:
     # -- deletes ---------------------------------------------------------------------------------------------
 
     async def _tombstone(
-        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, key: str
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
     ) -> web.StreamResponse:
         rec = self.spool.state.delete_record(
             bucket=bucket,
@@ -813,8 +960,16 @@ class SpoolFront:
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
     ) -> web.StreamResponse:
         body = await self._read_xml_body(request, ctx)
-        keys = delete_objects_keys(body)
         state = self.spool.state
+        keys: list[str] = []
+        for k, version_id in delete_objects_targets(body):
+            if version_id is None or (version_id == NULL_VERSION and state.lookup(bucket, k) is not None):
+                # A spooled key's one version is "null" (as ListObjectVersions shows it): deleting it
+                # deletes the key, as on an unversioned bucket.
+                if k not in keys:
+                    keys.append(k)
+            else:
+                await self._wait_clear(bucket, k)  # another version: ordered after the key's spooled data
         records = [
             state.delete_record(
                 bucket=bucket,

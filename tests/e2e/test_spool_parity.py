@@ -1,0 +1,275 @@
+"""S3 parity of spooled objects: the gateway with its spool on answers as the store does.
+
+Each test makes the same calls through a spooling gateway (whose drain is held back for the keys under
+``held/``) and straight to SeaweedFS, and compares status, error code and the fields S3 documents. The
+gateway here is ``held_gateway``: its backend is a :class:`FaultyBackend` in front of SeaweedFS that answers
+every drain write of a key under ``held/`` (PUT, and the POSTs of a multipart upload) with 503 SlowDown, so
+those entries stay in the spool (the drain retries them with a short backoff) until the test releases them
+with :meth:`Held.release`. Reads, listings, deletes and everything else pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.conftest import s3_client
+from tests.e2e.conftest import Gateway, start_plain_gateway, stop_and_check
+from tests.e2e.faulty_backend import FaultyBackend
+
+pytestmark = pytest.mark.e2e
+
+MiB = 1024 * 1024
+SOURCE_HEADER = "x-s3lanes-source"
+HELD = "held/"
+
+HELD_TOML = """
+[spool]
+retry_base_s = 0.05
+retry_max_s = 0.3
+"""
+
+
+def _held_write(method: str, raw_path: str) -> bool:
+    path = raw_path.partition("?")[0]
+    return method in ("PUT", "POST") and f"/{HELD}" in path
+
+
+@dataclass
+class Held:
+    gw: Gateway
+    proxy: FaultyBackend
+
+    def hold(self) -> None:
+        self.proxy.errors("slowdown", 1.0, match=_held_write)
+
+    def release(self) -> None:
+        self.proxy.pass_through()
+
+
+@pytest.fixture(scope="module")
+def held_gateway(seaweed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Held]:
+    tmp: Path = tmp_path_factory.mktemp("held-spool-gateway")
+    proxy = FaultyBackend(seaweed.endpoint_url, seed=23)
+    proxy.start()
+    proc, gw = start_plain_gateway(tmp, seaweed, backend_endpoint=proxy.url, extra_toml=HELD_TOML)
+    try:
+        yield Held(gw, proxy)
+    finally:
+        proxy.pass_through()
+        stop_and_check(proc, gw)
+        proxy.stop()
+
+
+@pytest.fixture
+def held(held_gateway: Held, bucket: str) -> Iterator[Held]:
+    """The held gateway, drain held for ``held/`` keys; released and the bucket drained afterwards."""
+    held_gateway.hold()
+    try:
+        yield held_gateway
+    finally:
+        held_gateway.release()
+        held_gateway.gw.flush(bucket)
+
+
+@pytest.fixture
+def store_bucket(seaweed: Any) -> Iterator[str]:
+    """A second fresh bucket, used straight on the store as the reference."""
+    client = s3_client(seaweed)
+    name = f"ref-{os.urandom(6).hex()}"
+    client.create_bucket(Bucket=name)
+    try:
+        yield name
+    finally:
+        _empty_and_delete(client, name)
+        client.close()
+
+
+def _empty_and_delete(client: Any, bucket: str) -> None:
+    try:
+        for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket):
+            for up in page.get("Uploads", []):
+                client.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for obj in page.get("Contents", []):
+                client.delete_object(Bucket=bucket, Key=obj["Key"])
+        client.delete_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "NoSuchBucket":
+            raise
+
+
+def source(resp: dict[str, Any]) -> str | None:
+    headers: dict[str, str] = resp["ResponseMetadata"]["HTTPHeaders"]
+    return headers.get(SOURCE_HEADER)
+
+
+def outcome(call: Any, **kwargs: Any) -> tuple[int, str]:
+    """(HTTP status, error code or "") of a boto3 call."""
+    try:
+        resp = call(**kwargs)
+    except ClientError as exc:
+        return exc.response["ResponseMetadata"]["HTTPStatusCode"], exc.response["Error"]["Code"]
+    return resp["ResponseMetadata"]["HTTPStatusCode"], ""
+
+
+def assert_spooled(gw: Gateway, store: Any, bucket: str, key: str) -> None:
+    """The key is answered from the spool and the store does not have it yet: the test is not vacuous."""
+    head = gw.client().head_object(Bucket=bucket, Key=key)
+    assert source(head) == "spool", f"{key} is not held in the spool"
+    try:
+        on_store = store.head_object(Bucket=bucket, Key=key)["ETag"]
+    except ClientError:
+        on_store = None
+    assert on_store != head["ETag"], f"{key} already drained"
+
+
+# --- ListObjectVersions ------------------------------------------------------------------------------------
+
+
+def version_view(page: dict[str, Any]) -> dict[str, Any]:
+    """The documented fields of a ListObjectVersions answer, without times and bucket name."""
+    return {
+        "versions": [
+            (v["Key"], v["VersionId"], v["IsLatest"], v["ETag"], v["Size"], v["StorageClass"], v.get("Owner"))
+            for v in page.get("Versions", [])
+        ],
+        "markers": [(m["Key"], m["VersionId"], m["IsLatest"]) for m in page.get("DeleteMarkers", [])],
+        "prefixes": [p["Prefix"] for p in page.get("CommonPrefixes", [])],
+        "truncated": page["IsTruncated"],
+        "next": (page.get("NextKeyMarker"), page.get("NextVersionIdMarker")),
+    }
+
+
+def all_version_pages(client: Any, bucket: str, **kwargs: Any) -> list[dict[str, Any]]:
+    pages = []
+    args = dict(kwargs)
+    while True:
+        page = client.list_object_versions(Bucket=bucket, **args)
+        pages.append(version_view(page))
+        if not page["IsTruncated"]:
+            return pages
+        args["KeyMarker"] = page["NextKeyMarker"]
+        if page.get("NextVersionIdMarker"):
+            args["VersionIdMarker"] = page["NextVersionIdMarker"]
+        else:
+            args.pop("VersionIdMarker", None)
+
+
+def test_list_object_versions_shows_spooled_keys_as_the_store_shows_the_same_objects(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    on_store = {"a": b"store-a", f"{HELD}old": b"old", f"{HELD}gone": b"gone", "dir/x": b"x", "dir2/y": b"y"}
+    for key, body in on_store.items():
+        backend.put_object(Bucket=bucket, Key=key, Body=body)
+    spooled = {f"{HELD}old": b"new", f"{HELD}new": b"n" * 10, f"{HELD}sub/deep": b"deep", f"{HELD}z": b"z"}
+    for key, body in spooled.items():
+        assert source(s3.put_object(Bucket=bucket, Key=key, Body=body)) == "spool"
+    s3.delete_object(Bucket=bucket, Key=f"{HELD}gone")  # a tombstone over a backend key
+    s3.delete_object(Bucket=bucket, Key="dir2/y")  # not spooled: deleted on the store
+    # The reference: the same calls straight to the store.
+    for key, body in {**on_store, **spooled}.items():
+        backend.put_object(Bucket=store_bucket, Key=key, Body=body)
+    backend.delete_object(Bucket=store_bucket, Key=f"{HELD}gone")
+    backend.delete_object(Bucket=store_bucket, Key="dir2/y")
+    for key in spooled:
+        assert_spooled(held.gw, backend, bucket, key)
+
+    for kwargs in (
+        {},
+        {"Prefix": HELD},
+        {"Delimiter": "/"},
+        {"Prefix": HELD, "Delimiter": "/"},
+        {"MaxKeys": 2},
+        {"MaxKeys": 1, "Delimiter": "/"},
+        {"KeyMarker": f"{HELD}new"},
+        {"KeyMarker": f"{HELD}new", "VersionIdMarker": "null"},
+        {"Prefix": "dir"},
+    ):
+        got = all_version_pages(s3, bucket, **kwargs)
+        want = all_version_pages(backend, store_bucket, **kwargs)
+        assert got == want, kwargs
+    assert source(s3.head_object(Bucket=bucket, Key=f"{HELD}new")) == "spool", "drained during the test"
+
+
+def test_list_versions_delete_them_then_delete_bucket_works_while_keys_are_spooled(
+    held: Held, backend: Any, seaweed: Any
+) -> None:
+    """The clean-up tools do: list every version, DeleteObjects over them, DeleteBucket."""
+    name = f"rb-{os.urandom(6).hex()}"
+    backend.create_bucket(Bucket=name)
+    try:
+        s3 = held.gw.client()
+        backend.put_object(Bucket=name, Key="on-store", Body=b"s")
+        for n in range(3):
+            assert source(s3.put_object(Bucket=name, Key=f"{HELD}k{n}", Body=b"spooled")) == "spool"
+        assert_spooled(held.gw, backend, name, f"{HELD}k0")
+        listed = s3.list_object_versions(Bucket=name)
+        objects = [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in listed.get("Versions", [])]
+        assert sorted(o["Key"] for o in objects) == ["held/k0", "held/k1", "held/k2", "on-store"]
+        result = s3.delete_objects(Bucket=name, Delete={"Objects": objects})
+        assert not result.get("Errors"), result
+        assert sorted(d["Key"] for d in result["Deleted"]) == sorted(o["Key"] for o in objects)
+        assert s3.list_object_versions(Bucket=name).get("Versions") is None
+        assert s3.list_objects_v2(Bucket=name)["KeyCount"] == 0
+        status, code = outcome(s3.delete_bucket, Bucket=name)
+        assert (status, code) == (204, "")
+        assert outcome(backend.head_bucket, Bucket=name)[0] == 404
+    finally:
+        _empty_and_delete(backend, name)
+
+
+def test_delete_object_of_the_null_version_of_a_spooled_key_deletes_it(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    assert source(s3.put_object(Bucket=bucket, Key=f"{HELD}v", Body=b"x")) == "spool"
+    backend.put_object(Bucket=store_bucket, Key=f"{HELD}v", Body=b"x")
+    got = s3.delete_object(Bucket=bucket, Key=f"{HELD}v", VersionId="null")
+    want = backend.delete_object(Bucket=store_bucket, Key=f"{HELD}v", VersionId="null")
+    assert got["ResponseMetadata"]["HTTPStatusCode"] == want["ResponseMetadata"]["HTTPStatusCode"]
+    assert got.get("VersionId") == want.get("VersionId")
+    assert outcome(s3.head_object, Bucket=bucket, Key=f"{HELD}v") == (404, "404")
+    held.release()
+    held.gw.flush(bucket)
+    assert outcome(backend.head_object, Bucket=bucket, Key=f"{HELD}v")[0] == 404
+
+
+# --- listings: empty continuation token, Owner -------------------------------------------------------------
+
+
+def test_merged_listings_take_an_empty_continuation_token_and_show_owners_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    backend.put_object(Bucket=bucket, Key=f"{HELD}a", Body=b"a")
+    backend.put_object(Bucket=store_bucket, Key=f"{HELD}a", Body=b"a")
+    assert source(s3.put_object(Bucket=bucket, Key=f"{HELD}b", Body=b"b")) == "spool"
+    backend.put_object(Bucket=store_bucket, Key=f"{HELD}b", Body=b"b")
+    assert_spooled(held.gw, backend, bucket, f"{HELD}b")
+
+    def view(page: dict[str, Any]) -> Any:
+        return (
+            [(o["Key"], o["ETag"], o["Size"], o.get("Owner")) for o in page.get("Contents", [])],
+            page.get("ContinuationToken"),
+            page["IsTruncated"],
+        )
+
+    for kwargs in ({"ContinuationToken": ""}, {"FetchOwner": True}, {}):
+        got = outcome(s3.list_objects_v2, Bucket=bucket, Prefix=HELD, **kwargs)
+        want = outcome(backend.list_objects_v2, Bucket=store_bucket, Prefix=HELD, **kwargs)
+        assert got == want, kwargs
+        assert view(s3.list_objects_v2(Bucket=bucket, Prefix=HELD, **kwargs)) == view(
+            backend.list_objects_v2(Bucket=store_bucket, Prefix=HELD, **kwargs)
+        ), kwargs
+    got_v1 = s3.list_objects(Bucket=bucket, Prefix=HELD)["Contents"]
+    want_v1 = backend.list_objects(Bucket=store_bucket, Prefix=HELD)["Contents"]
+    assert [(o["Key"], o.get("Owner")) for o in got_v1] == [(o["Key"], o.get("Owner")) for o in want_v1]
+    assert all(o.get("Owner") for o in got_v1)
