@@ -16,12 +16,15 @@ when the spool is involved, or ``None`` to let the request pass through to the b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import functools
 import logging
 import os
 import secrets
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
 from xml.sax.saxutils import escape
@@ -53,7 +56,13 @@ from gateway.core.listing import (
     render_versions_xml,
     versions_prefixes_to_expand,
 )
-from gateway.core.objectread import DEFAULT_CONTENT_TYPE, StoredObject, plan_read
+from gateway.core.objectread import (
+    DEFAULT_CONTENT_TYPE,
+    StoredObject,
+    check_write_preconditions,
+    has_write_preconditions,
+    plan_read,
+)
 from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_targets
 from gateway.core.s3request import query_names
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
@@ -91,6 +100,9 @@ KEY_CLEAR_TIMEOUT_S = 30.0
 BUCKET_CHECK_TTL_S = 30.0
 READ_CHUNK_BYTES = 1024 * 1024
 REROUTE_TRIES = 3  # see _Moved
+# Spooled multipart uploads remembered after their completion, so that a repeated CompleteMultipartUpload
+# (a client retrying after a lost answer) gets the same answer, as from the store.
+COMPLETED_UPLOADS_KEPT = 4096
 
 # Request headers kept with a spooled object and sent with its upload to the backend.
 _KEEP_HEADERS = frozenset(
@@ -137,6 +149,16 @@ _WRITE_THROUGH_ONLY = (
     "if-none-match",
 )
 _TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Completed:
+    """A spooled multipart upload's completion: what a repeated CompleteMultipartUpload answers."""
+
+    bucket: str
+    key: str
+    etag: str  # quoted
+    seq: int  # the spool entry it made
 
 
 class _Moved(Exception):
@@ -315,6 +337,9 @@ class SpoolFront:
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
         self._closing = False
+        self._completed: OrderedDict[str, _Completed] = OrderedDict()  # upload id -> its completion
+        # Conditional completions of a key, one at a time: the check and the commit are not interleaved.
+        self._key_locks: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}  # lock, users
 
     # -- routing ---------------------------------------------------------------------------------------------
 
@@ -392,6 +417,12 @@ class SpoolFront:
             if entry.kind == "del":
                 raise NoSuchKey(Key=key)
             return await self._serve(request, ctx, decision, entry)
+        if op in ("PutObject", "CompleteMultipartUpload") and has_write_preconditions(ctx.view.headers):
+            # A conditional write goes to the store (which evaluates it) once the key's spooled data is
+            # there; if the spool's latest write of the key already fails the condition, answer now.
+            entry = state.lookup(bucket, key)
+            if entry is not None:
+                check_write_preconditions(entry.etag if entry.kind == "put" else None, ctx.view.headers)
         if op == "PutObject":
             return await self._put(request, ctx, decision, bucket, key)
         if op == "CopyObject":
@@ -1157,6 +1188,10 @@ class SpoolFront:
         q: Mapping[str, str],
     ) -> web.StreamResponse:
         upload = self.spool.state.uploads.get(upload_id)
+        if upload is None:
+            done = self._completed.get(upload_id)
+            if done is not None and (done.bucket, done.key) == (ctx.target.bucket, ctx.target.key):
+                return await self._completed_upload_op(request, ctx, decision, op, upload_id, done)
         if upload is None or upload.bucket != ctx.target.bucket or upload.key != ctx.target.key:
             raise NoSuchUpload(UploadId=upload_id)
         await self._authorize_read(ctx, upload.bucket, upload.access_key)
@@ -1170,6 +1205,80 @@ class SpoolFront:
         if op == "ListParts":
             return self._list_parts(ctx, decision, upload, q)
         raise InvalidRequest(f"{op} is not supported on a multipart upload held by the gateway's spool.")
+
+    async def _completed_upload_op(
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        decision: Decision,
+        op: str,
+        upload_id: str,
+        done: _Completed,
+    ) -> web.StreamResponse:
+        """A request naming a spooled upload that was completed, answered as the store answers it: a
+        repeated CompleteMultipartUpload gets the same result while the object at the key is still the one
+        it made (in the spool, or drained to the store), an AbortMultipartUpload 204 with nothing done; the
+        rest NoSuchUpload."""
+        await self._authorize_read(ctx, done.bucket, ctx.auth.access_key)
+        if op == "CompleteMultipartUpload":
+            await self._read_xml_body(request, ctx)  # the store answers the first result whatever it names
+        if op == "AbortMultipartUpload":
+            return self._response(ctx, decision, status=204)
+        if op == "CompleteMultipartUpload":
+            entry = self.spool.state.lookup(done.bucket, done.key)
+            if entry is not None:
+                current = entry.seq == done.seq
+            else:
+                current = await self._store_etag(ctx, done.bucket, done.key) == done.etag
+            if current:
+                return self._response(
+                    ctx, decision, body=self._complete_xml(done.bucket, done.key, done.etag)
+                )
+        raise NoSuchUpload(UploadId=upload_id)
+
+    async def _store_etag(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
+        """The ETag of the object the store holds at the key, None if it has none (HEAD)."""
+        resp = await self._backend_call(ctx, "metadata", "HEAD", bucket, key, "")
+        status = resp.status
+        etag = resp.headers.get("ETag")
+        resp.release()
+        if status == 404:
+            return None
+        if status != 200:
+            raise ServiceUnavailable(f"The backend answered {status} to a HEAD of the object.")
+        return etag or '""'
+
+    async def _current_etag(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
+        """The ETag of the object a client sees at the key now (the spool's latest write, else the
+        store's)."""
+        entry = self.spool.state.lookup(bucket, key)
+        if entry is not None:
+            return entry.etag if entry.kind == "put" else None
+        return await self._store_etag(ctx, bucket, key)
+
+    @contextlib.asynccontextmanager
+    async def _key_lock(self, bucket: str, key: str) -> AsyncIterator[None]:
+        """One conditional write of a key at a time (the lock is dropped when nobody holds or awaits it)."""
+        ident = (bucket, key)
+        held = self._key_locks.get(ident)
+        if held is None:
+            held = self._key_locks[ident] = (asyncio.Lock(), [0])
+        lock, users = held
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._key_locks[ident]
+
+    def _complete_xml(self, bucket: str, key: str, etag: str) -> bytes:
+        location = f"/{bucket}/{s3_quote(key, safe='/')}"
+        return _xml(
+            "CompleteMultipartUploadResult",
+            [("Location", location), ("Bucket", bucket), ("Key", key), ("ETag", etag)],
+        )
 
     async def _upload_part(
         self,
@@ -1358,14 +1467,26 @@ class SpoolFront:
         self, request: web.Request, ctx: RequestContext, decision: Decision, upload: Upload
     ) -> web.StreamResponse:
         parts = complete_multipart_parts(await self._read_xml_body(request, ctx))
-        rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
-        await self.spool.commit([rec])
-        location = f"/{upload.bucket}/{s3_quote(upload.key, safe='/')}"
-        xml = _xml(
-            "CompleteMultipartUploadResult",
-            [("Location", location), ("Bucket", upload.bucket), ("Key", upload.key), ("ETag", rec["etag"])],
+        headers = ctx.view.headers
+        if has_write_preconditions(headers):
+            # If-Match / If-None-Match against the object a client sees at the key now (the spool's, else
+            # the store's), checked and committed under the key's lock so that two conditional completions
+            # cannot both pass.
+            async with self._key_lock(upload.bucket, upload.key):
+                check_write_preconditions(await self._current_etag(ctx, upload.bucket, upload.key), headers)
+                if upload.upload_id not in self.spool.state.uploads:
+                    raise NoSuchUpload(UploadId=upload.upload_id)
+                rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
+                await self.spool.commit([rec])
+        else:
+            rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
+            await self.spool.commit([rec])
+        self._completed[upload.upload_id] = _Completed(
+            upload.bucket, upload.key, rec["etag"], int(rec["seq"])
         )
-        return self._response(ctx, decision, body=xml)
+        while len(self._completed) > COMPLETED_UPLOADS_KEPT:
+            self._completed.popitem(last=False)
+        return self._response(ctx, decision, body=self._complete_xml(upload.bucket, upload.key, rec["etag"]))
 
     def _list_parts(
         self, ctx: RequestContext, decision: Decision, upload: Upload, q: Mapping[str, str]

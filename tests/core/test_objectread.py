@@ -14,6 +14,8 @@ from gateway.core.objectread import (
     InvalidPartNumber,
     ReadPlan,
     StoredObject,
+    check_write_preconditions,
+    has_write_preconditions,
     plan_read,
 )
 from gateway.errors import InvalidArgument, InvalidRange, InvalidRequest, PreconditionFailed, S3Error
@@ -620,3 +622,33 @@ def test_arbitrary_headers_give_a_plan_or_an_s3_error(range_header: str, date: s
             continue
         if plan.status != 304:
             check_consistent(plan, size)
+
+
+# -- conditional writes (PutObject / CompleteMultipartUpload) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("current", "headers", "fails"),
+    [
+        ('"e1"', {"if-none-match": "*"}, True),
+        (None, {"if-none-match": "*"}, False),
+        ('"e1"', {"if-none-match": '"e1"'}, True),
+        ('"e1"', {"if-none-match": '"e2"'}, False),
+        ('"e1"', {"if-match": '"e1"'}, False),
+        ('"e1"', {"if-match": "e1"}, False),
+        ('"e1"', {"if-match": '"e2"'}, True),
+        (None, {"if-match": '"e1"'}, True),  # the store answers 412 (AWS: 404 NoSuchKey)
+        (None, {"if-match": "*"}, True),
+        ('"e1"', {"if-match": " "}, False),  # blank: ignored
+        ('"e1"', {}, False),
+    ],
+)
+def test_write_preconditions_are_evaluated_against_the_current_object(
+    current: str | None, headers: dict[str, str], fails: bool
+) -> None:
+    assert has_write_preconditions(headers) == any(v.strip() for v in headers.values())
+    if fails:
+        with pytest.raises(PreconditionFailed):
+            check_write_preconditions(current, headers)
+    else:
+        check_write_preconditions(current, headers)
