@@ -60,7 +60,9 @@ from gateway.core.objectread import (
     DEFAULT_CONTENT_TYPE,
     StoredObject,
     check_write_preconditions,
+    copy_range_span,
     has_write_preconditions,
+    parse_copy_range,
     plan_read,
 )
 from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_targets
@@ -71,6 +73,7 @@ from gateway.errors import (
     AccessDenied,
     IncompleteBody,
     InvalidArgument,
+    InvalidRange,
     InvalidRequest,
     MalformedXML,
     NoSuchBucket,
@@ -1047,8 +1050,13 @@ class SpoolFront:
             raise NoSuchKey(Key=src_key)
         await self._authorize_read(ctx, src_bucket, src.access_key)
         conditions = _copy_conditions(h)
-        if conditions:
-            plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall())
+        # A copy-source condition that a GET would answer 304 (If-None-Match, If-Modified-Since) fails the
+        # copy with 412, as S3 documents.
+        if (
+            conditions
+            and plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall()).status == 304
+        ):
+            raise PreconditionFailed()
         if h.get("x-amz-metadata-directive", "COPY").upper() == "REPLACE":
             meta = upload_meta(h)
         else:
@@ -1324,25 +1332,27 @@ class SpoolFront:
         h = ctx.view.headers
         src_bucket, src_key = parse_copy_source(h.get("x-amz-copy-source", ""))
         read_headers = _copy_conditions(h)
-        if "x-amz-copy-source-range" in h:
-            read_headers["range"] = h["x-amz-copy-source-range"]
+        copy_range = h.get("x-amz-copy-source-range")
+        if copy_range is not None:
+            parse_copy_range(copy_range)  # the form first; whether it fits the source, below
+            read_headers["range"] = copy_range.strip()
         src = self.spool.state.lookup(src_bucket, src_key)
         if src is not None and src.kind == "del":
             raise NoSuchKey(Key=src_key)
         writer: SpoolFileWriter
         if src is not None:
             await self._authorize_read(ctx, src_bucket, src.access_key)
-            plan = plan_read(stored_object(src), "GET", read_headers, {}, self._clock.wall())
-            if plan.status == 304:
+            conditions = {k: v for k, v in read_headers.items() if k != "range"}
+            if plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall()).status == 304:
                 raise PreconditionFailed()
-            size = plan.length
+            start, size = copy_range_span(copy_range, src.size) if copy_range is not None else (0, src.size)
             if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
             try:
                 try:
                     files = (
                         await self.spool.run_read_io_owned(
-                            self._open_span, src, plan.start, plan.length, release=_close_span
+                            self._open_span, src, start, size, release=_close_span
                         )
                         if size
                         else []
@@ -1365,7 +1375,7 @@ class SpoolFront:
                 self.spool.space.release(size)
         else:
             md5, writer = await self._part_from_backend(
-                ctx, decision, upload, number, src_bucket, src_key, read_headers
+                ctx, decision, upload, number, src_bucket, src_key, read_headers, copy_range
             )
         body = _xml("CopyPartResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", f'"{md5}"')])
         return self._response(ctx, decision, body=body)
@@ -1379,9 +1389,15 @@ class SpoolFront:
         src_bucket: str,
         src_key: str,
         read_headers: dict[str, str],
+        copy_range: str | None,
     ) -> tuple[str, SpoolFileWriter]:
         resp = await self._backend_call(ctx, decision.lane, "GET", src_bucket, src_key, "", read_headers)
         try:
+            if copy_range is not None and resp.status in (200, 206):
+                # A GET clamps a range that reaches past the end; a copy range is refused instead.
+                total = resp.headers.get("Content-Range", "").rpartition("/")[2]
+                size_s = total if total.isdigit() else str(resp.content_length or 0)
+                copy_range_span(copy_range, int(size_s))
             if resp.status == 304:
                 raise PreconditionFailed()
             if resp.status not in (200, 206):
@@ -1391,7 +1407,7 @@ class SpoolFront:
                 if resp.status == 412:
                     raise PreconditionFailed()
                 if resp.status == 416:
-                    raise InvalidArgument("The x-amz-copy-source-range value is not satisfiable.")
+                    raise InvalidRange(RangeRequested=copy_range or "")
                 raise ServiceUnavailable(
                     f"The backend answered {resp.status} reading the copy source: {data[:200]!r}"
                 )

@@ -15,6 +15,7 @@ from gateway.core.objectread import (
     ReadPlan,
     StoredObject,
     check_write_preconditions,
+    copy_range_span,
     has_write_preconditions,
     plan_read,
 )
@@ -652,3 +653,20 @@ def test_write_preconditions_are_evaluated_against_the_current_object(
             check_write_preconditions(current, headers)
     else:
         check_write_preconditions(current, headers)
+
+
+@pytest.mark.parametrize(
+    ("header", "size", "span"),
+    [("bytes=0-4", 10, (0, 5)), ("bytes=9-9", 10, (9, 1)), (" bytes=2-3 ", 10, (2, 2))],
+)
+def test_copy_range_within_the_source_is_its_span(header: str, size: int, span: tuple[int, int]) -> None:
+    assert copy_range_span(header, size) == span
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["bytes=5-20", "bytes=10-12", "bytes=3-2", "bytes=-3", "bytes=0-", "items=0-1", "bytes=0-1,2-3", ""],
+)
+def test_copy_range_out_of_the_source_or_not_first_last_is_invalid_range_not_clamped(header: str) -> None:
+    with pytest.raises(InvalidRange):
+        copy_range_span(header, 10)

@@ -10,9 +10,11 @@ with :meth:`Held.release`. Reads, listings, deletes and everything else pass thr
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -348,7 +350,7 @@ def test_conditional_complete_of_a_spooled_upload_is_evaluated_as_the_store_does
             s3.delete_object(Bucket=bucket, Key=key)  # a tombstone: no object, though the store has one
     if where in ("spool", "store"):
         backend.put_object(Bucket=store_bucket, Key=key, Body=b"existing")
-    existing = '"' + __import__("hashlib").md5(b"existing").hexdigest() + '"'
+    existing = '"' + hashlib.md5(b"existing").hexdigest() + '"'
     for cond in (
         {"IfNoneMatch": "*"},
         {"IfMatch": '"0123456789abcdef0123456789abcdef"'},
@@ -386,3 +388,97 @@ def test_conditional_put_over_a_spooled_key_that_fails_is_refused_at_once(
         assert got == outcome(backend.put_object, Bucket=store_bucket, Key=key, Body=b"new", **cond)
         assert got == (412, "PreconditionFailed")
     assert_spooled(held.gw, backend, bucket, key)
+
+
+# --- CopyObject / UploadPartCopy from a spooled source ---------------------------------------------------
+
+
+def copy_cases(etag: str) -> list[dict[str, Any]]:
+    past = datetime.now(UTC) - timedelta(days=1)
+    future = datetime.now(UTC) + timedelta(days=1)
+    return [
+        {"CopySourceIfMatch": etag},
+        {"CopySourceIfMatch": '"0123456789abcdef0123456789abcdef"'},
+        {"CopySourceIfNoneMatch": etag},
+        {"CopySourceIfNoneMatch": '"0123456789abcdef0123456789abcdef"'},
+        {"CopySourceIfModifiedSince": future},
+        {"CopySourceIfModifiedSince": past},
+        {"CopySourceIfUnmodifiedSince": past},
+        {"CopySourceIfUnmodifiedSince": future},
+        {"CopySourceIfMatch": etag, "CopySourceIfUnmodifiedSince": past},
+        {"CopySourceIfNoneMatch": '"0123456789abcdef0123456789abcdef"', "CopySourceIfModifiedSince": future},
+    ]
+
+
+def test_copy_object_from_a_spooled_source_evaluates_every_copy_source_condition_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    src = f"{HELD}src"
+    body = b"0123456789"
+    assert source(s3.put_object(Bucket=bucket, Key=src, Body=body)) == "spool"
+    backend.put_object(Bucket=store_bucket, Key=src, Body=body)
+    etag = s3.head_object(Bucket=bucket, Key=src)["ETag"]
+    for n, cond in enumerate(copy_cases(etag)):
+        dst = f"dst-{n}"
+        got = outcome(
+            s3.copy_object, Bucket=bucket, Key=dst, CopySource={"Bucket": bucket, "Key": src}, **cond
+        )
+        want = outcome(
+            backend.copy_object,
+            Bucket=store_bucket,
+            Key=dst,
+            CopySource={"Bucket": store_bucket, "Key": src},
+            **cond,
+        )
+        assert got == want, cond
+        assert outcome(s3.head_object, Bucket=bucket, Key=dst)[0] == (200 if got[0] == 200 else 404), cond
+    assert_spooled(held.gw, backend, bucket, src)
+
+
+@pytest.mark.parametrize("src_where", ["spool", "store"])
+def test_upload_part_copy_refuses_ranges_and_conditions_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str, src_where: str
+) -> None:
+    s3 = held.gw.client()
+    src = f"{HELD}src" if src_where == "spool" else "store-src"
+    body = b"0123456789"
+    if src_where == "spool":
+        assert source(s3.put_object(Bucket=bucket, Key=src, Body=body)) == "spool"
+    else:
+        backend.put_object(Bucket=bucket, Key=src, Body=body)
+    backend.put_object(Bucket=store_bucket, Key=src, Body=body)
+    etag = s3.head_object(Bucket=bucket, Key=src)["ETag"]
+    key = f"{HELD}mpu-copy"
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    assert upload_id.startswith("s3lanes-")
+    ref_id = backend.create_multipart_upload(Bucket=store_bucket, Key=key)["UploadId"]
+    cases: list[dict[str, Any]] = [
+        {"CopySourceRange": r}
+        for r in ("bytes=0-4", "bytes=5-20", "bytes=10-12", "bytes=3-2", "bytes=-3", "bytes=0-")
+    ]
+    cases += copy_cases(etag)[:8]
+    for cond in cases:
+        got = s3_part_copy(s3, bucket, key, upload_id, src, cond)
+        want = s3_part_copy(backend, store_bucket, key, ref_id, src, cond)
+        assert got == want, cond
+    s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+    backend.abort_multipart_upload(Bucket=store_bucket, Key=key, UploadId=ref_id)
+
+
+def s3_part_copy(client: Any, bucket: str, key: str, upload_id: str, src: str, cond: dict[str, Any]) -> Any:
+    """(status, error code), or (200, "") for a copied part: the store's CopyPartResult ETag is the source
+    object's (SeaweedFS), where S3 and the gateway answer the part's own MD5."""
+    try:
+        resp = client.upload_part_copy(
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            PartNumber=1,
+            CopySource={"Bucket": bucket, "Key": src},
+            **cond,
+        )
+    except ClientError as exc:
+        return exc.response["ResponseMetadata"]["HTTPStatusCode"], exc.response["Error"]["Code"]
+    assert resp["CopyPartResult"]["ETag"]
+    return 200, ""
