@@ -95,6 +95,7 @@ class ListRequest:
     marker: str  # raw V1 marker, echoed
     start_after: str  # raw V2 start-after, echoed
     continuation_token: str  # raw V2 token, echoed ("" if none)
+    token_given: bool = False  # V2: a continuation-token parameter was sent (an empty one is echoed too)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,8 +135,9 @@ def parse_list_request(query: Mapping[str, str]) -> ListRequest:
 
     V2 is ``list-type=2``; anything else is V1, as :mod:`gateway.core.s3request` names the operation.
     V1 ignores V2's parameters and vice versa, as S3 does. Raises :class:`InvalidArgument` for a max-keys
-    that is not a non-negative int32, an encoding-type other than ``url`` and an empty continuation-token;
-    raises :class:`NotOurToken` for a continuation-token the gateway did not issue.
+    that is not a non-negative int32 and an encoding-type other than ``url``; raises :class:`NotOurToken`
+    for a continuation-token the gateway did not issue. An empty continuation-token starts at the beginning
+    and is echoed, as the store (SeaweedFS) answers it.
     """
     version = 2 if query.get("list-type") == "2" else 1
     encoding_type = query.get("encoding-type", "")
@@ -147,7 +149,7 @@ def parse_list_request(query: Mapping[str, str]) -> ListRequest:
         )
     max_keys = _parse_max_keys(query.get("max-keys"))
     marker = start_after = continuation_token = ""
-    fetch_owner = False
+    fetch_owner = token_given = False
     if version == 1:
         marker = query.get("marker", "")
         start = marker
@@ -155,12 +157,9 @@ def parse_list_request(query: Mapping[str, str]) -> ListRequest:
         start_after = query.get("start-after", "")
         fetch_owner = query.get("fetch-owner", "").lower() == "true"
         start = start_after
-        if "continuation-token" in query:
-            continuation_token = query["continuation-token"]
-            if not continuation_token:
-                raise InvalidArgument(
-                    "The continuation token provided is incorrect", ArgumentName="continuation-token"
-                )
+        token_given = "continuation-token" in query
+        continuation_token = query.get("continuation-token", "")
+        if continuation_token:
             start = max(start, decode_token(continuation_token))
     return ListRequest(
         version=version,
@@ -173,6 +172,7 @@ def parse_list_request(query: Mapping[str, str]) -> ListRequest:
         marker=marker,
         start_after=start_after,
         continuation_token=continuation_token,
+        token_given=token_given,
     )
 
 
@@ -431,7 +431,7 @@ def render_list_xml(req: ListRequest, bucket: str, page: ListPage) -> bytes:
         if page.is_truncated and req.delimiter and page.next_item is not None:
             out.append(_element("NextMarker", enc(page.next_item)))
     else:
-        if req.continuation_token:
+        if req.continuation_token or req.token_given:
             out.append(_element("ContinuationToken", req.continuation_token))
         if page.is_truncated and page.next_item is not None:
             out.append(_element("NextContinuationToken", encode_token(page.next_item)))
@@ -479,3 +479,333 @@ def iso8601(epoch_s: float) -> str:
     """S3's listing timestamp. Whole seconds with ``.000Z``, as S3 shows them and as HEAD's Last-Modified
     (seconds) agrees with; a sync tool comparing the two must not see a sub-second difference."""
     return time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(math.floor(epoch_s)))
+
+
+# -- ListObjectVersions ---------------------------------------------------------------------------------
+#
+# The same merge for the listing of object versions (the call tools use to empty a bucket). The spool
+# models an unversioned bucket: a spooled key has exactly one version, ``null``, which is the latest; it
+# replaces the backend's ``null`` version of that key (an overwrite), and a tombstone removes it (a delete).
+# Other backend versions of the key (a versioned bucket's history) stay, no longer the latest. Items are
+# versions, delete markers and common prefixes, ordered by key (S3 order), and within a key as the backend
+# lists them (newest first), the spooled version first. ``key-marker`` continues after every version of that
+# key; with ``version-id-marker`` too, after that version of it (the rest of the key's versions come first).
+
+NULL_VERSION = "null"
+
+
+@dataclass(frozen=True, slots=True)
+class VersionEntry:
+    """One version or delete marker as ListObjectVersions shows it."""
+
+    key: str
+    version_id: str
+    is_latest: bool
+    last_modified: float  # epoch seconds
+    delete_marker: bool = False
+    size: int = 0
+    etag: str = ""  # quoted; "" for a delete marker
+    storage_class: str = "STANDARD"
+    owner_id: str | None = None
+    owner_name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class VersionsRequest:
+    """A client's ListObjectVersions request, validated."""
+
+    prefix: str
+    delimiter: str
+    max_keys: int  # 0..1000 (capped)
+    key_marker: str
+    version_id_marker: str
+    encoding_type: str  # "" or "url"
+
+    @property
+    def start(self) -> str:
+        """The key every listed item follows (common prefixes are shown by :func:`prefix_visible`)."""
+        return self.key_marker
+
+
+@dataclass(frozen=True, slots=True)
+class BackendVersions:
+    """One backend ListObjectVersions page."""
+
+    versions: list[VersionEntry]
+    common_prefixes: list[str]
+    is_truncated: bool
+    next_key_marker: str
+    next_version_id_marker: str
+
+
+@dataclass(frozen=True, slots=True)
+class VersionsPage:
+    """One page for the client: versions/delete markers and common prefixes, each in S3 order."""
+
+    versions: list[VersionEntry]
+    common_prefixes: list[str]
+    is_truncated: bool
+    next_key_marker: str  # "" unless truncated
+    next_version_id_marker: str  # "" unless truncated after a version
+
+
+def parse_versions_request(query: Mapping[str, str]) -> VersionsRequest:
+    """Validate a ListObjectVersions request (decoded query). Raises :class:`InvalidArgument` as S3 does.
+
+    A version-id-marker without a key-marker is ignored, as the store (SeaweedFS) ignores it."""
+    encoding_type = query.get("encoding-type", "")
+    if encoding_type not in ("", "url"):
+        raise InvalidArgument(
+            "Invalid Encoding Method specified in Request",
+            ArgumentName="encoding-type",
+            ArgumentValue=encoding_type,
+        )
+    key_marker = query.get("key-marker", "")
+    return VersionsRequest(
+        prefix=query.get("prefix", ""),
+        delimiter=query.get("delimiter", ""),
+        max_keys=_parse_max_keys(query.get("max-keys")),
+        key_marker=key_marker,
+        version_id_marker=query.get("version-id-marker", "") if key_marker else "",
+        encoding_type=encoding_type,
+    )
+
+
+def parse_backend_versions(xml: bytes) -> BackendVersions:
+    """Parse one backend ListVersionsResult body (values url-decoded if it says EncodingType url).
+
+    Malformed bodies raise ValueError."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as exc:
+        raise ValueError(f"backend version listing is not XML: {exc}") from None
+    if _local(root.tag) != "ListVersionsResult":
+        raise ValueError(f"backend version listing has root <{_local(root.tag)}>, not <ListVersionsResult>")
+    url = (_child_text(root, "EncodingType") or "") == "url"
+
+    def decode(value: str) -> str:
+        return unquote_plus(value, errors="strict") if url else value
+
+    versions: list[VersionEntry] = []
+    prefixes: list[str] = []
+    for child in root:
+        name = _local(child.tag)
+        if name in ("Version", "DeleteMarker"):
+            versions.append(_parse_version(child, decode, delete_marker=name == "DeleteMarker"))
+        elif name == "CommonPrefixes":
+            prefix = _child_text(child, "Prefix")
+            if prefix is None:
+                raise ValueError("<CommonPrefixes> without <Prefix>")
+            prefixes.append(decode(prefix))
+    truncated = (_child_text(root, "IsTruncated") or "false").strip().lower()
+    if truncated not in ("true", "false"):
+        raise ValueError(f"<IsTruncated> is {truncated!r}")
+    return BackendVersions(
+        versions=versions,
+        common_prefixes=prefixes,
+        is_truncated=truncated == "true",
+        next_key_marker=decode(_child_text(root, "NextKeyMarker") or ""),
+        next_version_id_marker=_child_text(root, "NextVersionIdMarker") or "",
+    )
+
+
+def _parse_version(element: ET.Element, decode: Callable[[str], str], *, delete_marker: bool) -> VersionEntry:
+    key = _child_text(element, "Key")
+    modified = _child_text(element, "LastModified")
+    size = (_child_text(element, "Size") or "0").strip()
+    if key is None or modified is None or not _DIGITS.fullmatch(size):
+        raise ValueError("<Version> needs <Key>, <LastModified> and a numeric <Size>")
+    etag = (_child_text(element, "ETag") or "").strip()
+    if etag and not etag.startswith('"'):
+        etag = f'"{etag}"'
+    owner_id = owner_name = None
+    for child in element:
+        if _local(child.tag) == "Owner":
+            owner_id = _child_text(child, "ID")
+            owner_name = _child_text(child, "DisplayName")
+    return VersionEntry(
+        key=decode(key),
+        version_id=(_child_text(element, "VersionId") or NULL_VERSION).strip(),
+        is_latest=(_child_text(element, "IsLatest") or "").strip().lower() == "true",
+        last_modified=_parse_time(modified.strip()),
+        delete_marker=delete_marker,
+        size=int(size),
+        etag=etag,
+        storage_class=_child_text(element, "StorageClass") or "STANDARD",
+        owner_id=owner_id,
+        owner_name=owner_name,
+    )
+
+
+def versions_prefixes_to_expand(
+    req: VersionsRequest, backend_prefixes: Iterable[str], hidden_keys: Collection[str]
+) -> list[str]:
+    """Backend common prefixes the page would show that contain a tombstoned key (see
+    :func:`prefixes_to_expand`): the shell lists them without a delimiter and passes their versions in."""
+    hidden_rollups = {
+        rolled
+        for key in hidden_keys
+        if key.startswith(req.prefix) and (rolled := _roll_up(req.prefix, req.delimiter, key)) is not None
+    }
+    return sorted({p for p in backend_prefixes if p in hidden_rollups and prefix_visible(p, req.start)})
+
+
+def _roll_up(prefix: str, delimiter: str, key: str) -> str | None:
+    if not delimiter:
+        return None
+    rest = key[len(prefix) :]
+    at = rest.find(delimiter)
+    return None if at < 0 else prefix + rest[: at + len(delimiter)]
+
+
+def merge_versions_page(
+    req: VersionsRequest,
+    backend_versions: Iterable[VersionEntry],
+    backend_prefixes: Iterable[str],
+    spool_versions: Iterable[VersionEntry],
+    hidden_keys: Collection[str],
+) -> VersionsPage:
+    """Cut the page ``req`` asks for out of the backend's version listing merged with the spool.
+
+    ``backend_versions``/``backend_prefixes`` are the backend's whole version listing of ``req.prefix``
+    (each key's versions in the backend's order). ``spool_versions`` are the spooled keys' versions (one per
+    key, version ``null``, latest); ``hidden_keys`` the keys deleted in the spool. ``max_keys`` counts
+    versions, delete markers and common prefixes; 0 gives an empty, untruncated page (as ListObjects)."""
+    by_key: dict[str, list[VersionEntry]] = {}
+    for version in backend_versions:
+        if version.key.startswith(req.prefix):
+            by_key.setdefault(version.key, []).append(version)
+    for key in hidden_keys:
+        kept = [v for v in by_key.get(key, []) if v.version_id != NULL_VERSION]
+        if kept:
+            by_key[key] = kept
+        else:
+            by_key.pop(key, None)
+    for spooled in spool_versions:
+        if not spooled.key.startswith(req.prefix):
+            continue
+        older = [_not_latest(v) for v in by_key.get(spooled.key, []) if v.version_id != spooled.version_id]
+        by_key[spooled.key] = [spooled, *older]
+
+    start = req.key_marker
+    prefixes: set[str] = {
+        p for p in backend_prefixes if p.startswith(req.prefix) and prefix_visible(p, start)
+    }
+    keys: dict[str, list[VersionEntry]] = {}
+    for key, versions in by_key.items():
+        rolled = _roll_up(req.prefix, req.delimiter, key)
+        if rolled is not None:
+            if prefix_visible(rolled, start):
+                prefixes.add(rolled)
+        elif key > start:
+            keys[key] = versions
+        elif key == start and req.version_id_marker:
+            ids = [v.version_id for v in versions]
+            if req.version_id_marker in ids:
+                rest = versions[ids.index(req.version_id_marker) + 1 :]
+                if rest:
+                    keys[key] = rest
+    prefixes.difference_update(keys)
+
+    if req.max_keys <= 0:
+        return VersionsPage([], [], False, "", "")
+    page_versions: list[VersionEntry] = []
+    page_prefixes: list[str] = []
+    count = 0
+    last: tuple[str, str] = ("", "")
+    truncated = False
+    for name in sorted([*keys, *prefixes]):
+        items: list[VersionEntry | None] = list(keys[name]) if name in keys else [None]
+        for item in items:
+            if count == req.max_keys:
+                truncated = True
+                break
+            count += 1
+            if item is None:
+                page_prefixes.append(name)
+                last = (name, "")
+            else:
+                page_versions.append(item)
+                last = (item.key, item.version_id)
+        if truncated:
+            break
+    if not truncated:
+        last = ("", "")
+    return VersionsPage(page_versions, page_prefixes, truncated, last[0], last[1])
+
+
+def _not_latest(version: VersionEntry) -> VersionEntry:
+    if not version.is_latest:
+        return version
+    return VersionEntry(
+        key=version.key,
+        version_id=version.version_id,
+        is_latest=False,
+        last_modified=version.last_modified,
+        delete_marker=version.delete_marker,
+        size=version.size,
+        etag=version.etag,
+        storage_class=version.storage_class,
+        owner_id=version.owner_id,
+        owner_name=version.owner_name,
+    )
+
+
+def render_versions_xml(req: VersionsRequest, bucket: str, page: VersionsPage) -> bytes:
+    """The ListVersionsResult document for ``page``, elements in the order of AWS's examples. With
+    ``encoding-type=url`` Key, Prefix, KeyMarker, NextKeyMarker and Delimiter are percent-encoded."""
+    url = req.encoding_type == "url"
+
+    def enc(value: str) -> str:
+        return s3_quote(value, safe="/") if url else value
+
+    out = ['<?xml version="1.0" encoding="UTF-8"?>\n', f'<ListVersionsResult xmlns="{S3_XMLNS}">']
+    out.append(_element("Name", bucket))
+    out.append(_element("Prefix", enc(req.prefix)))
+    out.append(_element("KeyMarker", enc(req.key_marker)))
+    out.append(_element("VersionIdMarker", req.version_id_marker))
+    if page.is_truncated:
+        out.append(_element("NextKeyMarker", enc(page.next_key_marker)))
+        if page.next_version_id_marker:
+            out.append(_element("NextVersionIdMarker", page.next_version_id_marker))
+    out.append(_element("MaxKeys", str(req.max_keys)))
+    if req.delimiter:
+        out.append(_element("Delimiter", enc(req.delimiter)))
+    if url:
+        out.append(_element("EncodingType", "url"))
+    out.append(_element("IsTruncated", "true" if page.is_truncated else "false"))
+    for v in page.versions:
+        out.append("<DeleteMarker>" if v.delete_marker else "<Version>")
+        out.append(_element("Key", enc(v.key)))
+        out.append(_element("VersionId", v.version_id))
+        out.append(_element("IsLatest", "true" if v.is_latest else "false"))
+        out.append(_element("LastModified", iso8601(v.last_modified)))
+        if not v.delete_marker:
+            out.append(_element("ETag", v.etag))
+            out.append(_element("Size", str(v.size)))
+        if v.owner_id is not None or v.owner_name is not None:
+            out.append("<Owner>")
+            if v.owner_id is not None:
+                out.append(_element("ID", v.owner_id))
+            if v.owner_name is not None:
+                out.append(_element("DisplayName", v.owner_name))
+            out.append("</Owner>")
+        if not v.delete_marker:
+            out.append(_element("StorageClass", v.storage_class))
+        out.append("</DeleteMarker>" if v.delete_marker else "</Version>")
+    for prefix in page.common_prefixes:
+        out.append(f"<CommonPrefixes>{_element('Prefix', enc(prefix))}</CommonPrefixes>")
+    out.append("</ListVersionsResult>")
+    return "".join(out).encode("utf-8")
+
+
+def parse_owner(xml: bytes) -> tuple[str, str] | None:
+    """(ID, DisplayName) of the ``<Owner>`` of a ListAllMyBucketsResult (ListBuckets), or None."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError:
+        return None
+    for child in root:
+        if _local(child.tag) == "Owner":
+            return _child_text(child, "ID") or "", _child_text(child, "DisplayName") or ""
+    return None

@@ -366,3 +366,51 @@ def _range_span(header: str, size: int) -> _Span | None:
         raise InvalidRange(RangeRequested=header, ActualObjectSize=str(size))
     length = end - start + 1
     return _Span(start=start, length=length, content_range=_content_range(start, length, size))
+
+
+# -- conditional writes ----------------------------------------------------------------------------------
+
+
+def check_write_preconditions(current_etag: str | None, headers: Mapping[str, str]) -> None:
+    """If-Match / If-None-Match of a PutObject or CompleteMultipartUpload against the object now at the key
+    (``current_etag``, quoted; None if there is none). Raises PreconditionFailed (412) as the store does:
+    If-None-Match ``*`` (or a listed ETag) when the object exists; If-Match when it does not list the
+    object's ETag, and also when there is no object (AWS answers 404 NoSuchKey there; the store, SeaweedFS,
+    412: the gateway follows the store). Blank headers are ignored, as on reads."""
+    if_match = _present(headers, "if-match")
+    if if_match is not None and (current_etag is None or not _etag_listed(current_etag, if_match)):
+        raise PreconditionFailed(Condition="If-Match")
+    if_none_match = _present(headers, "if-none-match")
+    if if_none_match is not None and current_etag is not None and _etag_listed(current_etag, if_none_match):
+        raise PreconditionFailed(Condition="If-None-Match")
+
+
+def has_write_preconditions(headers: Mapping[str, str]) -> bool:
+    return _present(headers, "if-match") is not None or _present(headers, "if-none-match") is not None
+
+
+# -- copy ranges (UploadPartCopy) ------------------------------------------------------------------------
+
+_COPY_RANGE_RE = re.compile(r"bytes=([0-9]+)-([0-9]+)", re.ASCII)
+
+
+def parse_copy_range(header: str) -> tuple[int, int]:
+    """``x-amz-copy-source-range``: only ``bytes=first-last`` with first <= last (S3 documents no other
+    form; suffix and open ranges are refused). Returns (first, last); raises InvalidRange (416), as the store
+    (SeaweedFS) answers any other value. Not clamped: see :func:`copy_range_span`."""
+    match = _COPY_RANGE_RE.fullmatch(header.strip())
+    if match is None or len(match.group(1)) > 19 or len(match.group(2)) > 19:
+        raise InvalidRange(RangeRequested=header)
+    first, last = int(match.group(1)), int(match.group(2))
+    if last < first:
+        raise InvalidRange(RangeRequested=header)
+    return first, last
+
+
+def copy_range_span(header: str, size: int) -> tuple[int, int]:
+    """(start, length) of a copy range within a source of ``size`` bytes. A range that reaches past the
+    end is refused with InvalidRange (416), as the store does, rather than clamped as a GET's Range is."""
+    first, last = parse_copy_range(header)
+    if last >= size:
+        raise InvalidRange(RangeRequested=header, ActualObjectSize=str(size))
+    return first, last - first + 1

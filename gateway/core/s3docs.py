@@ -60,7 +60,13 @@ def _leaf_fields(el: ET.Element, allowed: frozenset[str]) -> dict[str, str]:
 
 
 def delete_objects_keys(body: bytes) -> list[str]:
-    """The keys a DeleteObjects document deletes (current versions only), or MalformedXML.
+    """The keys a DeleteObjects document deletes (current versions only), or MalformedXML (checked as
+    :func:`delete_objects_targets` checks it)."""
+    return [key for key, version_id in delete_objects_targets(body) if version_id is None]
+
+
+def delete_objects_targets(body: bytes) -> list[tuple[str, str | None]]:
+    """Each ``(key, VersionId or None)`` a DeleteObjects document names, in order, or MalformedXML.
 
     Checked: UTF-8, well-formed, root ``Delete``, only ``Quiet`` (true/false) and ``Object`` children, each
     ``Object`` with a ``Key`` and only S3's fields, 1 to 1,000 objects. expat expands no external entity
@@ -68,7 +74,7 @@ def delete_objects_keys(body: bytes) -> list[str]:
     root = _parse(body)
     if _local(root.tag) != "Delete":
         raise MalformedXML()
-    keys: list[str] = []
+    targets: list[tuple[str, str | None]] = []
     objects = 0
     for el in root:
         name = _local(el.tag)
@@ -80,13 +86,12 @@ def delete_objects_keys(body: bytes) -> list[str]:
             fields = _leaf_fields(el, _OBJECT_FIELDS)
             if "Key" not in fields:
                 raise MalformedXML()
-            if "VersionId" not in fields:  # deleting one version leaves the current object alone
-                keys.append(fields["Key"])
+            targets.append((fields["Key"], fields.get("VersionId")))
         else:
             raise MalformedXML()
     if not 1 <= objects <= MAX_DELETE_OBJECTS:
         raise MalformedXML()
-    return keys
+    return targets
 
 
 def complete_multipart_parts(body: bytes) -> list[tuple[int, str]]:

@@ -16,12 +16,15 @@ when the spool is involved, or ``None`` to let the request pass through to the b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import functools
 import logging
 import os
 import secrets
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
 from xml.sax.saxutils import escape
@@ -35,18 +38,34 @@ from gateway.core.body import UploadBody
 from gateway.core.checksums import check_content_md5
 from gateway.core.classify import Decision
 from gateway.core.listing import (
+    NULL_VERSION,
     ListEntry,
     NotOurToken,
+    VersionEntry,
     decode_token,
     iso8601,
     merge_page,
+    merge_versions_page,
     parse_backend_listing,
+    parse_backend_versions,
     parse_list_request,
+    parse_owner,
+    parse_versions_request,
     prefixes_to_expand,
     render_list_xml,
+    render_versions_xml,
+    versions_prefixes_to_expand,
 )
-from gateway.core.objectread import DEFAULT_CONTENT_TYPE, StoredObject, plan_read
-from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_keys
+from gateway.core.objectread import (
+    DEFAULT_CONTENT_TYPE,
+    StoredObject,
+    check_write_preconditions,
+    copy_range_span,
+    has_write_preconditions,
+    parse_copy_range,
+    plan_read,
+)
+from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_targets
 from gateway.core.s3request import query_names
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
 from gateway.core.uri import s3_quote
@@ -54,6 +73,7 @@ from gateway.errors import (
     AccessDenied,
     IncompleteBody,
     InvalidArgument,
+    InvalidRange,
     InvalidRequest,
     MalformedXML,
     NoSuchBucket,
@@ -83,6 +103,9 @@ KEY_CLEAR_TIMEOUT_S = 30.0
 BUCKET_CHECK_TTL_S = 30.0
 READ_CHUNK_BYTES = 1024 * 1024
 REROUTE_TRIES = 3  # see _Moved
+# Spooled multipart uploads remembered after their completion, so that a repeated CompleteMultipartUpload
+# (a client retrying after a lost answer) gets the same answer, as from the store.
+COMPLETED_UPLOADS_KEPT = 4096
 
 # Request headers kept with a spooled object and sent with its upload to the backend.
 _KEEP_HEADERS = frozenset(
@@ -129,6 +152,16 @@ _WRITE_THROUGH_ONLY = (
     "if-none-match",
 )
 _TRUE = frozenset({"1", "true", "yes", "on"})
+
+
+@dataclass(frozen=True, slots=True)
+class _Completed:
+    """A spooled multipart upload's completion: what a repeated CompleteMultipartUpload answers."""
+
+    bucket: str
+    key: str
+    etag: str  # quoted
+    seq: int  # the spool entry it made
 
 
 class _Moved(Exception):
@@ -302,9 +335,14 @@ class SpoolFront:
         # (backend identity, bucket) -> monotonic time until which the bucket is known to be there for it
         self._bucket_ok: dict[tuple[str, str], float] = {}
         self._bucket_checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # HEADs on their way
+        # (backend, backend access key) -> (Owner ID, DisplayName)
+        self._owners: dict[tuple[str, str], tuple[str, str]] = {}
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
         self._closing = False
+        self._completed: OrderedDict[str, _Completed] = OrderedDict()  # upload id -> its completion
+        # Conditional completions of a key, one at a time: the check and the commit are not interleaved.
+        self._key_locks: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}  # lock, users
 
     # -- routing ---------------------------------------------------------------------------------------------
 
@@ -337,6 +375,9 @@ class SpoolFront:
                 # (the backend cannot continue a listing from a token it did not issue).
                 if state.has_bucket_prefix(bucket, q.get("prefix", "")) or _our_token(q):
                     return await self._list(request, ctx, decision, bucket)
+            elif op == "ListObjectVersions":
+                if state.has_bucket_prefix(bucket, q.get("prefix", "")):
+                    return await self._list_versions(ctx, decision, bucket, q)
             elif op in ("DeleteObjects", "DeleteBucket") and any(
                 b == bucket for b, _ in self.spool.unjournaled_keys
             ):
@@ -360,6 +401,14 @@ class SpoolFront:
             return await self._spooled_upload_op(request, ctx, decision, op, upload_id, q)
         if (bucket, key) in self.spool.unjournaled_keys and _writes_key(op):
             raise self._journal_out_of_service()
+        if (
+            op == "DeleteObject"
+            and q.get("versionId") == NULL_VERSION
+            and state.lookup(bucket, key) is not None
+        ):
+            # The spool models an unversioned bucket: a spooled key's one version is "null" (as listed).
+            # The store answers it without an x-amz-version-id on an unversioned bucket, as this does.
+            return await self._tombstone(request, ctx, decision, bucket, key)
         if "versionId" in q:
             if _writes_key(op):  # not modelled by the spool, but ordered after the key's spooled data
                 await self._wait_clear(bucket, key)
@@ -371,6 +420,12 @@ class SpoolFront:
             if entry.kind == "del":
                 raise NoSuchKey(Key=key)
             return await self._serve(request, ctx, decision, entry)
+        if op in ("PutObject", "CompleteMultipartUpload") and has_write_preconditions(ctx.view.headers):
+            # A conditional write goes to the store (which evaluates it) once the key's spooled data is
+            # there; if the spool's latest write of the key already fails the condition, answer now.
+            entry = state.lookup(bucket, key)
+            if entry is not None:
+                check_write_preconditions(entry.etag if entry.kind == "put" else None, ctx.view.headers)
         if op == "PutObject":
             return await self._put(request, ctx, decision, bucket, key)
         if op == "CopyObject":
@@ -705,11 +760,22 @@ class SpoolFront:
         entries, prefixes = listed
         spooled: list[ListEntry] = []
         hidden: set[str] = set()
-        for entry in self.spool.state.live_under(bucket, req.prefix):
+        show_owner = req.version == 1 or req.fetch_owner
+        for entry in list(self.spool.state.live_under(bucket, req.prefix)):
             if entry.kind == "del":
                 hidden.add(entry.key)
             else:
-                spooled.append(ListEntry(entry.key, entry.size, entry.etag, entry.acked_at))
+                owner = await self._owner(ctx, bucket, entry.access_key) if show_owner else None
+                spooled.append(
+                    ListEntry(
+                        entry.key,
+                        entry.size,
+                        entry.etag,
+                        entry.acked_at,
+                        owner_id=owner[0] if owner else None,
+                        owner_name=owner[1] if owner else None,
+                    )
+                )
         # A backend common prefix whose keys may all be deleted in the spool: list it out key by key.
         for prefix in prefixes_to_expand(req, prefixes, hidden):
             expanded = await self._backend_listing(ctx, decision, bucket, prefix, "")
@@ -730,6 +796,7 @@ class SpoolFront:
         limit = self._cfg.spool.list_merge_max_keys
         while True:
             params = [("list-type", "2"), ("encoding-type", "url"), ("max-keys", "1000"), ("prefix", prefix)]
+            params.append(("fetch-owner", "true"))
             if delimiter:
                 params.append(("delimiter", delimiter))
             if token:
@@ -759,6 +826,115 @@ class SpoolFront:
             if not page.is_truncated or not page.next_continuation_token:
                 return entries, prefixes
             token = page.next_continuation_token
+
+    async def _owner(
+        self, ctx: RequestContext, bucket: str, writer_access_key: str
+    ) -> tuple[str, str] | None:
+        """The backend's Owner (ID, DisplayName) of the identity that wrote a spooled object, as the store
+        will list it once drained (ListBuckets' Owner as that identity; cached). None if unknown."""
+        cred = self._creds.get(writer_access_key, ctx.credential)
+        backend = self._pools.backend_for(bucket)
+        ident = (backend.name, cred.backend_access_key)
+        cached = self._owners.get(ident)
+        if cached is not None:
+            return cached
+        target = backend.target(None, None, "")
+        try:
+            resp = await backend.request("GET", target, {}, cred, lane="metadata")
+            try:
+                data = await resp.read()
+                status = resp.status
+            finally:
+                resp.release()
+        except S3Error:
+            return None
+        if status != 200:
+            return None
+        owner = parse_owner(data)
+        if owner is not None:
+            self._owners[ident] = owner
+        return owner
+
+    async def _list_versions(
+        self, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
+    ) -> web.StreamResponse:
+        """ListObjectVersions over a prefix with spooled keys: the backend's whole version listing of the
+        prefix merged with the spool (a spooled key is one version, "null", the latest)."""
+        req = parse_versions_request(q)
+        listed = await self._backend_versions(ctx, decision, bucket, req.prefix, req.delimiter)
+        if isinstance(listed, web.Response):
+            return listed
+        versions, prefixes = listed
+        spooled: list[VersionEntry] = []
+        hidden: set[str] = set()
+        for entry in list(self.spool.state.live_under(bucket, req.prefix)):
+            if entry.kind == "del":
+                hidden.add(entry.key)
+                continue
+            owner = await self._owner(ctx, bucket, entry.access_key)
+            spooled.append(
+                VersionEntry(
+                    key=entry.key,
+                    version_id=NULL_VERSION,
+                    is_latest=True,
+                    last_modified=entry.acked_at,
+                    size=entry.size,
+                    etag=entry.etag,
+                    owner_id=owner[0] if owner else None,
+                    owner_name=owner[1] if owner else None,
+                )
+            )
+        for prefix in versions_prefixes_to_expand(req, prefixes, hidden):
+            expanded = await self._backend_versions(ctx, decision, bucket, prefix, "")
+            if isinstance(expanded, web.Response):
+                return expanded
+            prefixes.remove(prefix)
+            versions.extend(expanded[0])
+        page = merge_versions_page(req, versions, prefixes, spooled, hidden)
+        return self._response(ctx, decision, body=render_versions_xml(req, bucket, page))
+
+    async def _backend_versions(
+        self, ctx: RequestContext, decision: Decision, bucket: str, prefix: str, delimiter: str
+    ) -> tuple[list[VersionEntry], list[str]] | web.Response:
+        """The backend's whole version listing of a prefix, paged with its own markers."""
+        versions: list[VersionEntry] = []
+        prefixes: list[str] = []
+        marker: tuple[str, str] | None = None
+        limit = self._cfg.spool.list_merge_max_keys
+        while True:
+            params = [("versions", ""), ("max-keys", "1000"), ("prefix", prefix)]
+            if delimiter:
+                params.append(("delimiter", delimiter))
+            if marker is not None:
+                params.append(("key-marker", marker[0]))
+                if marker[1]:
+                    params.append(("version-id-marker", marker[1]))
+            raw_query = "&".join(f"{k}={s3_quote(v, safe='')}" for k, v in params)
+            resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
+            try:
+                data = await resp.read()
+                status = resp.status
+            finally:
+                resp.release()
+            if status != 200:
+                out = web.Response(status=status, body=data, content_type="application/xml")
+                out.headers["x-amz-request-id"] = ctx.request_id
+                return out
+            try:
+                page = parse_backend_versions(data)
+            except ValueError as exc:
+                raise ServiceUnavailable(f"The backend's version listing could not be parsed: {exc}") from exc
+            versions.extend(page.versions)
+            prefixes.extend(page.common_prefixes)
+            if len(versions) + len(prefixes) > limit:
+                raise SlowDown(
+                    f"The listing has more than {limit} versions under this prefix and cannot be merged"
+                    " with spooled writes; retry after they are uploaded."
+                )
+            following = (page.next_key_marker, page.next_version_id_marker)
+            if not page.is_truncated or not page.next_key_marker or following == marker:
+                return versions, prefixes
+            marker = following
 
     async def _list_uploads(
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
@@ -797,7 +973,12 @@ class SpoolFront:
     # -- deletes ---------------------------------------------------------------------------------------------
 
     async def _tombstone(
-        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, key: str
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
     ) -> web.StreamResponse:
         rec = self.spool.state.delete_record(
             bucket=bucket,
@@ -813,8 +994,16 @@ class SpoolFront:
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
     ) -> web.StreamResponse:
         body = await self._read_xml_body(request, ctx)
-        keys = delete_objects_keys(body)
         state = self.spool.state
+        keys: list[str] = []
+        for k, version_id in delete_objects_targets(body):
+            if version_id is None or (version_id == NULL_VERSION and state.lookup(bucket, k) is not None):
+                # A spooled key's one version is "null" (as ListObjectVersions shows it): deleting it
+                # deletes the key, as on an unversioned bucket.
+                if k not in keys:
+                    keys.append(k)
+            else:
+                await self._wait_clear(bucket, k)  # another version: ordered after the key's spooled data
         records = [
             state.delete_record(
                 bucket=bucket,
@@ -861,8 +1050,13 @@ class SpoolFront:
             raise NoSuchKey(Key=src_key)
         await self._authorize_read(ctx, src_bucket, src.access_key)
         conditions = _copy_conditions(h)
-        if conditions:
-            plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall())
+        # A copy-source condition that a GET would answer 304 (If-None-Match, If-Modified-Since) fails the
+        # copy with 412, as S3 documents.
+        if (
+            conditions
+            and plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall()).status == 304
+        ):
+            raise PreconditionFailed()
         if h.get("x-amz-metadata-directive", "COPY").upper() == "REPLACE":
             meta = upload_meta(h)
         else:
@@ -1002,6 +1196,10 @@ class SpoolFront:
         q: Mapping[str, str],
     ) -> web.StreamResponse:
         upload = self.spool.state.uploads.get(upload_id)
+        if upload is None:
+            done = self._completed.get(upload_id)
+            if done is not None and (done.bucket, done.key) == (ctx.target.bucket, ctx.target.key):
+                return await self._completed_upload_op(request, ctx, decision, op, upload_id, done)
         if upload is None or upload.bucket != ctx.target.bucket or upload.key != ctx.target.key:
             raise NoSuchUpload(UploadId=upload_id)
         await self._authorize_read(ctx, upload.bucket, upload.access_key)
@@ -1015,6 +1213,80 @@ class SpoolFront:
         if op == "ListParts":
             return self._list_parts(ctx, decision, upload, q)
         raise InvalidRequest(f"{op} is not supported on a multipart upload held by the gateway's spool.")
+
+    async def _completed_upload_op(
+        self,
+        request: web.Request,
+        ctx: RequestContext,
+        decision: Decision,
+        op: str,
+        upload_id: str,
+        done: _Completed,
+    ) -> web.StreamResponse:
+        """A request naming a spooled upload that was completed, answered as the store answers it: a
+        repeated CompleteMultipartUpload gets the same result while the object at the key is still the one
+        it made (in the spool, or drained to the store), an AbortMultipartUpload 204 with nothing done; the
+        rest NoSuchUpload."""
+        await self._authorize_read(ctx, done.bucket, ctx.auth.access_key)
+        if op == "CompleteMultipartUpload":
+            await self._read_xml_body(request, ctx)  # the store answers the first result whatever it names
+        if op == "AbortMultipartUpload":
+            return self._response(ctx, decision, status=204)
+        if op == "CompleteMultipartUpload":
+            entry = self.spool.state.lookup(done.bucket, done.key)
+            if entry is not None:
+                current = entry.seq == done.seq
+            else:
+                current = await self._store_etag(ctx, done.bucket, done.key) == done.etag
+            if current:
+                return self._response(
+                    ctx, decision, body=self._complete_xml(done.bucket, done.key, done.etag)
+                )
+        raise NoSuchUpload(UploadId=upload_id)
+
+    async def _store_etag(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
+        """The ETag of the object the store holds at the key, None if it has none (HEAD)."""
+        resp = await self._backend_call(ctx, "metadata", "HEAD", bucket, key, "")
+        status = resp.status
+        etag = resp.headers.get("ETag")
+        resp.release()
+        if status == 404:
+            return None
+        if status != 200:
+            raise ServiceUnavailable(f"The backend answered {status} to a HEAD of the object.")
+        return etag or '""'
+
+    async def _current_etag(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
+        """The ETag of the object a client sees at the key now (the spool's latest write, else the
+        store's)."""
+        entry = self.spool.state.lookup(bucket, key)
+        if entry is not None:
+            return entry.etag if entry.kind == "put" else None
+        return await self._store_etag(ctx, bucket, key)
+
+    @contextlib.asynccontextmanager
+    async def _key_lock(self, bucket: str, key: str) -> AsyncIterator[None]:
+        """One conditional write of a key at a time (the lock is dropped when nobody holds or awaits it)."""
+        ident = (bucket, key)
+        held = self._key_locks.get(ident)
+        if held is None:
+            held = self._key_locks[ident] = (asyncio.Lock(), [0])
+        lock, users = held
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._key_locks[ident]
+
+    def _complete_xml(self, bucket: str, key: str, etag: str) -> bytes:
+        location = f"/{bucket}/{s3_quote(key, safe='/')}"
+        return _xml(
+            "CompleteMultipartUploadResult",
+            [("Location", location), ("Bucket", bucket), ("Key", key), ("ETag", etag)],
+        )
 
     async def _upload_part(
         self,
@@ -1060,25 +1332,27 @@ class SpoolFront:
         h = ctx.view.headers
         src_bucket, src_key = parse_copy_source(h.get("x-amz-copy-source", ""))
         read_headers = _copy_conditions(h)
-        if "x-amz-copy-source-range" in h:
-            read_headers["range"] = h["x-amz-copy-source-range"]
+        copy_range = h.get("x-amz-copy-source-range")
+        if copy_range is not None:
+            parse_copy_range(copy_range)  # the form first; whether it fits the source, below
+            read_headers["range"] = copy_range.strip()
         src = self.spool.state.lookup(src_bucket, src_key)
         if src is not None and src.kind == "del":
             raise NoSuchKey(Key=src_key)
         writer: SpoolFileWriter
         if src is not None:
             await self._authorize_read(ctx, src_bucket, src.access_key)
-            plan = plan_read(stored_object(src), "GET", read_headers, {}, self._clock.wall())
-            if plan.status == 304:
+            conditions = {k: v for k, v in read_headers.items() if k != "range"}
+            if plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall()).status == 304:
                 raise PreconditionFailed()
-            size = plan.length
+            start, size = copy_range_span(copy_range, src.size) if copy_range is not None else (0, src.size)
             if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
             try:
                 try:
                     files = (
                         await self.spool.run_read_io_owned(
-                            self._open_span, src, plan.start, plan.length, release=_close_span
+                            self._open_span, src, start, size, release=_close_span
                         )
                         if size
                         else []
@@ -1101,7 +1375,7 @@ class SpoolFront:
                 self.spool.space.release(size)
         else:
             md5, writer = await self._part_from_backend(
-                ctx, decision, upload, number, src_bucket, src_key, read_headers
+                ctx, decision, upload, number, src_bucket, src_key, read_headers, copy_range
             )
         body = _xml("CopyPartResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", f'"{md5}"')])
         return self._response(ctx, decision, body=body)
@@ -1115,9 +1389,15 @@ class SpoolFront:
         src_bucket: str,
         src_key: str,
         read_headers: dict[str, str],
+        copy_range: str | None,
     ) -> tuple[str, SpoolFileWriter]:
         resp = await self._backend_call(ctx, decision.lane, "GET", src_bucket, src_key, "", read_headers)
         try:
+            if copy_range is not None and resp.status in (200, 206):
+                # A GET clamps a range that reaches past the end; a copy range is refused instead.
+                total = resp.headers.get("Content-Range", "").rpartition("/")[2]
+                size_s = total if total.isdigit() else str(resp.content_length or 0)
+                copy_range_span(copy_range, int(size_s))
             if resp.status == 304:
                 raise PreconditionFailed()
             if resp.status not in (200, 206):
@@ -1127,7 +1407,7 @@ class SpoolFront:
                 if resp.status == 412:
                     raise PreconditionFailed()
                 if resp.status == 416:
-                    raise InvalidArgument("The x-amz-copy-source-range value is not satisfiable.")
+                    raise InvalidRange(RangeRequested=copy_range or "")
                 raise ServiceUnavailable(
                     f"The backend answered {resp.status} reading the copy source: {data[:200]!r}"
                 )
@@ -1203,14 +1483,26 @@ class SpoolFront:
         self, request: web.Request, ctx: RequestContext, decision: Decision, upload: Upload
     ) -> web.StreamResponse:
         parts = complete_multipart_parts(await self._read_xml_body(request, ctx))
-        rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
-        await self.spool.commit([rec])
-        location = f"/{upload.bucket}/{s3_quote(upload.key, safe='/')}"
-        xml = _xml(
-            "CompleteMultipartUploadResult",
-            [("Location", location), ("Bucket", upload.bucket), ("Key", upload.key), ("ETag", rec["etag"])],
+        headers = ctx.view.headers
+        if has_write_preconditions(headers):
+            # If-Match / If-None-Match against the object a client sees at the key now (the spool's, else
+            # the store's), checked and committed under the key's lock so that two conditional completions
+            # cannot both pass.
+            async with self._key_lock(upload.bucket, upload.key):
+                check_write_preconditions(await self._current_etag(ctx, upload.bucket, upload.key), headers)
+                if upload.upload_id not in self.spool.state.uploads:
+                    raise NoSuchUpload(UploadId=upload.upload_id)
+                rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
+                await self.spool.commit([rec])
+        else:
+            rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
+            await self.spool.commit([rec])
+        self._completed[upload.upload_id] = _Completed(
+            upload.bucket, upload.key, rec["etag"], int(rec["seq"])
         )
-        return self._response(ctx, decision, body=xml)
+        while len(self._completed) > COMPLETED_UPLOADS_KEPT:
+            self._completed.popitem(last=False)
+        return self._response(ctx, decision, body=self._complete_xml(upload.bucket, upload.key, rec["etag"]))
 
     def _list_parts(
         self, ctx: RequestContext, decision: Decision, upload: Upload, q: Mapping[str, str]

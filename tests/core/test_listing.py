@@ -473,11 +473,17 @@ def test_v2_start_is_the_later_of_token_and_start_after() -> None:
     assert (req.start_after, req.continuation_token, req.fetch_owner) == ("c", token, True)
 
 
-def test_v2_foreign_token_is_not_ours_and_empty_token_is_invalid() -> None:
+def test_v2_foreign_token_is_not_ours() -> None:
     with pytest.raises(NotOurToken):
         request(list_type="2", continuation_token="data/k")
-    with pytest.raises(InvalidArgument):
-        request(list_type="2", continuation_token="")
+
+
+def test_v2_empty_token_starts_at_the_beginning_and_is_echoed_as_the_store_does() -> None:
+    req = request(list_type="2", continuation_token="", start_after="b")
+    assert (req.start, req.continuation_token, req.token_given) == ("b", "", True)
+    page = merge_page(req, [ListEntry("c", 1, '"e"', 0.0)], [], [], set())
+    assert "<ContinuationToken></ContinuationToken>" in render_list_xml(req, "bk", page).decode()
+    assert "<ContinuationToken>" not in render_list_xml(request(list_type="2"), "bk", page).decode()
 
 
 def test_each_version_ignores_the_others_parameters() -> None:

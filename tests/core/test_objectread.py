@@ -14,6 +14,9 @@ from gateway.core.objectread import (
     InvalidPartNumber,
     ReadPlan,
     StoredObject,
+    check_write_preconditions,
+    copy_range_span,
+    has_write_preconditions,
     plan_read,
 )
 from gateway.errors import InvalidArgument, InvalidRange, InvalidRequest, PreconditionFailed, S3Error
@@ -620,3 +623,50 @@ def test_arbitrary_headers_give_a_plan_or_an_s3_error(range_header: str, date: s
             continue
         if plan.status != 304:
             check_consistent(plan, size)
+
+
+# -- conditional writes (PutObject / CompleteMultipartUpload) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("current", "headers", "fails"),
+    [
+        ('"e1"', {"if-none-match": "*"}, True),
+        (None, {"if-none-match": "*"}, False),
+        ('"e1"', {"if-none-match": '"e1"'}, True),
+        ('"e1"', {"if-none-match": '"e2"'}, False),
+        ('"e1"', {"if-match": '"e1"'}, False),
+        ('"e1"', {"if-match": "e1"}, False),
+        ('"e1"', {"if-match": '"e2"'}, True),
+        (None, {"if-match": '"e1"'}, True),  # the store answers 412 (AWS: 404 NoSuchKey)
+        (None, {"if-match": "*"}, True),
+        ('"e1"', {"if-match": " "}, False),  # blank: ignored
+        ('"e1"', {}, False),
+    ],
+)
+def test_write_preconditions_are_evaluated_against_the_current_object(
+    current: str | None, headers: dict[str, str], fails: bool
+) -> None:
+    assert has_write_preconditions(headers) == any(v.strip() for v in headers.values())
+    if fails:
+        with pytest.raises(PreconditionFailed):
+            check_write_preconditions(current, headers)
+    else:
+        check_write_preconditions(current, headers)
+
+
+@pytest.mark.parametrize(
+    ("header", "size", "span"),
+    [("bytes=0-4", 10, (0, 5)), ("bytes=9-9", 10, (9, 1)), (" bytes=2-3 ", 10, (2, 2))],
+)
+def test_copy_range_within_the_source_is_its_span(header: str, size: int, span: tuple[int, int]) -> None:
+    assert copy_range_span(header, size) == span
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["bytes=5-20", "bytes=10-12", "bytes=3-2", "bytes=-3", "bytes=0-", "items=0-1", "bytes=0-1,2-3", ""],
+)
+def test_copy_range_out_of_the_source_or_not_first_last_is_invalid_range_not_clamped(header: str) -> None:
+    with pytest.raises(InvalidRange):
+        copy_range_span(header, 10)

@@ -11,6 +11,7 @@ from gateway.core.s3docs import (
     MAX_DELETE_OBJECTS,
     complete_multipart_parts,
     delete_objects_keys,
+    delete_objects_targets,
 )
 from gateway.errors import MalformedXML
 
@@ -30,6 +31,14 @@ def test_keys_in_order_with_and_without_namespace() -> None:
 def test_a_version_delete_leaves_the_current_object() -> None:
     inner = "<Object><Key>a</Key><VersionId>v1</VersionId></Object><Object><Key>b</Key></Object>"
     assert delete_objects_keys(doc(inner)) == ["b"]
+
+
+def test_targets_carry_the_version_id_of_each_object() -> None:
+    inner = (
+        "<Object><Key>a</Key><VersionId>v1</VersionId></Object><Object><Key>b</Key></Object>"
+        "<Object><Key>c</Key><VersionId>null</VersionId></Object>"
+    )
+    assert delete_objects_targets(doc(inner)) == [("a", "v1"), ("b", None), ("c", "null")]
 
 
 def test_escaped_and_unicode_keys() -> None:

@@ -1,0 +1,142 @@
+"""ListObjectVersions merged with the spool (gateway.core.listing): a spooled key is one version, "null"."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.core.listing import (
+    NULL_VERSION,
+    VersionEntry,
+    VersionsRequest,
+    merge_versions_page,
+    parse_backend_versions,
+    parse_owner,
+    parse_versions_request,
+    render_versions_xml,
+    versions_prefixes_to_expand,
+)
+from gateway.errors import InvalidArgument
+
+T0 = 1_790_000_000.0
+
+
+def v(key: str, vid: str = NULL_VERSION, latest: bool = True, etag: str = '"b"') -> VersionEntry:
+    return VersionEntry(key=key, version_id=vid, is_latest=latest, last_modified=T0, size=1, etag=etag)
+
+
+def req(**query: str) -> VersionsRequest:
+    return parse_versions_request({k.replace("_", "-"): val for k, val in query.items()})
+
+
+def names(page_versions: list[VersionEntry]) -> list[tuple[str, str, bool, str]]:
+    return [(x.key, x.version_id, x.is_latest, x.etag) for x in page_versions]
+
+
+def test_a_spooled_key_replaces_the_backend_null_version_and_a_tombstone_removes_it() -> None:
+    backend = [v("a"), v("b"), v("c")]
+    page = merge_versions_page(req(), backend, [], [v("b", etag='"s"'), v("d", etag='"s"')], {"c"})
+    assert names(page.versions) == [
+        ("a", "null", True, '"b"'),
+        ("b", "null", True, '"s"'),
+        ("d", "null", True, '"s"'),
+    ]
+    assert not page.is_truncated
+
+
+def test_older_versions_of_a_versioned_key_stay_but_are_no_longer_latest() -> None:
+    backend = [v("a", "v2"), v("a", "v1", latest=False)]
+    page = merge_versions_page(req(), backend, [], [v("a", etag='"s"')], set())
+    assert names(page.versions) == [
+        ("a", "null", True, '"s"'),
+        ("a", "v2", False, '"b"'),
+        ("a", "v1", False, '"b"'),
+    ]
+
+
+def test_pages_follow_key_and_version_markers_without_repeating_or_skipping() -> None:
+    backend = [v("a", "v2"), v("a", "v1", latest=False), v("c")]
+    spool = [v("b"), v("a", etag='"s"')]
+    seen: list[tuple[str, str]] = []
+    query: dict[str, str] = {"max-keys": "2"}
+    for _ in range(5):
+        page = merge_versions_page(parse_versions_request(query), backend, [], spool, set())
+        seen += [(x.key, x.version_id) for x in page.versions]
+        if not page.is_truncated:
+            break
+        query = {"max-keys": "2", "key-marker": page.next_key_marker}
+        if page.next_version_id_marker:
+            query["version-id-marker"] = page.next_version_id_marker
+    assert seen == [("a", "null"), ("a", "v2"), ("a", "v1"), ("b", "null"), ("c", "null")]
+
+
+def test_key_marker_alone_skips_every_version_of_that_key() -> None:
+    page = merge_versions_page(req(key_marker="a"), [v("a", "v2"), v("b")], [], [v("a")], set())
+    assert names(page.versions) == [("b", "null", True, '"b"')]
+
+
+def test_delimiter_rolls_spooled_keys_up_and_prefixes_count_towards_max_keys() -> None:
+    r = req(delimiter="/", max_keys="2")
+    page = merge_versions_page(r, [v("a")], ["d/"], [v("e/x"), v("b")], set())
+    assert names(page.versions) == [("a", "null", True, '"b"'), ("b", "null", True, '"b"')]
+    assert page.is_truncated and (page.next_key_marker, page.next_version_id_marker) == ("b", "null")
+    page2 = merge_versions_page(req(delimiter="/", key_marker="b"), [v("a")], ["d/"], [v("e/x")], set())
+    assert page2.common_prefixes == ["d/", "e/"] and not page2.versions
+
+
+def test_a_backend_prefix_whose_keys_are_deleted_in_the_spool_is_expanded() -> None:
+    assert versions_prefixes_to_expand(req(delimiter="/"), ["d/", "e/"], {"d/x"}) == ["d/"]
+    page = merge_versions_page(req(delimiter="/"), [v("d/x")], ["e/"], [], {"d/x"})
+    assert page.common_prefixes == ["e/"] and not page.versions
+
+
+def test_max_keys_zero_is_an_empty_page() -> None:
+    page = merge_versions_page(req(max_keys="0"), [v("a")], [], [v("b")], set())
+    assert (page.versions, page.common_prefixes, page.is_truncated) == ([], [], False)
+
+
+def test_bad_arguments_are_invalid_argument_and_a_lone_version_marker_is_ignored() -> None:
+    with pytest.raises(InvalidArgument):
+        req(max_keys="-1")
+    with pytest.raises(InvalidArgument):
+        req(encoding_type="xml")
+    assert req(version_id_marker="null").version_id_marker == ""
+
+
+def test_backend_answer_parses_and_rendering_round_trips() -> None:
+    body = (
+        b'<?xml version="1.0" encoding="UTF-8"?>\n<ListVersionsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        b"<Name>b</Name><NextKeyMarker>k</NextKeyMarker><NextVersionIdMarker>null</NextVersionIdMarker>"
+        b"<IsTruncated>true</IsTruncated><Version><Key>k</Key><VersionId>null</VersionId><IsLatest>true</IsLatest>"
+        b"<ETag>&#34;e&#34;</ETag><Size>5</Size><Owner><ID>admin</ID><DisplayName>admin</DisplayName></Owner>"
+        b"<StorageClass>STANDARD</StorageClass><LastModified>2026-12-06T13:36:47Z</LastModified></Version>"
+        b"<DeleteMarker><Key>m</Key><VersionId>v9</VersionId><IsLatest>true</IsLatest>"
+        b"<LastModified>2026-12-06T13:36:47Z</LastModified></DeleteMarker>"
+        b"<CommonPrefixes><Prefix>p/</Prefix></CommonPrefixes></ListVersionsResult>"
+    )
+    parsed = parse_backend_versions(body)
+    assert parsed.is_truncated and (parsed.next_key_marker, parsed.next_version_id_marker) == ("k", "null")
+    assert [(x.key, x.delete_marker, x.owner_id, x.etag) for x in parsed.versions] == [
+        ("k", False, "admin", '"e"'),
+        ("m", True, None, ""),
+    ]
+    r = req(encoding_type="url")
+    page = merge_versions_page(r, parsed.versions, parsed.common_prefixes, [v("a b")], set())
+    again = parse_backend_versions(render_versions_xml(r, "bk", page))
+    assert [(x.key, x.version_id, x.delete_marker) for x in again.versions] == [
+        ("a b", "null", False),
+        ("k", "null", False),
+        ("m", "v9", True),
+    ]
+    assert again.common_prefixes == ["p/"]
+    with pytest.raises(ValueError):
+        parse_backend_versions(b"<ListBucketResult/>")
+
+
+def test_owner_of_a_list_buckets_answer() -> None:
+    body = (
+        b"<ListAllMyBucketsResult><Owner><ID>id1</ID><DisplayName>n1</DisplayName></Owner>"
+        b"</ListAllMyBucketsResult>"
+    )
+    assert parse_owner(body) == ("id1", "n1")
+    assert parse_owner(b"<ListAllMyBucketsResult/>") is None
+    assert parse_owner(b"not xml") is None

@@ -1,0 +1,484 @@
+"""S3 parity of spooled objects: the gateway with its spool on answers as the store does.
+
+Each test makes the same calls through a spooling gateway (whose drain is held back for the keys under
+``held/``) and straight to SeaweedFS, and compares status, error code and the fields S3 documents. The
+gateway here is ``held_gateway``: its backend is a :class:`FaultyBackend` in front of SeaweedFS that answers
+every drain PUT of a key under ``held/`` (an object, or a part of a multipart upload) with 503 SlowDown, so
+those entries stay in the spool (the drain retries them with a short backoff) until the test releases them
+with :meth:`Held.release`. Reads, listings, deletes and everything else pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from tests.conftest import s3_client
+from tests.e2e.conftest import Gateway, start_plain_gateway, stop_and_check
+from tests.e2e.faulty_backend import FaultyBackend
+
+pytestmark = pytest.mark.e2e
+
+MiB = 1024 * 1024
+SOURCE_HEADER = "x-s3lanes-source"
+HELD = "held/"
+
+# A drain request cut after its last byte (its entry superseded meanwhile) is in doubt and holds its key for
+# read_timeout_s: short here, so that the flush after each test does not wait for the default.
+HELD_TOML = """
+read_timeout_s = 5
+
+[spool]
+retry_base_s = 0.05
+retry_max_s = 0.3
+"""
+
+
+def _held_write(method: str, raw_path: str) -> bool:
+    # PUTs only (objects and parts): a refused CreateMultipartUpload would leave a drain intent that a
+    # flush counts until the janitor resolves it.
+    path = raw_path.partition("?")[0]
+    return method == "PUT" and f"/{HELD}" in path
+
+
+@dataclass
+class Held:
+    gw: Gateway
+    proxy: FaultyBackend
+
+    def hold(self) -> None:
+        self.proxy.errors("slowdown", 1.0, match=_held_write)
+
+    def release(self) -> None:
+        self.proxy.pass_through()
+
+
+@pytest.fixture(scope="module")
+def held_gateway(seaweed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Held]:
+    tmp: Path = tmp_path_factory.mktemp("held-spool-gateway")
+    proxy = FaultyBackend(seaweed.endpoint_url, seed=23)
+    proxy.start()
+    proc, gw = start_plain_gateway(tmp, seaweed, backend_endpoint=proxy.url, extra_toml=HELD_TOML)
+    try:
+        yield Held(gw, proxy)
+    finally:
+        proxy.pass_through()
+        stop_and_check(proc, gw)
+        proxy.stop()
+
+
+@pytest.fixture
+def held(held_gateway: Held, bucket: str) -> Iterator[Held]:
+    """The held gateway, drain held for ``held/`` keys; released and the bucket drained afterwards."""
+    held_gateway.hold()
+    try:
+        yield held_gateway
+    finally:
+        held_gateway.release()
+        held_gateway.gw.flush(bucket)
+
+
+@pytest.fixture
+def store_bucket(seaweed: Any) -> Iterator[str]:
+    """A second fresh bucket, used straight on the store as the reference."""
+    client = s3_client(seaweed)
+    name = f"ref-{os.urandom(6).hex()}"
+    client.create_bucket(Bucket=name)
+    try:
+        yield name
+    finally:
+        _empty_and_delete(client, name)
+        client.close()
+
+
+def _empty_and_delete(client: Any, bucket: str) -> None:
+    try:
+        for page in client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket):
+            for up in page.get("Uploads", []):
+                client.abort_multipart_upload(Bucket=bucket, Key=up["Key"], UploadId=up["UploadId"])
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+            for obj in page.get("Contents", []):
+                client.delete_object(Bucket=bucket, Key=obj["Key"])
+        client.delete_bucket(Bucket=bucket)
+    except ClientError as exc:
+        if exc.response["Error"]["Code"] != "NoSuchBucket":
+            raise
+
+
+def source(resp: dict[str, Any]) -> str | None:
+    headers: dict[str, str] = resp["ResponseMetadata"]["HTTPHeaders"]
+    return headers.get(SOURCE_HEADER)
+
+
+def outcome(call: Any, **kwargs: Any) -> tuple[int, str]:
+    """(HTTP status, error code or "") of a boto3 call."""
+    try:
+        resp = call(**kwargs)
+    except ClientError as exc:
+        return exc.response["ResponseMetadata"]["HTTPStatusCode"], exc.response["Error"]["Code"]
+    return resp["ResponseMetadata"]["HTTPStatusCode"], ""
+
+
+def assert_spooled(gw: Gateway, store: Any, bucket: str, key: str) -> None:
+    """The key is answered from the spool and the store does not have it yet: the test is not vacuous."""
+    head = gw.client().head_object(Bucket=bucket, Key=key)
+    assert source(head) == "spool", f"{key} is not held in the spool"
+    try:
+        on_store = store.head_object(Bucket=bucket, Key=key)["ETag"]
+    except ClientError:
+        on_store = None
+    assert on_store != head["ETag"], f"{key} already drained"
+
+
+# --- ListObjectVersions ------------------------------------------------------------------------------------
+
+
+def version_view(page: dict[str, Any]) -> dict[str, Any]:
+    """The documented fields of a ListObjectVersions answer, without times and bucket name."""
+    return {
+        "versions": [
+            (v["Key"], v["VersionId"], v["IsLatest"], v["ETag"], v["Size"], v["StorageClass"], v.get("Owner"))
+            for v in page.get("Versions", [])
+        ],
+        "markers": [(m["Key"], m["VersionId"], m["IsLatest"]) for m in page.get("DeleteMarkers", [])],
+        "prefixes": [p["Prefix"] for p in page.get("CommonPrefixes", [])],
+        "truncated": page["IsTruncated"],
+        "next": (page.get("NextKeyMarker"), page.get("NextVersionIdMarker")),
+    }
+
+
+def all_version_pages(client: Any, bucket: str, **kwargs: Any) -> list[dict[str, Any]]:
+    pages = []
+    args = dict(kwargs)
+    while True:
+        page = client.list_object_versions(Bucket=bucket, **args)
+        pages.append(version_view(page))
+        if not page["IsTruncated"]:
+            return pages
+        args["KeyMarker"] = page["NextKeyMarker"]
+        if page.get("NextVersionIdMarker"):
+            args["VersionIdMarker"] = page["NextVersionIdMarker"]
+        else:
+            args.pop("VersionIdMarker", None)
+
+
+def test_list_object_versions_shows_spooled_keys_as_the_store_shows_the_same_objects(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    on_store = {"a": b"store-a", f"{HELD}old": b"old", f"{HELD}gone": b"gone", "dir/x": b"x", "dir2/y": b"y"}
+    for key, body in on_store.items():
+        backend.put_object(Bucket=bucket, Key=key, Body=body)
+    spooled = {f"{HELD}old": b"new", f"{HELD}new": b"n" * 10, f"{HELD}sub/deep": b"deep", f"{HELD}z": b"z"}
+    for key, body in spooled.items():
+        assert source(s3.put_object(Bucket=bucket, Key=key, Body=body)) == "spool"
+    s3.delete_object(Bucket=bucket, Key=f"{HELD}gone")  # a tombstone over a backend key
+    s3.delete_object(Bucket=bucket, Key="dir2/y")  # not spooled: deleted on the store
+    # The reference: the same calls straight to the store.
+    for key, body in {**on_store, **spooled}.items():
+        backend.put_object(Bucket=store_bucket, Key=key, Body=body)
+    backend.delete_object(Bucket=store_bucket, Key=f"{HELD}gone")
+    backend.delete_object(Bucket=store_bucket, Key="dir2/y")
+    for key in spooled:
+        assert_spooled(held.gw, backend, bucket, key)
+
+    for kwargs in (
+        {},
+        {"Prefix": HELD},
+        {"Delimiter": "/"},
+        {"Prefix": HELD, "Delimiter": "/"},
+        {"MaxKeys": 2},
+        {"MaxKeys": 1, "Delimiter": "/"},
+        {"KeyMarker": f"{HELD}new"},
+        {"KeyMarker": f"{HELD}new", "VersionIdMarker": "null"},
+        {"Prefix": "dir"},
+    ):
+        got = all_version_pages(s3, bucket, **kwargs)
+        want = all_version_pages(backend, store_bucket, **kwargs)
+        assert got == want, kwargs
+    assert source(s3.head_object(Bucket=bucket, Key=f"{HELD}new")) == "spool", "drained during the test"
+
+
+def test_list_versions_delete_them_then_delete_bucket_works_while_keys_are_spooled(
+    held: Held, backend: Any, seaweed: Any
+) -> None:
+    """The clean-up tools do: list every version, DeleteObjects over them, DeleteBucket."""
+    name = f"rb-{os.urandom(6).hex()}"
+    backend.create_bucket(Bucket=name)
+    try:
+        s3 = held.gw.client()
+        backend.put_object(Bucket=name, Key="on-store", Body=b"s")
+        for n in range(3):
+            assert source(s3.put_object(Bucket=name, Key=f"{HELD}k{n}", Body=b"spooled")) == "spool"
+        assert_spooled(held.gw, backend, name, f"{HELD}k0")
+        listed = s3.list_object_versions(Bucket=name)
+        objects = [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in listed.get("Versions", [])]
+        assert sorted(o["Key"] for o in objects) == ["held/k0", "held/k1", "held/k2", "on-store"]
+        result = s3.delete_objects(Bucket=name, Delete={"Objects": objects})
+        assert not result.get("Errors"), result
+        assert sorted(d["Key"] for d in result["Deleted"]) == sorted(o["Key"] for o in objects)
+        assert s3.list_object_versions(Bucket=name).get("Versions") is None
+        assert s3.list_objects_v2(Bucket=name)["KeyCount"] == 0
+        status, code = outcome(s3.delete_bucket, Bucket=name)
+        assert (status, code) == (204, "")
+        assert outcome(backend.head_bucket, Bucket=name)[0] == 404
+    finally:
+        _empty_and_delete(backend, name)
+
+
+def test_delete_object_of_the_null_version_of_a_spooled_key_deletes_it(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    assert source(s3.put_object(Bucket=bucket, Key=f"{HELD}v", Body=b"x")) == "spool"
+    backend.put_object(Bucket=store_bucket, Key=f"{HELD}v", Body=b"x")
+    got = s3.delete_object(Bucket=bucket, Key=f"{HELD}v", VersionId="null")
+    want = backend.delete_object(Bucket=store_bucket, Key=f"{HELD}v", VersionId="null")
+    assert got["ResponseMetadata"]["HTTPStatusCode"] == want["ResponseMetadata"]["HTTPStatusCode"]
+    assert got.get("VersionId") == want.get("VersionId")
+    assert outcome(s3.head_object, Bucket=bucket, Key=f"{HELD}v") == (404, "404")
+    held.release()
+    held.gw.flush(bucket)
+    assert outcome(backend.head_object, Bucket=bucket, Key=f"{HELD}v")[0] == 404
+
+
+# --- listings: empty continuation token, Owner -------------------------------------------------------------
+
+
+def test_merged_listings_take_an_empty_continuation_token_and_show_owners_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    backend.put_object(Bucket=bucket, Key=f"{HELD}a", Body=b"a")
+    backend.put_object(Bucket=store_bucket, Key=f"{HELD}a", Body=b"a")
+    assert source(s3.put_object(Bucket=bucket, Key=f"{HELD}b", Body=b"b")) == "spool"
+    backend.put_object(Bucket=store_bucket, Key=f"{HELD}b", Body=b"b")
+    assert_spooled(held.gw, backend, bucket, f"{HELD}b")
+
+    def view(page: dict[str, Any]) -> Any:
+        return (
+            [(o["Key"], o["ETag"], o["Size"], o.get("Owner")) for o in page.get("Contents", [])],
+            page.get("ContinuationToken"),
+            page["IsTruncated"],
+        )
+
+    for kwargs in ({"ContinuationToken": ""}, {"FetchOwner": True}, {}):
+        got = outcome(s3.list_objects_v2, Bucket=bucket, Prefix=HELD, **kwargs)
+        want = outcome(backend.list_objects_v2, Bucket=store_bucket, Prefix=HELD, **kwargs)
+        assert got == want, kwargs
+        assert view(s3.list_objects_v2(Bucket=bucket, Prefix=HELD, **kwargs)) == view(
+            backend.list_objects_v2(Bucket=store_bucket, Prefix=HELD, **kwargs)
+        ), kwargs
+    got_v1 = s3.list_objects(Bucket=bucket, Prefix=HELD)["Contents"]
+    want_v1 = backend.list_objects(Bucket=store_bucket, Prefix=HELD)["Contents"]
+    assert [(o["Key"], o.get("Owner")) for o in got_v1] == [(o["Key"], o.get("Owner")) for o in want_v1]
+    assert all(o.get("Owner") for o in got_v1)
+
+
+# --- CompleteMultipartUpload: repeated, conditional ---------------------------------------------------------
+
+
+def start_upload(client: Any, bucket: str, key: str, body: bytes = b"part-one") -> tuple[str, list[Any]]:
+    upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=1, Body=body)["ETag"]
+    return upload_id, [{"PartNumber": 1, "ETag": etag}]
+
+
+def complete(client: Any, bucket: str, key: str, upload_id: str, parts: list[Any], **kw: Any) -> Any:
+    try:
+        resp = client.complete_multipart_upload(
+            Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}, **kw
+        )
+    except ClientError as exc:
+        return exc.response["ResponseMetadata"]["HTTPStatusCode"], exc.response["Error"]["Code"]
+    return resp["ResponseMetadata"]["HTTPStatusCode"], resp["ETag"]
+
+
+def test_a_repeated_complete_of_a_spooled_upload_answers_the_same_result_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    key = f"{HELD}mpu"
+    upload_id, parts = start_upload(s3, bucket, key)
+    assert upload_id.startswith("s3lanes-"), "the upload is not held by the spool"
+    ref_id, ref_parts = start_upload(backend, store_bucket, key)
+    first = complete(s3, bucket, key, upload_id, parts)
+    assert first == complete(backend, store_bucket, key, ref_id, ref_parts)
+    assert_spooled(held.gw, backend, bucket, key)
+    # Again, while spooled: 200 and the same ETag (the store answers so too, whatever the parts named).
+    assert complete(s3, bucket, key, upload_id, parts) == first
+    assert complete(backend, store_bucket, key, ref_id, ref_parts) == first
+    # ListParts of the completed upload: NoSuchUpload on both; Abort: 204 on both, the object stays.
+    assert outcome(s3.list_parts, Bucket=bucket, Key=key, UploadId=upload_id) == (404, "NoSuchUpload")
+    assert outcome(backend.list_parts, Bucket=store_bucket, Key=key, UploadId=ref_id) == (404, "NoSuchUpload")
+    assert outcome(s3.abort_multipart_upload, Bucket=bucket, Key=key, UploadId=upload_id) == (204, "")
+    assert outcome(backend.abort_multipart_upload, Bucket=store_bucket, Key=key, UploadId=ref_id) == (204, "")
+    assert s3.head_object(Bucket=bucket, Key=key)["ETag"] == first[1]
+    # After the drain, still the same answer.
+    held.release()
+    held.gw.flush(bucket)
+    assert complete(s3, bucket, key, upload_id, parts) == first
+    # Once the key holds another object, the upload is gone (the store: NoSuchUpload).
+    s3.put_object(Bucket=bucket, Key=key, Body=b"other")
+    backend.put_object(Bucket=store_bucket, Key=key, Body=b"other")
+    assert complete(s3, bucket, key, upload_id, parts) == (404, "NoSuchUpload")
+    assert complete(backend, store_bucket, key, ref_id, ref_parts) == (404, "NoSuchUpload")
+
+
+@pytest.mark.parametrize("where", ["spool", "store", "absent", "deleted"])
+def test_conditional_complete_of_a_spooled_upload_is_evaluated_as_the_store_does(
+    held: Held, backend: Any, bucket: str, store_bucket: str, where: str
+) -> None:
+    """If-None-Match: * must not overwrite an existing object (create-only commits); If-Match must name it."""
+    s3 = held.gw.client()
+    key = f"{HELD}cond-{where}"
+    if where == "spool":
+        assert source(s3.put_object(Bucket=bucket, Key=key, Body=b"existing")) == "spool"
+        assert_spooled(held.gw, backend, bucket, key)
+    elif where in ("store", "deleted"):
+        backend.put_object(Bucket=bucket, Key=key, Body=b"existing")
+        if where == "deleted":
+            s3.put_object(Bucket=bucket, Key=key, Body=b"spooled")
+            s3.delete_object(Bucket=bucket, Key=key)  # a tombstone: no object, though the store has one
+    if where in ("spool", "store"):
+        backend.put_object(Bucket=store_bucket, Key=key, Body=b"existing")
+    existing = '"' + hashlib.md5(b"existing").hexdigest() + '"'
+    for cond in (
+        {"IfNoneMatch": "*"},
+        {"IfMatch": '"0123456789abcdef0123456789abcdef"'},
+        {"IfMatch": existing},
+    ):
+        upload_id, parts = start_upload(s3, bucket, key)
+        assert upload_id.startswith("s3lanes-")
+        ref_id, ref_parts = start_upload(backend, store_bucket, key)
+        got = complete(s3, bucket, key, upload_id, parts, **cond)
+        want = complete(backend, store_bucket, key, ref_id, ref_parts, **cond)
+        assert got == want, (where, cond)
+        if got[0] == 200:  # both wrote: put the state back for the next condition
+            s3.put_object(Bucket=bucket, Key=key, Body=b"existing")
+            backend.put_object(Bucket=store_bucket, Key=key, Body=b"existing")
+            if where in ("absent", "deleted"):
+                s3.delete_object(Bucket=bucket, Key=key)
+                backend.delete_object(Bucket=store_bucket, Key=key)
+        else:
+            s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            backend.abort_multipart_upload(Bucket=store_bucket, Key=key, UploadId=ref_id)
+    got_head = outcome(s3.head_object, Bucket=bucket, Key=key)
+    assert got_head == outcome(backend.head_object, Bucket=store_bucket, Key=key)
+
+
+def test_conditional_put_over_a_spooled_key_that_fails_is_refused_at_once(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    """The spool's own write decides it: no wait for the drain (which is held here)."""
+    s3 = held.gw.client()
+    key = f"{HELD}cput"
+    assert source(s3.put_object(Bucket=bucket, Key=key, Body=b"existing")) == "spool"
+    backend.put_object(Bucket=store_bucket, Key=key, Body=b"existing")
+    for cond in ({"IfNoneMatch": "*"}, {"IfMatch": '"0123456789abcdef0123456789abcdef"'}):
+        got = outcome(s3.put_object, Bucket=bucket, Key=key, Body=b"new", **cond)
+        assert got == outcome(backend.put_object, Bucket=store_bucket, Key=key, Body=b"new", **cond)
+        assert got == (412, "PreconditionFailed")
+    assert_spooled(held.gw, backend, bucket, key)
+
+
+# --- CopyObject / UploadPartCopy from a spooled source ---------------------------------------------------
+
+
+def copy_cases(etag: str) -> list[dict[str, Any]]:
+    past = datetime.now(UTC) - timedelta(days=1)
+    future = datetime.now(UTC) + timedelta(days=1)
+    return [
+        {"CopySourceIfMatch": etag},
+        {"CopySourceIfMatch": '"0123456789abcdef0123456789abcdef"'},
+        {"CopySourceIfNoneMatch": etag},
+        {"CopySourceIfNoneMatch": '"0123456789abcdef0123456789abcdef"'},
+        {"CopySourceIfModifiedSince": future},
+        {"CopySourceIfModifiedSince": past},
+        {"CopySourceIfUnmodifiedSince": past},
+        {"CopySourceIfUnmodifiedSince": future},
+        {"CopySourceIfMatch": etag, "CopySourceIfUnmodifiedSince": past},
+        {"CopySourceIfNoneMatch": '"0123456789abcdef0123456789abcdef"', "CopySourceIfModifiedSince": future},
+    ]
+
+
+def test_copy_object_from_a_spooled_source_evaluates_every_copy_source_condition_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    src = f"{HELD}src"
+    body = b"0123456789"
+    assert source(s3.put_object(Bucket=bucket, Key=src, Body=body)) == "spool"
+    backend.put_object(Bucket=store_bucket, Key=src, Body=body)
+    etag = s3.head_object(Bucket=bucket, Key=src)["ETag"]
+    for n, cond in enumerate(copy_cases(etag)):
+        dst = f"dst-{n}"
+        got = outcome(
+            s3.copy_object, Bucket=bucket, Key=dst, CopySource={"Bucket": bucket, "Key": src}, **cond
+        )
+        want = outcome(
+            backend.copy_object,
+            Bucket=store_bucket,
+            Key=dst,
+            CopySource={"Bucket": store_bucket, "Key": src},
+            **cond,
+        )
+        assert got == want, cond
+        assert outcome(s3.head_object, Bucket=bucket, Key=dst)[0] == (200 if got[0] == 200 else 404), cond
+    assert_spooled(held.gw, backend, bucket, src)
+
+
+@pytest.mark.parametrize("src_where", ["spool", "store"])
+def test_upload_part_copy_refuses_ranges_and_conditions_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str, src_where: str
+) -> None:
+    s3 = held.gw.client()
+    src = f"{HELD}src" if src_where == "spool" else "store-src"
+    body = b"0123456789"
+    if src_where == "spool":
+        assert source(s3.put_object(Bucket=bucket, Key=src, Body=body)) == "spool"
+    else:
+        backend.put_object(Bucket=bucket, Key=src, Body=body)
+    backend.put_object(Bucket=store_bucket, Key=src, Body=body)
+    etag = s3.head_object(Bucket=bucket, Key=src)["ETag"]
+    key = f"{HELD}mpu-copy"
+    upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    assert upload_id.startswith("s3lanes-")
+    ref_id = backend.create_multipart_upload(Bucket=store_bucket, Key=key)["UploadId"]
+    cases: list[dict[str, Any]] = [
+        {"CopySourceRange": r}
+        for r in ("bytes=0-4", "bytes=5-20", "bytes=10-12", "bytes=3-2", "bytes=-3", "bytes=0-")
+    ]
+    cases += copy_cases(etag)[:8]
+    for cond in cases:
+        got = s3_part_copy(s3, bucket, key, upload_id, src, cond)
+        want = s3_part_copy(backend, store_bucket, key, ref_id, src, cond)
+        assert got == want, cond
+    s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+    backend.abort_multipart_upload(Bucket=store_bucket, Key=key, UploadId=ref_id)
+
+
+def s3_part_copy(client: Any, bucket: str, key: str, upload_id: str, src: str, cond: dict[str, Any]) -> Any:
+    """(status, error code), or (200, "") for a copied part: the store's CopyPartResult ETag is the source
+    object's (SeaweedFS), where S3 and the gateway answer the part's own MD5."""
+    try:
+        resp = client.upload_part_copy(
+            Bucket=bucket,
+            Key=key,
+            UploadId=upload_id,
+            PartNumber=1,
+            CopySource={"Bucket": bucket, "Key": src},
+            **cond,
+        )
+    except ClientError as exc:
+        return exc.response["ResponseMetadata"]["HTTPStatusCode"], exc.response["Error"]["Code"]
+    assert resp["CopyPartResult"]["ETag"]
+    return 200, ""
