@@ -57,6 +57,11 @@ class UploadBody:
         return self._expected_bytes
 
     @property
+    def checksum_algorithm(self) -> str | None:
+        """The flexible checksum algorithm the request promised (header or trailer), if any."""
+        return self._verifier.checksum_algorithm
+
+    @property
     def verified_checksum(self) -> tuple[str, str] | None:
         """After :meth:`finish`: the ``x-amz-checksum-*`` header name and value that were verified, if any."""
         return self._verifier.verified_checksum

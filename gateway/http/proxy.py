@@ -27,7 +27,7 @@ from gateway.clock import Clock
 from gateway.config import BackendConfig, Config, Credential
 from gateway.core.access import TenantPolicy
 from gateway.core.body import UploadBody
-from gateway.core.checksums import BodyVerifier
+from gateway.core.checksums import BodyVerifier, is_checksum_value_header, without_aws_chunked
 from gateway.core.chunked import AwsChunkedDecoder
 from gateway.core.classify import (
     LANE_HINT_HEADER,
@@ -330,6 +330,10 @@ class S3Proxy:
 
     def _upload_body(self, request: web.Request, ctx: RequestContext) -> UploadBody | None:
         h = ctx.view.headers
+        if ctx.target.operation == "CompleteMultipartUpload":
+            # Its x-amz-checksum-<algorithm> is the checksum of the object being completed (checked by the
+            # store, or by the spool for an upload it holds), not of the request's XML document.
+            h = {k: v for k, v in h.items() if not is_checksum_value_header(k)}
         payload_hash = ctx.auth.payload_hash
         if not request.body_exists:
             if payload_hash not in (UNSIGNED_PAYLOAD, EMPTY_SHA256) and payload_hash not in STREAMING_MODES:
@@ -378,12 +382,9 @@ class S3Proxy:
             if name in _DROP_REQUEST:
                 continue
             if name == "content-encoding":
-                codings = [
-                    c for c in (v.strip() for v in value.split(",")) if c and c.lower() != "aws-chunked"
-                ]
-                if not codings:
+                value = without_aws_chunked(value)
+                if not value.strip():
                     continue
-                value = ",".join(codings)
             if trailer_checksum and name == "x-amz-sdk-checksum-algorithm":
                 # The value came in the trailer, which the gateway verified and does not forward.
                 continue

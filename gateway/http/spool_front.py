@@ -32,7 +32,16 @@ from aiohttp import web
 from gateway.clock import Clock
 from gateway.config import Config, Credential
 from gateway.core.body import UploadBody
-from gateway.core.checksums import check_content_md5
+from gateway.core.checksums import (
+    CHECKSUM_HEADER_PREFIX,
+    Checksum,
+    check_content_md5,
+    header_for,
+    is_checksum_value_header,
+    new_checksum,
+    upload_checksum,
+    without_aws_chunked,
+)
 from gateway.core.classify import Decision
 from gateway.core.listing import (
     ListEntry,
@@ -46,7 +55,12 @@ from gateway.core.listing import (
     render_list_xml,
 )
 from gateway.core.objectread import DEFAULT_CONTENT_TYPE, StoredObject, plan_read
-from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_keys
+from gateway.core.s3docs import (
+    MAX_XML_BODY_BYTES,
+    complete_multipart_checksums,
+    complete_multipart_parts,
+    delete_objects_keys,
+)
 from gateway.core.s3request import query_names
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
 from gateway.core.uri import s3_quote
@@ -142,22 +156,30 @@ def upload_meta(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     for name, value in headers.items():
         if name.startswith("x-amz-meta-") or name in _KEEP_HEADERS:
             if name == "content-encoding":
-                codings = [c.strip() for c in value.split(",") if c.strip() and c.strip() != "aws-chunked"]
-                if not codings:
+                value = without_aws_chunked(value)
+                if not value.strip():
                     continue
-                value = ",".join(codings)
             out.append((name, value))
     return sorted(out)
 
 
+def _not_checksum_meta(meta: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Headers of a copied object: a multipart source's checksum algorithm and type do not carry over to
+    the single object the copy is (its own checksum value, of the same bytes, does)."""
+    return [(k, v) for k, v in meta if k not in ("x-amz-checksum-algorithm", "x-amz-checksum-type")]
+
+
 def stored_object(entry: Entry) -> StoredObject:
     meta = dict(entry.meta)
-    served = tuple(
-        (k, v)
-        for k, v in entry.meta
-        if k.startswith("x-amz-meta-")
-        or k in _SERVED_HEADERS
-        or (k == "x-amz-storage-class" and v != "STANDARD")
+    served = (
+        tuple(
+            (k, v)
+            for k, v in entry.meta
+            if k.startswith("x-amz-meta-")
+            or k in _SERVED_HEADERS
+            or (k == "x-amz-storage-class" and v != "STANDARD")
+        )
+        + entry.checksum
     )
     tagging = meta.get("x-amz-tagging", "")
     return StoredObject(
@@ -527,17 +549,24 @@ class SpoolFront:
     # -- body intake -----------------------------------------------------------------------------------------
 
     async def _write_body(
-        self, request: web.Request, upload: UploadBody | None, writer: SpoolFileWriter
+        self,
+        request: web.Request,
+        upload: UploadBody | None,
+        writer: SpoolFileWriter,
+        extra: Checksum | None = None,
     ) -> str:
         """Stream the decoded, verified request body into a spool file; return its MD5. Discards on error.
 
         The writer hashes every byte with MD5 for the ETag, so a ``Content-MD5`` is checked against that
         hash, not against a second one computed on the event loop; the request's other promises (a signed
         payload's SHA-256, an ``x-amz-checksum-*``) are hashed by the writer too, on its I/O thread with the
-        MD5, and checked once it has written the last byte, before anything is acknowledged."""
+        MD5, and checked once it has written the last byte, before anything is acknowledged. ``extra``: one
+        more checksum the writer feeds (a part's, in its upload's algorithm, when the request sent none)."""
         expected_md5 = upload.take_md5_check() if upload is not None else None
         if upload is not None:
             writer.extra_hashers = tuple(upload.delegate_hashing())
+        if extra is not None:
+            writer.extra_hashers += (extra,)
         await writer.open()
         try:
             if upload is not None:
@@ -594,13 +623,16 @@ class SpoolFront:
             await self._check_bucket(ctx, bucket)
             writer = self.spool.writer(size)
             md5 = await self._write_body(request, upload, writer)
+            meta = upload_meta(ctx.view.headers)
+            if upload is not None and upload.verified_checksum is not None:
+                meta = sorted([*meta, upload.verified_checksum])  # kept, and sent with the drain's PUT
             rec = self.spool.state.put_record(
                 bucket=bucket,
                 key=key,
                 file=writer.file_id,
                 size=writer.size,
                 md5=md5,
-                meta=upload_meta(ctx.view.headers),
+                meta=meta,
                 access_key=ctx.auth.access_key,
                 lane=decision.lane,
                 now_wall=self._clock.wall(),
@@ -872,7 +904,7 @@ class SpoolFront:
                     " changing the object's metadata, storage class, website redirect location or"
                     " encryption attributes."
                 )
-            meta = [(k, v) for k, v in src.meta if k != "x-amz-tagging"]
+            meta = [(k, v) for k, v in _not_checksum_meta(list(src.meta)) if k != "x-amz-tagging"]
             meta += [
                 (k, v) for k, v in upload_meta(h) if not k.startswith("x-amz-meta-") and k != "content-type"
             ]
@@ -975,13 +1007,18 @@ class SpoolFront:
         if not self._spoolable(ctx, decision, bucket, key) or self._admit(0) is not Admission.SPOOL:
             return None
         self.spool.space.release(0)
+        h = ctx.view.headers
+        algo = upload_checksum(h.get("x-amz-checksum-algorithm"), h.get("x-amz-checksum-type"))
         await self._check_bucket(ctx, bucket)
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
+        meta = upload_meta(h)
+        if algo is not None:  # kept with the upload, and sent with the drain's CreateMultipartUpload
+            meta = sorted([*meta, ("x-amz-checksum-algorithm", algo[0]), ("x-amz-checksum-type", algo[1])])
         rec = self.spool.state.create_upload_record(
             upload_id=upload_id,
             bucket=bucket,
             key=key,
-            meta=upload_meta(ctx.view.headers),
+            meta=meta,
             access_key=ctx.auth.access_key,
             lane=decision.lane,
             now_wall=self._clock.wall(),
@@ -990,7 +1027,11 @@ class SpoolFront:
         body = _xml(
             "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
         )
-        return self._response(ctx, decision, body=body)
+        resp = self._response(ctx, decision, body=body)
+        if algo is not None:
+            resp.headers["x-amz-checksum-algorithm"] = algo[0]
+            resp.headers["x-amz-checksum-type"] = algo[1]
+        return resp
 
     async def _spooled_upload_op(
         self,
@@ -1038,6 +1079,17 @@ class SpoolFront:
             return await self._upload_part_copy(request, ctx, decision, upload, number)
         body = self._proxy._upload_body(request, ctx)
         size = body.expected_bytes if body is not None else 0
+        algo = upload.checksum_algorithm
+        extra: Checksum | None = None
+        if algo is not None:
+            promised = body.checksum_algorithm if body is not None else None
+            if promised is not None and promised != algo[0]:
+                raise InvalidRequest(
+                    f"Checksum Type mismatch occurred, expected checksum Type: {algo[0].lower()},"
+                    f" actual checksum Type: {promised.lower()}"
+                )
+            if promised is None:  # computed here, as the store does for a part sent without one
+                extra = new_checksum(algo[0])
         if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
             raise SlowDown(
                 "The gateway's write spool cannot hold this part now; retry later.",
@@ -1045,14 +1097,26 @@ class SpoolFront:
             )
         try:
             writer = self.spool.writer(size)
-            md5 = await self._write_body(request, body, writer)
+            md5 = await self._write_body(request, body, writer, extra)
+            checksum = ""
+            if algo is not None:
+                verified = body.verified_checksum if body is not None else None
+                checksum = verified[1] if verified is not None else extra.digest_b64() if extra else ""
             rec = self.spool.state.part_record(
-                upload_id=upload.upload_id, number=number, file=writer.file_id, size=writer.size, md5=md5
+                upload_id=upload.upload_id,
+                number=number,
+                file=writer.file_id,
+                size=writer.size,
+                md5=md5,
+                checksum=checksum,
             )
             await self._commit_or_discard(writer, rec)
         finally:
             self.spool.space.release(size)
-        return self._acked(ctx, decision, writer, md5, body)
+        resp = self._acked(ctx, decision, writer, md5, body)
+        if algo is not None and checksum:
+            resp.headers[header_for(algo[0])] = checksum
+        return resp
 
     async def _upload_part_copy(
         self, request: web.Request, ctx: RequestContext, decision: Decision, upload: Upload, number: int
@@ -1086,6 +1150,7 @@ class SpoolFront:
                 except FileNotFoundError:
                     raise _Moved() from None
                 writer = self.spool.writer(size)
+                hasher = self._part_hasher(upload, writer)
                 await writer.open()
                 try:
                     await self._copy_files(files, writer)
@@ -1096,7 +1161,7 @@ class SpoolFront:
                 finally:
                     for fd, _, _ in files:
                         os.close(fd)
-                await self._commit_part(upload, number, writer, md5)
+                await self._commit_part(upload, number, writer, md5, hasher)
             finally:
                 self.spool.space.release(size)
         else:
@@ -1136,6 +1201,7 @@ class SpoolFront:
                 raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
             try:
                 writer = self.spool.writer(size)
+                hasher = self._part_hasher(upload, writer)
                 await writer.open()
                 try:
                     budget = StreamBudget(
@@ -1151,7 +1217,7 @@ class SpoolFront:
                 except BaseException:
                     await writer.discard()
                     raise
-                await self._commit_part(upload, number, writer, md5)
+                await self._commit_part(upload, number, writer, md5, hasher)
             finally:
                 self.spool.space.release(size)
             return md5, writer
@@ -1193,23 +1259,66 @@ class SpoolFront:
                 offset += len(chunk)
                 count -= len(chunk)
 
-    async def _commit_part(self, upload: Upload, number: int, writer: SpoolFileWriter, md5: str) -> None:
+    @staticmethod
+    def _part_hasher(upload: Upload, writer: SpoolFileWriter) -> Checksum | None:
+        """A copied part's checksum in its upload's algorithm (None without one), fed by ``writer``."""
+        algo = upload.checksum_algorithm
+        if algo is None:
+            return None
+        hasher = new_checksum(algo[0])
+        writer.extra_hashers += (hasher,)
+        return hasher
+
+    async def _commit_part(
+        self, upload: Upload, number: int, writer: SpoolFileWriter, md5: str, hasher: Checksum | None
+    ) -> None:
         rec = self.spool.state.part_record(
-            upload_id=upload.upload_id, number=number, file=writer.file_id, size=writer.size, md5=md5
+            upload_id=upload.upload_id,
+            number=number,
+            file=writer.file_id,
+            size=writer.size,
+            md5=md5,
+            checksum=hasher.digest_b64() if hasher is not None else "",
         )
         await self._commit_or_discard(writer, rec)
 
     async def _complete(
         self, request: web.Request, ctx: RequestContext, decision: Decision, upload: Upload
     ) -> web.StreamResponse:
-        parts = complete_multipart_parts(await self._read_xml_body(request, ctx))
-        rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
+        doc = await self._read_xml_body(request, ctx)
+        parts = complete_multipart_parts(doc)
+        h = ctx.view.headers
+        # The request's own x-amz-checksum-<algorithm> is the checksum of the object, not of this document.
+        named = [
+            (name[len(CHECKSUM_HEADER_PREFIX) :].upper(), value)
+            for name, value in h.items()
+            if is_checksum_value_header(name)
+        ]
+        rec = self.spool.state.complete_record(
+            upload,
+            parts,
+            self._clock.wall(),
+            part_checksums=complete_multipart_checksums(doc),
+            object_checksum=named[0] if named else None,
+        )
         await self.spool.commit([rec])
         location = f"/{upload.bucket}/{s3_quote(upload.key, safe='/')}"
-        xml = _xml(
-            "CompleteMultipartUploadResult",
-            [("Location", location), ("Bucket", upload.bucket), ("Key", upload.key), ("ETag", rec["etag"])],
-        )
+        fields = [
+            ("Location", location),
+            ("Bucket", upload.bucket),
+            ("Key", upload.key),
+            ("ETag", rec["etag"]),
+        ]
+        completed = self.spool.state.lookup(upload.bucket, upload.key)
+        if completed is not None and completed.seq == rec["seq"]:
+            for name, value in completed.checksum:
+                field = (
+                    "ChecksumType"
+                    if name == "x-amz-checksum-type"
+                    else "Checksum" + name[len(CHECKSUM_HEADER_PREFIX) :].upper()
+                )
+                fields.append((field, value))
+        xml = _xml("CompleteMultipartUploadResult", fields)
         return self._response(ctx, decision, body=xml)
 
     def _list_parts(
