@@ -68,7 +68,7 @@ from gateway.errors import (
 )
 from gateway.http.peer import client_gone
 from gateway.http.pool_front import PoolFront, names_bucket
-from gateway.http.s3xml import error_xml
+from gateway.http.s3xml import MAX_REWRITTEN_ERROR_BYTES, error_xml, with_request_id
 from gateway.http.zerocopy import relay_spliced, splice_eligible
 from gateway.logsetup import REQUEST_ID
 from gateway.metrics import Metrics
@@ -82,6 +82,9 @@ log = logging.getLogger("s3lanes.http")
 
 # Bodies up to this size are read and verified whole before anything is sent to the backend.
 SMALL_BODY_BYTES = 256 * 1024
+# A body sent with Transfer-Encoding: chunked and no Content-Length is accepted for these (as stores do),
+# streamed to the backend with chunked transfer coding, or into the spool; other operations answer 411.
+UNKNOWN_LENGTH_OPERATIONS = frozenset({"PutObject", "UploadPart"})
 # Socket reads are handed on as they come; aiohttp's StreamReader bounds what it buffers (backpressure).
 STREAMING_MODES = frozenset({STREAMING_SIGNED, STREAMING_SIGNED_TRAILER, STREAMING_UNSIGNED_TRAILER})
 
@@ -346,6 +349,7 @@ class S3Proxy:
                     BodyVerifier.from_headers(h, payload_hash).finish({})
                 return None
         decoder: AwsChunkedDecoder | None = None
+        expected: int | None
         if payload_hash in STREAMING_MODES:
             decoded = h.get("x-amz-decoded-content-length")
             if decoded is None:
@@ -368,9 +372,9 @@ class S3Proxy:
             )
             decoder = AwsChunkedDecoder(chain=chain, trailer_names=trailer_names, decoded_length=expected)
         else:
-            if request.content_length is None:
-                raise MissingContentLength()
             expected = request.content_length
+            if expected is None and ctx.target.operation not in UNKNOWN_LENGTH_OPERATIONS:
+                raise MissingContentLength()
         verifier = BodyVerifier.from_headers(h, payload_hash)
         return UploadBody(verifier=verifier, decoder=decoder, expected_bytes=expected)
 
@@ -389,8 +393,9 @@ class S3Proxy:
                 # The value came in the trailer, which the gateway verified and does not forward.
                 continue
             out[name] = value
-        if upload is not None:
+        if upload is not None and upload.expected_bytes is not None:
             out["content-length"] = str(upload.expected_bytes)
+        # Else (a chunked body of unknown length) aiohttp sends it with chunked transfer coding.
         return out
 
     async def _proxy(
@@ -426,7 +431,7 @@ class S3Proxy:
         if ctx.target.operation in ("DeleteObjects", "CompleteMultipartUpload"):
             # Checked here as S3 checks it: a store may delete the keys of a DeleteObjects document S3
             # refuses, or complete an upload from a CompleteMultipartUpload document S3 refuses.
-            if upload is not None and upload.expected_bytes > MAX_XML_BODY_BYTES:
+            if upload is not None and (upload.expected_bytes or 0) > MAX_XML_BODY_BYTES:
                 raise MalformedXML("The request body is too large.")
             body = await read_small_body(request, upload) if upload is not None else b""
             if ctx.target.operation == "DeleteObjects":
@@ -436,7 +441,7 @@ class S3Proxy:
             cost += len(body)
             arrived = self._clock.monotonic()
         elif upload is not None:
-            if upload.expected_bytes <= SMALL_BODY_BYTES:
+            if upload.expected_bytes is not None and upload.expected_bytes <= SMALL_BODY_BYTES:
                 body = await read_small_body(request, upload)
                 cost += len(body)
                 arrived = self._clock.monotonic()
@@ -536,6 +541,19 @@ class S3Proxy:
         if request.body_exists and not request.content.is_eof():
             out.force_close()
         self._lane_headers(out, decision)
+        if (
+            resp.status >= 300
+            and request.method != "HEAD"
+            and resp.content_length is not None
+            and 0 < resp.content_length <= MAX_REWRITTEN_ERROR_BYTES
+        ):
+            # A store's error document: its RequestId becomes the gateway's, as in the header.
+            data = with_request_id(await resp.read(), ctx.request_id)
+            out.content_length = len(data)
+            await out.prepare(request)
+            await out.write(data)
+            await out.write_eof()
+            return out
         spliced = splice_eligible(request, resp, self._cfg.server.zero_copy_min_bytes)
         await out.prepare(request)
         if request.method != "HEAD" and resp.status not in (204, 304):

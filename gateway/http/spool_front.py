@@ -62,7 +62,7 @@ from gateway.core.s3docs import (
     delete_objects_keys,
 )
 from gateway.core.s3request import query_names
-from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
+from gateway.core.spool_state import MAX_PARTS, Admission, Entry, SpoolSpace, Upload
 from gateway.core.uri import s3_quote
 from gateway.errors import (
     AccessDenied,
@@ -78,7 +78,8 @@ from gateway.errors import (
     ServiceUnavailable,
     SlowDown,
 )
-from gateway.http.proxy import SOURCE_HEADER, read_small_body
+from gateway.http.proxy import SOURCE_HEADER, echo_request_id, read_small_body
+from gateway.http.s3xml import with_request_id
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
@@ -97,6 +98,7 @@ KEY_CLEAR_TIMEOUT_S = 30.0
 BUCKET_CHECK_TTL_S = 30.0
 READ_CHUNK_BYTES = 1024 * 1024
 REROUTE_TRIES = 3  # see _Moved
+ROOM_STEP_BYTES = 8 * 1024 * 1024  # see _Room
 
 # Request headers kept with a spooled object and sent with its upload to the backend.
 _KEEP_HEADERS = frozenset(
@@ -296,6 +298,26 @@ def _copy_conditions(headers: Mapping[str, str]) -> dict[str, str]:
         if value is not None:
             out[name] = value
     return out
+
+
+class _Room:
+    """Room in the spool for a body of unknown length (chunked, no Content-Length), reserved as it arrives,
+    ROOM_STEP_BYTES at a time; 503 SlowDown once the spool cannot hold more. The caller releases
+    :attr:`reserved` when the write ends."""
+
+    def __init__(self, space: SpoolSpace, retry_after_s: int) -> None:
+        self._space = space
+        self._retry_after_s = retry_after_s
+        self.reserved = 0
+
+    def need(self, nbytes: int) -> None:
+        while nbytes > self.reserved:
+            if self._space.admit(ROOM_STEP_BYTES, must=True) is not Admission.SPOOL:
+                raise SlowDown(
+                    "The gateway's write spool cannot hold this body of unknown length now; retry later.",
+                    retry_after_s=self._retry_after_s,
+                )
+            self.reserved += ROOM_STEP_BYTES
 
 
 def _close_span(files: list[tuple[int, int, int]]) -> None:
@@ -554,6 +576,8 @@ class SpoolFront:
         upload: UploadBody | None,
         writer: SpoolFileWriter,
         extra: Checksum | None = None,
+        *,
+        room: _Room | None = None,
     ) -> str:
         """Stream the decoded, verified request body into a spool file; return its MD5. Discards on error.
 
@@ -561,7 +585,8 @@ class SpoolFront:
         hash, not against a second one computed on the event loop; the request's other promises (a signed
         payload's SHA-256, an ``x-amz-checksum-*``) are hashed by the writer too, on its I/O thread with the
         MD5, and checked once it has written the last byte, before anything is acknowledged. ``extra``: one
-        more checksum the writer feeds (a part's, in its upload's algorithm, when the request sent none)."""
+        more checksum the writer feeds (a part's, in its upload's algorithm, when the request sent none).
+        ``room``: a body of unknown length reserves its room in the spool as it arrives."""
         expected_md5 = upload.take_md5_check() if upload is not None else None
         if upload is not None:
             writer.extra_hashers = tuple(upload.delegate_hashing())
@@ -578,7 +603,10 @@ class SpoolFront:
                             if end_of_http_chunk:
                                 continue
                             break
-                        for piece in upload.feed(chunk):
+                        pieces = upload.feed(chunk)
+                        if room is not None:
+                            room.need(upload.seen_bytes)
+                        for piece in pieces:
                             await writer.write(piece)
                 except (aiohttp.ClientPayloadError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
                     raise IncompleteBody(
@@ -601,7 +629,7 @@ class SpoolFront:
         upload = self._proxy._upload_body(request, ctx)
         if upload is None:
             return b""
-        if upload.expected_bytes > MAX_XML_BODY_BYTES:
+        if (upload.expected_bytes or 0) > MAX_XML_BODY_BYTES:
             raise MalformedXML("The request body is too large.")
         return await read_small_body(request, upload)
 
@@ -614,15 +642,17 @@ class SpoolFront:
             await self._wait_clear(bucket, key)
             return None
         upload = self._proxy._upload_body(request, ctx)
-        size = upload.expected_bytes if upload is not None else 0
+        declared = upload.expected_bytes if upload is not None else 0
+        size = declared or 0
         adm = self._admit(size)
         if adm is not Admission.SPOOL:
             await self._wait_clear(bucket, key)
             return None
+        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
         try:
             await self._check_bucket(ctx, bucket)
             writer = self.spool.writer(size)
-            md5 = await self._write_body(request, upload, writer)
+            md5 = await self._write_body(request, upload, writer, room=room)
             meta = upload_meta(ctx.view.headers)
             if upload is not None and upload.verified_checksum is not None:
                 meta = sorted([*meta, upload.verified_checksum])  # kept, and sent with the drain's PUT
@@ -639,7 +669,7 @@ class SpoolFront:
             )
             await self._commit_or_discard(writer, rec)
         finally:
-            self.spool.space.release(size)
+            self.spool.space.release(size + (room.reserved if room is not None else 0))
         return self._acked(ctx, decision, writer, md5, upload)
 
     # -- GET / HEAD ------------------------------------------------------------------------------------------
@@ -774,7 +804,9 @@ class SpoolFront:
             finally:
                 resp.release()
             if status != 200:
-                out = web.Response(status=status, body=data, content_type="application/xml")
+                out = web.Response(
+                    status=status, body=with_request_id(data, ctx.request_id), content_type="application/xml"
+                )
                 out.headers["x-amz-request-id"] = ctx.request_id
                 return out
             try:
@@ -807,7 +839,9 @@ class SpoolFront:
         finally:
             resp.release()
         if status != 200 or q.get("key-marker") or q.get("upload-id-marker"):
-            out = web.Response(status=status, body=data, content_type="application/xml")
+            out = web.Response(
+                status=status, body=with_request_id(data, ctx.request_id), content_type="application/xml"
+            )
             out.headers["x-amz-request-id"] = ctx.request_id
             return out
         prefix = q.get("prefix", "")
@@ -868,10 +902,11 @@ class SpoolFront:
         )
         try:
             data = await resp.read()
-            out = web.Response(status=resp.status, body=data)
+            out = web.Response(status=resp.status, body=with_request_id(data, ctx.request_id))
             for name in ("Content-Type", "x-amz-request-id"):
                 if name in resp.headers:
                     out.headers[name] = resp.headers[name]
+            echo_request_id(out, ctx.request_id)
             self._proxy._lane_headers(out, decision)
             return out
         finally:
@@ -914,6 +949,8 @@ class SpoolFront:
         meta = [(k, v) for k, v in meta if k != "x-amz-tagging"]
         if tagging:
             meta.append(("x-amz-tagging", tagging))
+        if not src.multipart:  # the copy keeps the source's checksum, whatever the directive (as the store)
+            meta += [kv for kv in src.checksum if kv not in meta]
         meta.sort()
         try:
             files = (
@@ -1078,7 +1115,9 @@ class SpoolFront:
         if copy:
             return await self._upload_part_copy(request, ctx, decision, upload, number)
         body = self._proxy._upload_body(request, ctx)
-        size = body.expected_bytes if body is not None else 0
+        declared = body.expected_bytes if body is not None else 0
+        size = declared or 0
+        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
         algo = upload.checksum_algorithm
         extra: Checksum | None = None
         if algo is not None:
@@ -1097,7 +1136,7 @@ class SpoolFront:
             )
         try:
             writer = self.spool.writer(size)
-            md5 = await self._write_body(request, body, writer, extra)
+            md5 = await self._write_body(request, body, writer, extra, room=room)
             checksum = ""
             if algo is not None:
                 verified = body.verified_checksum if body is not None else None
@@ -1112,7 +1151,7 @@ class SpoolFront:
             )
             await self._commit_or_discard(writer, rec)
         finally:
-            self.spool.space.release(size)
+            self.spool.space.release(size + (room.reserved if room is not None else 0))
         resp = self._acked(ctx, decision, writer, md5, body)
         if algo is not None and checksum:
             resp.headers[header_for(algo[0])] = checksum

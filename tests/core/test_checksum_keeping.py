@@ -219,9 +219,18 @@ def test_records_from_before_checksums_were_kept_replay_without_any() -> None:
     assert state.uploads["u"].parts[1].checksum == ""
     state.apply(state.complete_record(state.uploads["u"], [(1, _md5(b"abc"))], WALL))
     old_put = {
-        "t": "put", "seq": 9, "b": "b", "k": "single", "ak": "AK", "ln": "checkpoint", "at": WALL,
-        "f": ["f9"], "sz": 1, "etag": '"x"', "m": [["content-type", "text/plain"]],
-    }  # fmt: skip
+        "t": "put",
+        "seq": 9,
+        "b": "b",
+        "k": "single",
+        "ak": "AK",
+        "ln": "checkpoint",
+        "at": WALL,
+        "f": ["f9"],
+        "sz": 1,
+        "etag": '"x"',
+        "m": [["content-type", "text/plain"]],
+    }
     state.apply(old_put)
     for key in ("k", "single"):
         entry = state.lookup("b", key)

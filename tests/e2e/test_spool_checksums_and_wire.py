@@ -1,4 +1,5 @@
-"""Flexible checksums through the gateway answer as the store answers, whether an object is spooled or not.
+"""Flexible checksums, and what goes over the wire (chunked bodies without Content-Length, Content-Encoding
+values, request ids in error bodies), answer through the gateway as the store answers, spooled or not.
 
 Every scenario runs twice: once straight against SeaweedFS (the reference) and once through a gateway, and
 the observations (status, error code, the x-amz-checksum-* the answers carry, ETags) must be equal. The
@@ -30,7 +31,16 @@ from gateway.core.checksums import crc_combine
 from tests.conftest import s3_client
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
 from tests.e2e.relay import CountingRelay
-from tests.e2e.s3raw import UNSIGNED_PAYLOAD, error_fields, key_path, signed_request
+from tests.e2e.s3raw import (
+    UNSIGNED_PAYLOAD,
+    crc32_b64,
+    error_fields,
+    key_path,
+    send,
+    sign,
+    signed_request,
+    te_chunked,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -222,6 +232,29 @@ def test_put_checksums_are_kept_and_answered_like_the_store(
     run_targets(gateway, relayed, backend, bucket, target, writes, list(ALGORITHMS))
 
 
+@TARGETS
+def test_a_copy_keeps_the_checksum_like_the_store(
+    gateway: Gateway, relayed: Any, backend: Any, bucket: str, target: str
+) -> None:
+    """CopyObject keeps the source's checksum, with the COPY and the REPLACE metadata directive alike (as
+    SeaweedFS does)."""
+
+    def writes(s3: Any, prefix: str) -> dict[str, Any]:
+        s3.put_object(Bucket=bucket, Key=f"{prefix}src", Body=SMALL, ChecksumAlgorithm="SHA256")
+        source = {"Bucket": bucket, "Key": f"{prefix}src"}
+        s3.copy_object(Bucket=bucket, Key=f"{prefix}copy", CopySource=source)
+        s3.copy_object(
+            Bucket=bucket,
+            Key=f"{prefix}replaced",
+            CopySource=source,
+            MetadataDirective="REPLACE",
+            ContentType="x/y",
+        )
+        return {}
+
+    run_targets(gateway, relayed, backend, bucket, target, writes, ["copy", "replaced"])
+
+
 # --- multipart -------------------------------------------------------------------------------------------
 
 # (algorithm, x-amz-checksum-type on CreateMultipartUpload or None, the object checksum Complete names)
@@ -402,3 +435,137 @@ def test_a_malformed_checksum_value_is_invalid_request_as_aws_answers(
         assert "Contents" not in client.list_objects_v2(Bucket=bucket)
     finally:
         client.close()
+
+
+# --- on the wire -----------------------------------------------------------------------------------------
+
+
+def chunked_put(
+    url: str, access_key: str, secret_key: str, bucket: str, key: str, data: bytes, **headers: str
+) -> Any:
+    """PUT with Transfer-Encoding: chunked and no Content-Length (no aws-chunked framing)."""
+    target = key_path(bucket, key)
+    hdrs = {"Transfer-Encoding": "chunked", **{k.replace("_", "-"): v for k, v in headers.items()}}
+    signed = sign(
+        "PUT", url, target, hdrs, access_key=access_key, secret_key=secret_key, payload_hash=UNSIGNED_PAYLOAD
+    )
+    return send(url, "PUT", target, signed, te_chunked(data, 64 * 1024))
+
+
+@TARGETS
+def test_chunked_put_without_content_length_is_accepted_like_the_store(
+    gateway: Gateway, relayed: Any, seaweed: Any, backend: Any, bucket: str, target: str
+) -> None:
+    """Transfer-Encoding: chunked without Content-Length (AWS answers 411 MissingContentLength; SeaweedFS
+    accepts it, and so does the gateway: proxied with chunked transfer coding, or spooled, its room in the
+    spool reserved as it arrives). A wrong checksum still stores nothing."""
+    data = os.urandom(9 * MiB + 123)  # more than one step of spool room
+    admin = seaweed.admin
+    store = chunked_put(seaweed.endpoint_url, admin.access_key, admin.secret_key, bucket, "store/c", data)
+    store_bad = chunked_put(
+        seaweed.endpoint_url,
+        admin.access_key,
+        admin.secret_key,
+        bucket,
+        "store/bad",
+        data,
+        **{"x-amz-checksum-crc32": crc32_b64(b"other")},
+    )
+    assert store.status == 200 and (store_bad.status, store_bad.error_code) == (400, "BadDigest")
+
+    def check(gw: Gateway, prefix: str) -> None:
+        good = chunked_put(gw.http_url, gw.access_key, gw.secret_key, bucket, f"{prefix}c", data)
+        assert (good.status, good.header("ETag")) == (store.status, store.header("ETag"))
+        bad = chunked_put(
+            gw.http_url,
+            gw.access_key,
+            gw.secret_key,
+            bucket,
+            f"{prefix}bad",
+            data,
+            **{"x-amz-checksum-crc32": crc32_b64(b"other")},
+        )
+        assert (bad.status, bad.error_code) == (400, "BadDigest")
+        s3 = gw.client()
+        got = s3.get_object(Bucket=bucket, Key=f"{prefix}c")
+        assert got["Body"].read() == data
+        if prefix == "held/":
+            assert got["ResponseMetadata"]["HTTPHeaders"].get("x-s3lanes-source") == "spool"
+
+    if target == "off":
+        check(gateway, "off/")
+        keys = ["off/c"]
+    else:
+        gw, relay = relayed
+        with drain_held(gw, relay, bucket):
+            check(gw, "held/")
+        keys = ["held/c"]
+    for key in keys:
+        assert backend.get_object(Bucket=bucket, Key=key)["Body"].read() == data
+    listed = {o["Key"] for o in backend.list_objects_v2(Bucket=bucket).get("Contents", [])}
+    assert not any(k.endswith("bad") for k in listed)
+
+
+def test_other_operations_without_content_length_still_answer_411(gateway: Gateway, bucket: str) -> None:
+    target = key_path(bucket) + "?delete="
+    hdrs = sign(
+        "POST",
+        gateway.http_url,
+        target,
+        {"Transfer-Encoding": "chunked"},
+        access_key=gateway.access_key,
+        secret_key=gateway.secret_key,
+        payload_hash=UNSIGNED_PAYLOAD,
+    )
+    resp = send(gateway.http_url, "POST", target, hdrs, te_chunked(b"<Delete/>"))
+    assert (resp.status, resp.error_code) == (411, "MissingContentLength")
+
+
+@TARGETS
+def test_content_encoding_is_kept_byte_exact(
+    gateway: Gateway, relayed: Any, backend: Any, bucket: str, target: str
+) -> None:
+    """``deflate, gzip`` comes back as sent (not ``deflate,gzip``), spooled, proxied and after the drain."""
+    value = "deflate, gzip"
+    backend.put_object(Bucket=bucket, Key="store/e", Body=b"x", ContentEncoding=value)
+    expected = backend.head_object(Bucket=bucket, Key="store/e")["ContentEncoding"]
+    assert expected == value
+    if target == "off":
+        s3 = gateway.client()
+        s3.put_object(Bucket=bucket, Key="off/e", Body=b"x", ContentEncoding=value)
+        assert s3.head_object(Bucket=bucket, Key="off/e")["ContentEncoding"] == expected
+        return
+    gw, relay = relayed
+    with drain_held(gw, relay, bucket) as s3:
+        s3.put_object(Bucket=bucket, Key="held/e", Body=b"x", ContentEncoding=value)
+        assert s3.head_object(Bucket=bucket, Key="held/e")["ContentEncoding"] == expected
+    assert s3.head_object(Bucket=bucket, Key="held/e")["ContentEncoding"] == expected
+    assert backend.head_object(Bucket=bucket, Key="held/e")["ContentEncoding"] == expected
+
+
+def test_request_id_in_a_relayed_error_body_is_the_one_in_the_header(
+    gateway: Gateway, spool_gateway: Gateway, bucket: str
+) -> None:
+    """The store's error documents, relayed, carry the gateway's request id (also in x-amz-request-id and
+    its logs); the store's own stays in x-s3lanes-backend-request-id. Spool on and off."""
+    for gw in (gateway, spool_gateway):
+        for target in (
+            key_path(bucket, "missing"),
+            key_path(bucket, "missing") + "?tagging=",
+            key_path("no-such-bucket-x1") + "?list-type=2",
+        ):
+            hdrs = sign(
+                "GET",
+                gw.http_url,
+                target,
+                {},
+                access_key=gw.access_key,
+                secret_key=gw.secret_key,
+                payload_hash=UNSIGNED_PAYLOAD,
+            )
+            resp = send(gw.http_url, "GET", target, hdrs)
+            assert resp.status in (404, 400), resp.body
+            fields = error_fields(resp.body)
+            assert fields["RequestId"] == resp.header("x-amz-request-id"), (target, fields)
+            assert resp.header("x-s3lanes-backend-request-id") not in (None, fields["RequestId"])
+            assert int(resp.header("Content-Length") or -1) == len(resp.body)
