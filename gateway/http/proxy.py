@@ -64,6 +64,7 @@ from gateway.errors import (
     MissingContentLength,
     RequestHeaderSectionTooLarge,
     S3Error,
+    SlowDown,
     XAmzContentSHA256Mismatch,
 )
 from gateway.http.peer import client_gone
@@ -126,6 +127,33 @@ class RequestContext:
     auth: AuthInfo
     verified: Verified
     credential: Credential
+    # An unsigned request let through to the store unsigned ([server] anonymous_reads): the store decides.
+    anonymous: bool = False
+
+
+# Anonymous requests passed on to the store (unsigned) with [server] anonymous_reads: reads of objects and
+# of object listings, and HEAD bucket; GET/HEAD only.
+ANONYMOUS_READS = frozenset({"GetObject", "HeadObject", "ListObjects", "ListObjectsV2", "HeadBucket"})
+# How long an anonymous read waits for spooled data under its key or prefix to reach the store.
+ANONYMOUS_SETTLE_TIMEOUT_S = 30.0
+_NOBODY = Credential(access_key="", secret_key="", backend_access_key="", backend_secret_key="")
+
+
+def _anonymous_context(request_id: str, target: S3Target, view: RequestView) -> RequestContext:
+    auth = AuthInfo(
+        kind="header",
+        access_key="",
+        scope_date="",
+        region="",
+        service="s3",
+        signed_headers=(),
+        signature="",
+        amz_date="",
+        expires_s=None,
+        payload_hash=view.headers.get("x-amz-content-sha256", UNSIGNED_PAYLOAD),
+    )
+    verified = Verified(auth=auth, signing_key=b"", seed_signature="", scope="")
+    return RequestContext(request_id, target, view, auth, verified, _NOBODY, anonymous=True)
 
 
 # Per-request storage: typed keys where aiohttp has them (it warns about plain strings from 3.13 on).
@@ -204,6 +232,15 @@ class S3Proxy:
         view = RequestView(request.method, raw_path, raw_query, headers)
         auth = parse_auth(view)
         if auth is None:
+            if (
+                self._cfg.server.anonymous_reads
+                and request.method in ("GET", "HEAD")
+                and target.bucket is not None
+                and target.operation in ANONYMOUS_READS
+            ):
+                anon = _anonymous_context(request.get(RID_KEY) or new_request_id(), target, view)
+                request[CTX_KEY] = anon
+                return anon
             raise AccessDenied("Anonymous requests are not accepted by this gateway.")
         cred = self._creds.get(auth.access_key)
         if cred is None:
@@ -401,7 +438,9 @@ class S3Proxy:
     async def _proxy(
         self, request: web.Request, ctx: RequestContext, decision: Decision
     ) -> web.StreamResponse:
-        if self.spool_front is not None:
+        if ctx.anonymous:
+            await self._settle_for_anonymous(ctx)
+        elif self.spool_front is not None:
             spooled = await self.spool_front.route(request, ctx, decision)
             if spooled is not None:
                 return spooled
@@ -471,6 +510,7 @@ class S3Proxy:
                 body=body,
                 payload_hash=backend_hash,
                 lane=lane,
+                signed=not ctx.anonymous,
             )
         except S3Error as err:
             if pipe is not None and pipe.failure is not None:
@@ -500,6 +540,26 @@ class S3Proxy:
             return await self._relay(request, resp, ctx, decision, dispatcher, backend.cfg)
         finally:
             resp.release()
+
+    async def _settle_for_anonymous(self, ctx: RequestContext) -> None:
+        """An anonymous read sees what the store holds (the spool cannot evaluate the store's policy or
+        ACL): spooled data under its key, or its listing's prefix, is drained first."""
+        bucket = ctx.target.bucket
+        if self.spool_front is None or bucket is None or ctx.target.operation == "HeadBucket":
+            return
+        if ctx.target.key is not None:
+            prefix = ctx.target.key
+        else:
+            prefix = query_names(ctx.view.raw_query).get("prefix", "")
+        spool = self.spool_front.spool
+        if not spool.state.has_bucket_prefix(bucket, prefix):
+            return
+        result = await spool.flush(bucket, prefix, ANONYMOUS_SETTLE_TIMEOUT_S)
+        if not result.durable:
+            raise SlowDown(
+                "Acknowledged writes under this key are still being uploaded to the store; retry later.",
+                retry_after_s=self._cfg.spool.retry_after_s,
+            )
 
     async def _relay(
         self,

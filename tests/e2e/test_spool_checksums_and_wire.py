@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import os
 import zlib
 from collections.abc import Callable, Iterator
@@ -569,3 +570,56 @@ def test_request_id_in_a_relayed_error_body_is_the_one_in_the_header(
             assert fields["RequestId"] == resp.header("x-amz-request-id"), (target, fields)
             assert resp.header("x-s3lanes-backend-request-id") not in (None, fields["RequestId"])
             assert int(resp.header("Content-Length") or -1) == len(resp.body)
+
+
+def test_anonymous_reads_are_passed_to_the_store_unsigned_when_enabled(
+    seaweed: Any, backend: Any, bucket: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """With ``[server] anonymous_reads``, an unsigned GET/HEAD/listing goes to the store unsigned and the
+    store decides: refused before the bucket has a public-read policy, answered (as by the store) after,
+    also for an object still in the spool (drained first). Anonymous writes stay refused."""
+    tmp = tmp_path_factory.mktemp("anonymous-gateway")
+    proc, gw = start_plain_gateway(
+        tmp, seaweed, backend_endpoint=seaweed.endpoint_url, server_toml="anonymous_reads = true"
+    )
+    try:
+        s3 = gw.client()
+        put = s3.put_object(Bucket=bucket, Key="pub/obj", Body=b"public bytes")
+        assert put["ResponseMetadata"]["HTTPHeaders"].get("x-s3lanes-source") == "spool"
+
+        def anonymous(url: str, method: str, target: str) -> Any:
+            return send(url, method, target, {"Host": urlsplit(url).netloc})
+
+        obj = key_path(bucket, "pub/obj")
+        for url in (seaweed.endpoint_url, gw.http_url):
+            assert anonymous(url, "GET", obj).status == 403
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": "*",
+                    "Action": ["s3:GetObject", "s3:ListBucket"],
+                    "Resource": [f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"],
+                }
+            ],
+        }
+        backend.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
+        s3.put_object(Bucket=bucket, Key="pub/later", Body=b"spooled, then drained")
+        for target in (obj, key_path(bucket, "pub/later"), key_path(bucket) + "?list-type=2&prefix=pub/"):
+            store = anonymous(seaweed.endpoint_url, "GET", target)
+            through = anonymous(gw.http_url, "GET", target)
+            assert (through.status, through.body) == (store.status, store.body)
+            assert through.status == 200
+        head = anonymous(gw.http_url, "HEAD", obj)
+        assert head.status == 200 and head.header("ETag") == put["ETag"]
+        refused = send(
+            gw.http_url, "PUT", obj, {"Host": urlsplit(gw.http_url).netloc, "Content-Length": "1"}, b"x"
+        )
+        assert (refused.status, refused.error_code) == (403, "AccessDenied")
+        assert backend.get_object(Bucket=bucket, Key="pub/obj")["Body"].read() == b"public bytes"
+    finally:
+        backend.delete_bucket_policy(Bucket=bucket)
+        gw.flush(bucket)
+        code = stop_gateway(proc)
+        assert code == 0 and "Traceback" not in gw.log_path.read_text(errors="replace")
