@@ -507,6 +507,63 @@ def test_chunked_put_without_content_length_is_accepted_like_the_store(
     assert not any(k.endswith("bad") for k in listed)
 
 
+@TARGETS
+def test_chunked_upload_part_without_content_length_is_accepted_like_the_store(
+    gateway: Gateway, relayed: Any, seaweed: Any, backend: Any, bucket: str, target: str
+) -> None:
+    """UploadPart with Transfer-Encoding: chunked and no Content-Length, in an upload with a checksum
+    algorithm: the part's ETag and checksum, and the completed object, are the store's."""
+
+    def upload(url: str, access_key: str, secret_key: str, s3: Any, key: str) -> dict[str, Any]:
+        upload_id = s3.create_multipart_upload(Bucket=bucket, Key=key, ChecksumAlgorithm="CRC32")["UploadId"]
+        q = f"?partNumber=1&uploadId={upload_id}"
+        target_path = key_path(bucket, key) + q
+        hdrs = sign(
+            "PUT",
+            url,
+            target_path,
+            {"Transfer-Encoding": "chunked"},
+            access_key=access_key,
+            secret_key=secret_key,
+            payload_hash=UNSIGNED_PAYLOAD,
+        )
+        part1 = send(url, "PUT", target_path, hdrs, te_chunked(PART_1, 64 * 1024))
+        part2 = s3.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=2, Body=PART_2, ChecksumAlgorithm="CRC32"
+        )
+        parts = [
+            {
+                "PartNumber": 1,
+                "ETag": part1.header("ETag"),
+                "ChecksumCRC32": part1.header("x-amz-checksum-crc32"),
+            },
+            {"PartNumber": 2, "ETag": part2["ETag"], "ChecksumCRC32": part2["ChecksumCRC32"]},
+        ]
+        done = observe(
+            lambda: s3.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        )
+        return {
+            "part1": (part1.status, part1.header("ETag"), part1.header("x-amz-checksum-crc32")),
+            "done": done,
+        }
+
+    admin = seaweed.admin
+    expected = upload(seaweed.endpoint_url, admin.access_key, admin.secret_key, backend, "store/mp")
+    assert expected["part1"][0] == 200
+    if target == "off":
+        assert_same(
+            upload(gateway.http_url, gateway.access_key, gateway.secret_key, gateway.client(), "off/mp"),
+            expected,
+        )
+        return
+    gw, relay = relayed
+    with drain_held(gw, relay, bucket) as s3:
+        assert_same(upload(gw.http_url, gw.access_key, gw.secret_key, s3, "held/mp"), expected)
+    assert backend.get_object(Bucket=bucket, Key="held/mp")["Body"].read() == PART_1 + PART_2
+
+
 def test_other_operations_without_content_length_still_answer_411(gateway: Gateway, bucket: str) -> None:
     target = key_path(bucket) + "?delete="
     hdrs = sign(
