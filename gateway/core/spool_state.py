@@ -193,6 +193,9 @@ def _meta_tuple(raw: Any) -> tuple[tuple[str, str], ...]:
     return tuple((str(k), str(v)) for k, v in raw)
 
 
+_UPLOAD_CHECKSUM_HEADERS = frozenset({"x-amz-checksum-algorithm", "x-amz-checksum-type"})
+
+
 def checksum_of_meta(meta: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
     """``(algorithm, type)`` kept with a multipart upload's headers, or None."""
     found = dict(meta)
@@ -344,9 +347,14 @@ class SpoolState:
             files = tuple(p.file for p in parts)
             part_sizes = tuple(p.size for p in parts)
             part_md5s = tuple(p.md5 for p in parts)
-            part_checksums = tuple(p.checksum for p in parts) if upload.checksum_algorithm else ()
             size = sum(part_sizes)
             meta = upload.meta
+            part_checksums = tuple(p.checksum for p in parts)
+            if upload.checksum_algorithm is None or not all(part_checksums):
+                # Without every part's checksum the object has none, and the drain must not create its
+                # upload with an algorithm whose completion would need them.
+                part_checksums = ()
+                meta = tuple(kv for kv in meta if kv[0] not in _UPLOAD_CHECKSUM_HEADERS)
             self.bytes_on_disk -= size  # counted again below, as the entry's
         else:
             files = tuple(rec["f"])

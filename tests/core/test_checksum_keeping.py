@@ -274,3 +274,16 @@ def test_an_upload_without_an_algorithm_ignores_checksums_in_the_document() -> N
     state.apply(rec)
     entry = state.lookup("b", "k")
     assert entry is not None and entry.checksum == ()
+
+
+def test_a_completion_without_every_part_checksum_leaves_the_object_without_any_algorithm() -> None:
+    """An empty checksum element matches a part stored without one: the object then has no checksum, and
+    its headers name no algorithm, so the drain does not create an upload it could not complete."""
+    state = SpoolState()
+    upload = _upload(state, "CRC32", "COMPOSITE", checksums=False)
+    rec = state.complete_record(upload, _requested(), WALL, part_checksums=[{"CRC32": ""}, {"CRC32": ""}])
+    state.apply(rec)
+    entry = state.lookup("b", "k")
+    assert entry is not None
+    assert (entry.checksum, entry.part_checksums) == ((), ())
+    assert entry.meta == (("x-amz-meta-a", "1"),)
