@@ -79,6 +79,10 @@ class ServerConfig:
     # each, so small bodies keep their pooled connection. GETs from the spool use sendfile at any size.
     # 0 = never zero-copy (neither).
     zero_copy_min_bytes: int = 8 * 1024 * 1024
+    # Unsigned (anonymous) GET/HEAD of objects, object listings and HEAD bucket are passed to the store
+    # unsigned, so that the store's bucket policy or ACL decides (public-read buckets). Every other
+    # anonymous request is refused (403 AccessDenied), as all are while this is off (docs/compatibility.md).
+    anonymous_reads: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,6 +457,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "log_format": "str",
         "drain_on_shutdown_s": "float",
         "zero_copy_min_bytes": "size",
+        "anonymous_reads": "bool",
     },
     "backend": {
         "endpoint": "opt_str",

@@ -768,6 +768,9 @@ class Drainer:
                     upload_id,
                 )
         qid = s3_quote(upload_id, safe="")
+        # An upload created with a checksum algorithm (kept among its headers): each part carries its own,
+        # and the completion names them, so the store keeps the object's checksum as acknowledged.
+        algorithm = dict(entry.meta).get("x-amz-checksum-algorithm", "") if entry.part_checksums else ""
         finished = False
         try:
             self._abortable.add(entry.seq)  # parts may be cut short; the completion may not
@@ -780,6 +783,8 @@ class Drainer:
                     "content-length": str(size),
                     "content-md5": base64.b64encode(bytes.fromhex(md5_hex)).decode(),
                 }
+                if algorithm:
+                    part_headers[f"x-amz-checksum-{algorithm.lower()}"] = entry.part_checksums[number - 1]
                 body = SpoolFileBody(self, entry, file_id, size, commits=False) if size else b""
                 status, data, resp_headers = await self._request(
                     entry, "PUT", f"partNumber={number}&uploadId={qid}", part_headers, body
@@ -794,7 +799,13 @@ class Drainer:
             if entry.superseded:
                 raise Superseded()
             xml = "".join(
-                f"<Part><PartNumber>{n}</PartNumber><ETag>&quot;{escape(m)}&quot;</ETag></Part>"
+                f"<Part><PartNumber>{n}</PartNumber><ETag>&quot;{escape(m)}&quot;</ETag>"
+                + (
+                    f"<Checksum{algorithm}>{escape(entry.part_checksums[n - 1])}</Checksum{algorithm}>"
+                    if algorithm
+                    else ""
+                )
+                + "</Part>"
                 for n, m in enumerate(entry.part_md5s, start=1)
             )
             body_xml = f"<CompleteMultipartUpload>{xml}</CompleteMultipartUpload>".encode()
