@@ -203,6 +203,7 @@ class Drainer:
         spool.on_cancel = self._cancel
         self.uploads_ok = 0
         self.uploads_failed = 0
+        self.paused = False  # POST /_s3lanes/drain?pause=1 (hold): no new upload starts until resumed
 
     @property
     def in_flight(self) -> int:
@@ -229,6 +230,8 @@ class Drainer:
             wakeup.clear()
             if self._closing:
                 return
+            if self.paused:
+                continue
             self._check_age()
             self._start_janitor()
             free = self._cfg.drain_concurrency - len(self._tasks) + len(self._fencing)
@@ -237,6 +240,14 @@ class Drainer:
                 task = asyncio.create_task(self._drain(entry), name=f"drain-{entry.seq}")
                 self._tasks[entry.seq] = task
                 task.add_done_callback(functools.partial(self._task_done, entry=entry))
+
+    def hold(self, paused: bool | None) -> bool:
+        """Pause (True) or resume (False) draining, an operator and test switch; uploads in flight finish
+        either way. Returns whether it is paused now (None: only that)."""
+        if paused is not None:
+            self.paused = paused
+            self._spool.drain_wakeup.set()
+        return self.paused
 
     def _task_done(self, task: asyncio.Task[None], *, entry: Entry) -> None:
         """Whatever happened to the task (even a cancel before it ran), its key is not left blocked."""
