@@ -274,6 +274,7 @@ def test_randomized_crash_run_with_the_store_stalled_at_every_kill_ends_with_the
             stall_min_s=1.5,
             stall_max_s=3.0,
             fence_s=FENCE_S,
+            check_each_kill=True,
         ),
         work_dir=tmp_path,
         backend_endpoint=stallable.endpoint_url,
