@@ -76,7 +76,10 @@ class Superseded(Exception):
     """A newer write of the key was acknowledged while this upload could still be cut short."""
 
 
-_CLOCK_SLACK_S = 120.0  # the store's clock (Initiated) against ours (acked_at)
+_CLOCK_SLACK_S = 120.0
+# A fence whose read-back was slow (the store stalled again) waits another interval, at most this many times
+# in a row: a store that is merely slow to answer a HEAD must not keep a key pending for ever.
+_FENCE_SLOW_LOOKS = 3  # the store's clock (Initiated) against ours (acked_at)
 
 
 def _listed_uploads(data: bytes) -> list[tuple[str, str, float]]:
@@ -506,6 +509,7 @@ class Drainer:
         uploading: served from the spool, pending in flush and status. It holds no drain slot meanwhile."""
         self._fencing.add(entry.seq)
         self._spool.drain_wakeup.set()
+        slow_looks = 0
         try:
             while True:
                 await asyncio.sleep(self._fence_s)
@@ -513,10 +517,12 @@ class Drainer:
                     raise Superseded()  # the newer entry of the key is fenced in its turn
                 started = self._clock.monotonic()
                 shows = await self._store_shows(entry)
-                if shows and self._clock.monotonic() - started <= max(1.0, self._fence_s / 2):
+                slow = self._clock.monotonic() - started > max(1.0, self._fence_s / 2)
+                if shows and (not slow or slow_looks >= _FENCE_SLOW_LOOKS):
                     break
                 if shows:
-                    continue  # the store was slow again: give an older request another interval
+                    slow_looks += 1  # the store stalled again: give an older request another interval
+                    continue
                 self._spool.fence_reapplies += 1
                 log.warning(
                     "drain of %s/%s (entry %d): after the fence the store holds an older state (a request"
