@@ -245,7 +245,8 @@ class Drainer:
         """Whatever happened to the task (even a cancel before it ran), its key is not left blocked."""
         self._tasks.pop(entry.seq, None)
         self._abortable.discard(entry.seq)
-        self._in_doubt.discard(entry.seq)
+        if not self._closing:
+            self._in_doubt.discard(entry.seq)
         self._fencing.discard(entry.seq)
         if entry.state is EntryState.UPLOADING:
             self._spool.after_drain(
@@ -388,12 +389,17 @@ class Drainer:
     async def close(self) -> None:
         self._closing = True
         self._spool.drain_wakeup.set()
+        state = self._spool.state
+        seqs = list(self._tasks)
         tasks = list(self._tasks.values())
         if self._janitor is not None:
             tasks.append(self._janitor)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Drains cut here whose completing request never went out whole, or was answered, leave nothing on
+        # the wire (_task_done keeps _in_doubt while closing, so this is known only now).
+        await self._unwire([state.entries[s] for s in seqs if s not in self._in_doubt and s in state.entries])
 
     def _cancel(self, seq: int) -> None:
         """A newer write superseded an entry being uploaded: stop the upload if that is still safe.
@@ -432,6 +438,8 @@ class Drainer:
         except Exception as exc:
             if entry.seq in self._in_doubt:
                 await self._hold_in_doubt(entry, exc)
+            else:  # answered, or cut before it could complete the object: nothing of it is on the wire
+                await self._unwire([entry])
             if isinstance(exc, Superseded) or entry.superseded:
                 # Cut on purpose (the body stopped itself, which the HTTP client reports as a connection
                 # error), or failed after a newer write won: either way nothing to retry and no failure.
@@ -500,6 +508,15 @@ class Drainer:
         except SpoolWriteFailed:
             if self._spool.degraded is None:
                 raise
+
+    async def _unwire(self, entries: list[Entry]) -> None:
+        """Settle the wires of entries none of whose requests can still be applied (so that a restart does
+        not fence their keys for nothing); best effort."""
+        state = self._spool.state
+        records = [state.unwire_record(e) for e in entries if state.unwire_needed(e)]
+        if records:
+            with contextlib.suppress(SpoolWriteFailed):
+                await self._spool.commit(records)
 
     async def _fence(self, entry: Entry) -> None:
         """The newest state of a key in doubt was applied and answered: an older request of the key may
@@ -740,10 +757,13 @@ class Drainer:
         # whose upload is being created (it would miss it, or abort a live one).
         async with self._intent_lock(token):
             while token in state.backend_intents:
-                # A previous attempt (or process) may have left an upload behind: clean it up first.
+                # A previous attempt (or process) may have left an upload behind: clean it up first, and
+                # look again a fence interval later (its CreateMultipartUpload may still be in the store).
+                # With the journal out of service the intent cannot end: one look, as for other drains.
                 await self._resolve_intent(token)
-                if token in state.backend_intents:
-                    await asyncio.sleep(max(0.05, self._fence_left(token)))
+                if token not in state.backend_intents or self._spool.degraded is not None:
+                    break
+                await asyncio.sleep(max(0.05, self._fence_left(token)))
             journaled = True
             if token not in state.backend_intents:
                 try:
