@@ -817,7 +817,10 @@ class CrashConfig:
     stall: bool = False  # every kill while the store is frozen (run_crash's stall_store does it)
     stall_min_s: float = 2.0
     stall_max_s: float = 6.0
-    fence_s: float | None = None  # the gateway's [spool] fence_s (None: its default)
+    # The gateway's [spool] fence_s (None: its default, [backend] read_timeout_s = 30 s here). A loopback
+    # SeaweedFS applies what it received within milliseconds once it runs; 30 s fences, chained through
+    # commit markers, would only stretch the final flush of a run that kills every second.
+    fence_s: float | None = 5.0
     check_each_kill: bool = False  # after every kill: pause, flush, compare the store with the model
 
 

@@ -68,7 +68,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stall-min-s", type=float, default=2.0, help="shortest stall (default 2)")
     p.add_argument("--stall-max-s", type=float, default=6.0, help="longest stall (default 6)")
     p.add_argument(
-        "--fence-s", type=float, default=None, help="the gateway's [spool] fence_s (default: its own default)"
+        "--fence-s", type=float, default=5.0, help="the gateway's [spool] fence_s (default 5; 0: no wait)"
     )
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, spool, SeaweedFS)")
     p.add_argument(

@@ -637,6 +637,8 @@ class Drainer:
                 chunk = await run_settled(self._spool.run_read_io(os.pread, fd, n, offset))
                 if len(chunk) != n:
                     raise DrainError(f"spool file {file_id} ended before {offset + n} of {size} bytes")
+                if commits and offset + n >= size:
+                    await self._wire(entry)  # the last piece completes the object: journaled first
                 self._stop_if_cut(entry)
                 sent += n
                 self._metrics.bytes.labels(lane, "up").inc(n)
@@ -686,6 +688,8 @@ class Drainer:
         try:
             for offset, n in self._pieces(size, budget):
                 await budget.take(n)
+                if commits and offset + n >= size:
+                    await self._wire(entry)  # the last piece completes the object: journaled first
                 self._stop_if_cut(entry)
                 if commits and offset + n >= size:
                     self._abortable.discard(entry.seq)
@@ -721,11 +725,11 @@ class Drainer:
         md5_hex = _norm_etag(entry.etag)
         headers["content-md5"] = base64.b64encode(bytes.fromhex(md5_hex)).decode()
         headers["content-length"] = str(entry.size)
-        await self._wire(entry)
         if entry.size:
             self._abortable.add(entry.seq)  # until the last byte is handed to the connection
             body: bytes | SpoolFileBody = SpoolFileBody(self, entry, entry.files[0], entry.size, commits=True)
         else:
+            await self._wire(entry)
             body = b""
             self._in_doubt.add(entry.seq)
         status, data, resp_headers = await self._request(entry, "PUT", "", headers, body)
