@@ -53,6 +53,7 @@ from __future__ import annotations
 import base64
 import collections
 import contextlib
+import functools
 import hashlib
 import http.client
 import json
@@ -367,6 +368,7 @@ class Stats:
     kills_by_mode: collections.Counter[str] = field(default_factory=collections.Counter)
     ops_by_kind: collections.Counter[str] = field(default_factory=collections.Counter)
     acked_bytes: int = 0
+    checks: int = 0  # checks of the store between kills (check_each_kill)
     restart_s: list[float] = field(default_factory=list)
 
 
@@ -382,6 +384,9 @@ class Harness:
         self.anomalies: list[str] = []
         self._lock = threading.Lock()
         self._big = 0
+        self.gate = threading.Event()  # cleared: workers start no new operation (a check is running)
+        self.gate.set()
+        self._active = 0  # operations under way
 
     def note(self, text: str) -> None:
         with self._lock:
@@ -413,6 +418,34 @@ class Harness:
     @property
     def big_in_flight(self) -> bool:
         return self._big > 0
+
+    def enter(self) -> bool:
+        """A worker about to start an operation: waits while paused. False once the run stops."""
+        while not self.stop.is_set():
+            if self.gate.wait(0.1):
+                with self._lock:
+                    if self.gate.is_set():
+                        self._active += 1
+                        return True
+        return False
+
+    def leave(self) -> None:
+        with self._lock:
+            self._active -= 1
+
+    def pause(self, timeout_s: float = REQUEST_TIMEOUT_S * 4) -> bool:
+        """Stop the workers between operations; True once none is under way."""
+        self.gate.clear()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._active == 0:
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def resume(self) -> None:
+        self.gate.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,11 +480,14 @@ class Worker(threading.Thread):
 
     def run(self) -> None:
         try:
-            while not self.h.stop.is_set():
-                self.n += 1
-                op = next_op(self.rng, self.keys, f"{self.index}-{self.n}")
-                self.execute(op)
-                self.h.count_op(type(op).__name__)
+            while self.h.enter():
+                try:
+                    self.n += 1
+                    op = next_op(self.rng, self.keys, f"{self.index}-{self.n}")
+                    self.execute(op)
+                    self.h.count_op(type(op).__name__)
+                finally:
+                    self.h.leave()
         except GatewayGone:
             pass
         except BaseException as exc:  # reported by the harness; a worker must not die silently
@@ -781,7 +817,11 @@ class CrashConfig:
     stall: bool = False  # every kill while the store is frozen (run_crash's stall_store does it)
     stall_min_s: float = 2.0
     stall_max_s: float = 6.0
-    fence_s: float | None = None  # the gateway's [spool] fence_s (None: its default)
+    # The gateway's [spool] fence_s (None: its default, [backend] read_timeout_s = 30 s here). A loopback
+    # SeaweedFS applies what it received within milliseconds once it runs; 30 s fences, chained through
+    # commit markers, would only stretch the final flush of a run that kills every second.
+    fence_s: float | None = 5.0
+    check_each_kill: bool = False  # after every kill: pause, flush, compare the store with the model
 
 
 @dataclass(slots=True)
@@ -826,7 +866,8 @@ class CrashReport:
             f"  per key: acknowledged {s.acked} ({s.acked_bytes / MiB:.0f} MiB of object data), outcome"
             f" unknown {s.unknown}; refused connects resent {s.refused}",
             f"kills: {s.kills} ({', '.join(f'{k} {v}' for k, v in sorted(s.kills_by_mode.items())) or '-'}),"
-            f" restart to ready median {median:.2f} s",
+            f" restart to ready median {median:.2f} s"
+            + (f"; store checked after {s.checks} of them (flush, then every key)" if s.checks else ""),
             f"recovery: {r.recovery_lines} recovery lines in {r.incarnations} gateway logs;"
             f" {r.with_pending} found data to drain (max {r.max_entries} objects,"
             f" {r.max_uploads} open uploads)",
@@ -931,6 +972,7 @@ def _kill_loop(
     rng: random.Random,
     say: Callable[[str], None],
     stall_store: Callable[[bool], None] | None = None,
+    check: Callable[[], None] | None = None,
 ) -> None:
     """SIGKILL and restart the gateway until both counts are reached (or the time is up)."""
     deadline = time.monotonic() + cfg.max_kill_phase_s
@@ -945,6 +987,8 @@ def _kill_loop(
             mode = _stall_kill(gw, h, cfg, rng, stall_store)
             h.stats.kills += 1
             h.stats.kills_by_mode[mode] += 1
+            if check is not None:
+                check()
             if h.stats.kills % 10 == 0:
                 elapsed = cfg.max_kill_phase_s - (deadline - time.monotonic())
                 say(f"  {h.stats.kills} kills, {h.stats.ops} operations, {elapsed:.0f} s")
@@ -1030,7 +1074,12 @@ def run_crash(
             w.start()
         say(f"gateway on {url}; {cfg.workers} workers on {len(model.keys)} keys; killing")
         try:
-            _kill_loop(gw, h, workers, cfg, rng, say, stall_store)
+            check = None
+            if cfg.check_each_kill:
+                check = functools.partial(
+                    _check_now, report, h, model, bucket, backend, port, cfg.flush_timeout_s, say
+                )
+            _kill_loop(gw, h, workers, cfg, rng, say, stall_store, check)
         except GatewayStartFailed as exc:
             report.problems.append(f"after kill {h.stats.kills} the gateway did not start again: {exc}")
             h.gone.set()
@@ -1064,6 +1113,64 @@ def run_crash(
         report.anomalies = list(h.anomalies)
         report.total_s = time.monotonic() - began
     return report
+
+
+CHECK_AGAIN_AFTER_S = 1.0
+SLOW_CHECK_S = 20.0  # a state put back late shows only once the store applied the old request
+
+
+def _check_now(
+    report: CrashReport,
+    h: Harness,
+    model: Model,
+    bucket: str,
+    backend: Any,
+    port: int,
+    flush_timeout_s: float,
+    say: Callable[[str], None],
+) -> None:
+    """Between kills: pause the workers, flush, and check that the store holds an acceptable state of every
+    key (twice, the second time a moment later) and no drain upload, then let the workers go on."""
+    began = time.monotonic()
+    if not h.pause():
+        report.problems.append(f"after kill {h.stats.kills}: the workers did not pause")
+        h.resume()
+        return
+    paused_s = time.monotonic() - began
+    try:
+        flushed = flush(port, bucket, flush_timeout_s)
+        flush_s = time.monotonic() - began - paused_s
+        if paused_s + flush_s > SLOW_CHECK_S:
+            say(f"  after kill {h.stats.kills}: workers paused after {paused_s:.1f} s, flush {flush_s:.1f} s")
+        if not flushed.get("durable"):
+            report.problems.append(f"after kill {h.stats.kills}: flush did not answer durable: {flushed}")
+            return
+        h.stats.checks += 1
+        for look in range(2):
+            if look:
+                time.sleep(CHECK_AGAIN_AFTER_S)
+            for key, km in model.keys.items():
+                state = _backend_state(backend, bucket, key)
+                if state not in km.states:
+                    acceptable = ", ".join(sorted(show(s) for s in km.states))
+                    report.problems.append(
+                        f"after kill {h.stats.kills} (flush durable, look {look + 1}): {key}: the store holds"
+                        f" {show(state)}; acceptable {{{acceptable}}}; " + " | ".join(km.history[-6:])
+                    )
+            uploads = [
+                u
+                for u in backend.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+                if not any(u["UploadId"] in p for p in report.problems)  # each one reported once
+            ]
+            if uploads:
+                report.problems.append(
+                    f"after kill {h.stats.kills} (flush durable, look {look + 1}): {len(uploads)} multipart"
+                    f" uploads on the store: " + "; ".join(f"{u['Key']} {u['UploadId']}" for u in uploads[:5])
+                )
+        if report.problems:
+            say(f"  after kill {h.stats.kills}: {len(report.problems)} problems so far")
+    finally:
+        h.resume()
 
 
 def _gateway_view(client: S3Client, bucket: str, key: str) -> State | str:

@@ -13,7 +13,9 @@ run at all.
 ``--stall`` kills the gateway only while the store is frozen (SIGSTOP on SeaweedFS for ``--stall-min-s`` to
 ``--stall-max-s``), resuming it before or after the restart: a drain request of an older state left in the
 store's socket is applied after the newer state the restarted gateway sent, and the spool's fencing must
-put the newest state back before flush answers durable (see :mod:`loadtests.crashmodel`).
+put the newest state back before flush answers durable (see :mod:`loadtests.crashmodel`). After every such
+kill the workload pauses, the bucket is flushed and the store, read directly, must hold an acceptable state
+of every key and no drain upload (a state put back late would otherwise be hidden by later writes).
 
 ``--gateway-source DIR`` runs ``python -m gateway`` from another checkout (e.g. one with a fix applied)
 while the driver itself stays this one.
@@ -66,7 +68,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stall-min-s", type=float, default=2.0, help="shortest stall (default 2)")
     p.add_argument("--stall-max-s", type=float, default=6.0, help="longest stall (default 6)")
     p.add_argument(
-        "--fence-s", type=float, default=None, help="the gateway's [spool] fence_s (default: its own default)"
+        "--fence-s", type=float, default=5.0, help="the gateway's [spool] fence_s (default 5; 0: no wait)"
     )
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, spool, SeaweedFS)")
     p.add_argument(
@@ -103,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stall_min_s=args.stall_min_s,
         stall_max_s=args.stall_max_s,
         fence_s=args.fence_s,
+        check_each_kill=args.stall,
     )
     work = Path(tempfile.mkdtemp(prefix="s3lanes-spool-crash-"))
     stalls = f", store stalled {cfg.stall_min_s:g}-{cfg.stall_max_s:g} s at every kill" if cfg.stall else ""

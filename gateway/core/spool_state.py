@@ -10,6 +10,7 @@ so the state after a crash is exactly the state that was acknowledged. Records:
     done     an entry is on the backend (the drain confirmed it); settles the key's wires up to its seq
     wire     a drain request that completes an object (PUT, multipart completion, tombstone DELETE) may
              be on its way to the store: journaled before it is sent
+    unwire   that entry's requests are all answered or were cut before they could complete the object
 
 Fencing. A request that completes an object may be applied by the store long after it was sent (the
 store stalled with it in a socket buffer), after a newer state of the key that a restarted gateway (or a
@@ -342,6 +343,13 @@ class SpoolState:
         if kind == "wire":
             self.wires.setdefault((rec["b"], rec["k"]), set()).add(int(rec["s"]))
             return Applied()
+        if kind == "unwire":
+            ident = (rec["b"], rec["k"])
+            wires = self.wires.get(ident, set())
+            wires.discard(int(rec["s"]))
+            if not wires:
+                self.wires.pop(ident, None)
+            return Applied()
         if kind == "done":
             done = self.entries.get(int(rec["s"]))
             if "k" in rec:  # older journals' done records name no key: the entry's, if it is still there
@@ -454,6 +462,16 @@ class SpoolState:
     @staticmethod
     def wire_record(entry: Entry) -> dict[str, Any]:
         return {"t": "wire", "b": entry.bucket, "k": entry.key, "s": entry.seq}
+
+    def unwire_needed(self, entry: Entry) -> bool:
+        """Whether ``entry`` has an open wire that an ``unwire`` may settle: not while its key is in doubt
+        (an earlier request of the same entry may be the one still on its way)."""
+        ident = (entry.bucket, entry.key)
+        return ident not in self.in_doubt and entry.seq in self.wires.get(ident, ())
+
+    @staticmethod
+    def unwire_record(entry: Entry) -> dict[str, Any]:
+        return {"t": "unwire", "b": entry.bucket, "k": entry.key, "s": entry.seq}
 
     def is_in_doubt(self, entry: Entry) -> bool:
         return (entry.bucket, entry.key) in self.in_doubt

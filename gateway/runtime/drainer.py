@@ -76,7 +76,10 @@ class Superseded(Exception):
     """A newer write of the key was acknowledged while this upload could still be cut short."""
 
 
-_CLOCK_SLACK_S = 120.0  # the store's clock (Initiated) against ours (acked_at)
+_CLOCK_SLACK_S = 120.0
+# A fence whose read-back was slow (the store stalled again) waits another interval, at most this many times
+# in a row: a store that is merely slow to answer a HEAD must not keep a key pending for ever.
+_FENCE_SLOW_LOOKS = 3  # the store's clock (Initiated) against ours (acked_at)
 
 
 def _listed_uploads(data: bytes) -> list[tuple[str, str, float]]:
@@ -253,7 +256,8 @@ class Drainer:
         """Whatever happened to the task (even a cancel before it ran), its key is not left blocked."""
         self._tasks.pop(entry.seq, None)
         self._abortable.discard(entry.seq)
-        self._in_doubt.discard(entry.seq)
+        if not self._closing:
+            self._in_doubt.discard(entry.seq)
         self._fencing.discard(entry.seq)
         if entry.state is EntryState.UPLOADING:
             self._spool.after_drain(
@@ -396,12 +400,17 @@ class Drainer:
     async def close(self) -> None:
         self._closing = True
         self._spool.drain_wakeup.set()
+        state = self._spool.state
+        seqs = list(self._tasks)
         tasks = list(self._tasks.values())
         if self._janitor is not None:
             tasks.append(self._janitor)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Drains cut here whose completing request never went out whole, or was answered, leave nothing on
+        # the wire (_task_done keeps _in_doubt while closing, so this is known only now).
+        await self._unwire([state.entries[s] for s in seqs if s not in self._in_doubt and s in state.entries])
 
     def _cancel(self, seq: int) -> None:
         """A newer write superseded an entry being uploaded: stop the upload if that is still safe.
@@ -440,6 +449,8 @@ class Drainer:
         except Exception as exc:
             if entry.seq in self._in_doubt:
                 await self._hold_in_doubt(entry, exc)
+            else:  # answered, or cut before it could complete the object: nothing of it is on the wire
+                await self._unwire([entry])
             if isinstance(exc, Superseded) or entry.superseded:
                 # Cut on purpose (the body stopped itself, which the HTTP client reports as a connection
                 # error), or failed after a newer write won: either way nothing to retry and no failure.
@@ -509,6 +520,15 @@ class Drainer:
             if self._spool.degraded is None:
                 raise
 
+    async def _unwire(self, entries: list[Entry]) -> None:
+        """Settle the wires of entries none of whose requests can still be applied (so that a restart does
+        not fence their keys for nothing); best effort."""
+        state = self._spool.state
+        records = [state.unwire_record(e) for e in entries if state.unwire_needed(e)]
+        if records:
+            with contextlib.suppress(SpoolWriteFailed):
+                await self._spool.commit(records)
+
     async def _fence(self, entry: Entry) -> None:
         """The newest state of a key in doubt was applied and answered: an older request of the key may
         still be applied after it. Wait ``fence_s`` (the store has just answered, so the interval is one
@@ -517,6 +537,7 @@ class Drainer:
         uploading: served from the spool, pending in flush and status. It holds no drain slot meanwhile."""
         self._fencing.add(entry.seq)
         self._spool.drain_wakeup.set()
+        slow_looks = 0
         try:
             while True:
                 await asyncio.sleep(self._fence_s)
@@ -524,10 +545,12 @@ class Drainer:
                     raise Superseded()  # the newer entry of the key is fenced in its turn
                 started = self._clock.monotonic()
                 shows = await self._store_shows(entry)
-                if shows and self._clock.monotonic() - started <= max(1.0, self._fence_s / 2):
+                slow = self._clock.monotonic() - started > max(1.0, self._fence_s / 2)
+                if shows and (not slow or slow_looks >= _FENCE_SLOW_LOOKS):
                     break
                 if shows:
-                    continue  # the store was slow again: give an older request another interval
+                    slow_looks += 1  # the store stalled again: give an older request another interval
+                    continue
                 self._spool.fence_reapplies += 1
                 log.warning(
                     "drain of %s/%s (entry %d): after the fence the store holds an older state (a request"
@@ -625,6 +648,8 @@ class Drainer:
                 chunk = await run_settled(self._spool.run_read_io(os.pread, fd, n, offset))
                 if len(chunk) != n:
                     raise DrainError(f"spool file {file_id} ended before {offset + n} of {size} bytes")
+                if commits and offset + n >= size:
+                    await self._wire(entry)  # the last piece completes the object: journaled first
                 self._stop_if_cut(entry)
                 sent += n
                 self._metrics.bytes.labels(lane, "up").inc(n)
@@ -674,6 +699,8 @@ class Drainer:
         try:
             for offset, n in self._pieces(size, budget):
                 await budget.take(n)
+                if commits and offset + n >= size:
+                    await self._wire(entry)  # the last piece completes the object: journaled first
                 self._stop_if_cut(entry)
                 if commits and offset + n >= size:
                     self._abortable.discard(entry.seq)
@@ -709,11 +736,11 @@ class Drainer:
         md5_hex = _norm_etag(entry.etag)
         headers["content-md5"] = base64.b64encode(bytes.fromhex(md5_hex)).decode()
         headers["content-length"] = str(entry.size)
-        await self._wire(entry)
         if entry.size:
             self._abortable.add(entry.seq)  # until the last byte is handed to the connection
             body: bytes | SpoolFileBody = SpoolFileBody(self, entry, entry.files[0], entry.size, commits=True)
         else:
+            await self._wire(entry)
             body = b""
             self._in_doubt.add(entry.seq)
         status, data, resp_headers = await self._request(entry, "PUT", "", headers, body)
@@ -745,10 +772,13 @@ class Drainer:
         # whose upload is being created (it would miss it, or abort a live one).
         async with self._intent_lock(token):
             while token in state.backend_intents:
-                # A previous attempt (or process) may have left an upload behind: clean it up first.
+                # A previous attempt (or process) may have left an upload behind: clean it up first, and
+                # look again a fence interval later (its CreateMultipartUpload may still be in the store).
+                # With the journal out of service the intent cannot end: one look, as for other drains.
                 await self._resolve_intent(token)
-                if token in state.backend_intents:
-                    await asyncio.sleep(max(0.05, self._fence_left(token)))
+                if token not in state.backend_intents or self._spool.degraded is not None:
+                    break
+                await asyncio.sleep(max(0.05, self._fence_left(token)))
             journaled = True
             if token not in state.backend_intents:
                 try:

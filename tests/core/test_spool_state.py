@@ -866,6 +866,8 @@ class SpoolMachine(RuleBasedStateMachine):
         if not self.inflight:
             return
         entry = self.inflight.pop(sorted(self.inflight)[pick % len(self.inflight)])
+        if self.state.unwire_needed(entry):  # answered, or cut before the last byte: off the wire
+            self.s.apply(SpoolState.unwire_record(entry))
         applied = self.s.track(self.state.upload_failed(entry, self.now + delay_s, "boom"))
         if entry.superseded:
             event("cancelled upload failed")
@@ -1232,3 +1234,18 @@ def test_an_old_journal_without_wire_records_replays_with_nothing_in_doubt() -> 
     sp.delete("k")
     old = rebuilt(sp.records)
     assert old.recovered() == 0 and old.wires == {} and old.in_doubt == set()
+
+
+def test_an_unwire_settles_only_its_own_entry_and_never_while_the_key_is_in_doubt() -> None:
+    sp = Spool()
+    a = sp.put("k")
+    sp.state.start_upload(a)
+    sp.apply(SpoolState.wire_record(a))
+    sp.state.in_doubt.add((B, "k"))  # an earlier attempt of the entry went unanswered
+    assert not sp.state.unwire_needed(a)
+    sp.state.in_doubt.clear()
+    assert sp.state.unwire_needed(a)
+    sp.apply(SpoolState.unwire_record(a))  # the attempt was answered (or cut): nothing of it on the wire
+    assert sp.state.wires == {} and not sp.state.unwire_needed(a)
+    crashed = rebuilt(sp.records)
+    assert crashed.recovered() == 0

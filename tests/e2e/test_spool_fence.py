@@ -28,6 +28,7 @@ from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProc
 from loadtests.crashmodel import CrashConfig, run_crash
 from tests.conftest import Backend, s3_client
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
+from tests.e2e.test_spool_crash import flush_answer
 
 pytestmark = pytest.mark.e2e
 
@@ -201,12 +202,17 @@ def test_a_drain_request_left_on_the_wire_by_a_killed_gateway_does_not_overwrite
         if resume == "before-restart":
             stallable.resume()
         proc, gw = start(stallable, tmp_path, read_timeout_s=60)
+        spool = gw.status()["spool"]
+        assert spool["keys_in_doubt"] == KEYS, spool  # recovery found a drain request of each on the wire
         if resume == "after-restart":
             time.sleep(1.0)  # the restarted gateway sends the newer state into the stalled store too
+            status, doc = flush_answer(gw, bucket, 0.5)
+            assert status == 504 and doc["durable"] is False, doc
             stallable.resume()
         doc = flush_durable(gw, bucket)
         assert doc["durable"] is True, doc
         assert_store_holds(store, bucket, newest)
+        assert gw.status()["spool"]["keys_in_doubt"] == 0
         time.sleep(2 * FENCE_S)  # nothing late comes after "durable" either
         assert_store_holds(store, bucket, newest)
     finally:
@@ -274,6 +280,7 @@ def test_randomized_crash_run_with_the_store_stalled_at_every_kill_ends_with_the
             stall_min_s=1.5,
             stall_max_s=3.0,
             fence_s=FENCE_S,
+            check_each_kill=True,
         ),
         work_dir=tmp_path,
         backend_endpoint=stallable.endpoint_url,
