@@ -127,7 +127,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             zero_copy=cfg.server.zero_copy_min_bytes > 0,
             in_doubt_hold_s=cfg.backend.read_timeout_s,
         )
-        front = SpoolFront(spool, proxy, cfg, pools, clock, metrics)
+        front = SpoolFront(spool, proxy, cfg, pools, clock, metrics, drain_uploads=drainer.open_upload_ids)
         proxy.spool_front = front
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         app[SPOOL_KEY] = spool

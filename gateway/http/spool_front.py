@@ -23,7 +23,8 @@ import logging
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
@@ -43,6 +44,7 @@ from gateway.core.listing import (
     NotOurToken,
     VersionEntry,
     decode_token,
+    drop_listed_uploads,
     iso8601,
     merge_page,
     merge_versions_page,
@@ -323,8 +325,12 @@ class SpoolFront:
         pools: Pools,
         clock: Clock,
         metrics: Metrics,
+        *,
+        drain_uploads: Callable[[], AbstractSet[str]] = frozenset,
     ) -> None:
         self.spool = spool
+        # The backend upload ids the drain has open: hidden from clients' ListMultipartUploads.
+        self._drain_uploads = drain_uploads
         self._proxy = proxy
         self._cfg = cfg
         self._pools = pools
@@ -384,7 +390,9 @@ class SpoolFront:
                 raise self._journal_out_of_service()
             elif op == "DeleteObjects" and state.has_bucket_prefix(bucket, ""):
                 return await self._delete_objects(request, ctx, decision, bucket)
-            elif op == "ListMultipartUploads" and any(u.bucket == bucket for u in state.uploads.values()):
+            elif op == "ListMultipartUploads" and (
+                any(u.bucket == bucket for u in state.uploads.values()) or self._drain_uploads()
+            ):
                 return await self._list_uploads(request, ctx, decision, bucket, q)
             elif op == "DeleteBucket" and state.has_bucket_prefix(bucket, ""):
                 # Spooled objects are objects of the bucket: drain them first, then the backend answers
@@ -939,7 +947,8 @@ class SpoolFront:
     async def _list_uploads(
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
     ) -> web.StreamResponse:
-        """The backend's ListMultipartUploads with the spool's open uploads added (prefix honoured).
+        """The backend's ListMultipartUploads without the drain's own uploads, with the spool's open uploads
+        added (prefix honoured).
 
         Spooled uploads are appended to the first page the backend returns (they are few and short-lived);
         key-marker/upload-id-marker paging applies to the backend's uploads only.
@@ -950,9 +959,12 @@ class SpoolFront:
             status = resp.status
         finally:
             resp.release()
+        if status == 200:
+            data = drop_listed_uploads(data, self._drain_uploads())
         if status != 200 or q.get("key-marker") or q.get("upload-id-marker"):
             out = web.Response(status=status, body=data, content_type="application/xml")
             out.headers["x-amz-request-id"] = ctx.request_id
+            self._proxy._lane_headers(out, decision)
             return out
         prefix = q.get("prefix", "")
         encode = q.get("encoding-type") == "url"

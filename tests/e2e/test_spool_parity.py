@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -482,3 +483,44 @@ def s3_part_copy(client: Any, bucket: str, key: str, upload_id: str, src: str, c
         return exc.response["ResponseMetadata"]["HTTPStatusCode"], exc.response["Error"]["Code"]
     assert resp["CopyPartResult"]["ETag"]
     return 200, ""
+
+
+# --- ListMultipartUploads ---------------------------------------------------------------------------------
+
+
+def test_list_multipart_uploads_shows_the_clients_uploads_not_the_drains(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    """While the drain has a multipart upload of its own open on the store, a client listing the bucket's
+    uploads through the gateway sees what it created, as on the store: the spool's open upload, not the
+    drain's."""
+    s3 = held.gw.client()
+    big = os.urandom(5 * MiB)
+    drained_key = f"{HELD}draining"
+    upload_id, parts = start_upload(s3, bucket, drained_key, body=big)
+    assert upload_id.startswith("s3lanes-")
+    etag2 = s3.upload_part(Bucket=bucket, Key=drained_key, UploadId=upload_id, PartNumber=2, Body=b"t")[
+        "ETag"
+    ]
+    # The drain's first part PUT is held by the store until unstalled: its upload stays open there.
+    held.release()
+    held.proxy.stall(lambda method, path: method == "PUT" and "partNumber=" in path and "draining" in path)
+    try:
+        parts.append({"PartNumber": 2, "ETag": etag2})
+        complete(s3, bucket, drained_key, upload_id, parts)
+        open_id, _ = start_upload(s3, bucket, f"{HELD}open")
+        ref_id, _ = start_upload(backend, store_bucket, f"{HELD}open")
+        deadline = time.monotonic() + 10
+        while held.proxy.stalled == 0:
+            assert time.monotonic() < deadline, "the drain did not start its multipart upload"
+            time.sleep(0.01)
+        on_store = backend.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+        assert [u["Key"] for u in on_store] == [drained_key], "the drain's upload is not open on the store"
+        got = s3.list_multipart_uploads(Bucket=bucket)
+        want = backend.list_multipart_uploads(Bucket=store_bucket)
+        assert [u["Key"] for u in got.get("Uploads", [])] == [u["Key"] for u in want.get("Uploads", [])]
+        assert [u["UploadId"] for u in got["Uploads"]] == [open_id]
+        assert ref_id
+    finally:
+        held.proxy.unstall()
+    s3.abort_multipart_upload(Bucket=bucket, Key=f"{HELD}open", UploadId=open_id)
