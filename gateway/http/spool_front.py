@@ -475,22 +475,38 @@ class SpoolFront:
         self._closing = True
 
     def _spoolable(self, ctx: RequestContext, decision: Decision, bucket: str, key: str) -> bool:
+        """Whether this write may be spooled. One that would be, but for a reason goes to the backend, is
+        counted in ``s3lanes_spool_write_through_total{reason}`` (called once per write)."""
+        if decision.lane not in self._lanes and not self.spool.state.has_key(bucket, key):
+            return False  # not a spooled lane: not a write-through either
+        reason = self._write_through_reason(ctx, key)
+        if reason is not None:
+            self._metrics.spool_write_through.labels(reason).inc()
+        return reason is None
+
+    def _write_through_reason(self, ctx: RequestContext, key: str) -> str | None:
         h = ctx.view.headers
-        if self.spool.degraded is not None or self._closing:
-            return False
+        if self.spool.degraded is not None:
+            return "degraded"
+        if self._closing:
+            return "shutdown"
         if _odd_path_segments(key):
             # Stores disagree on keys with "."/".." or empty segments (SeaweedFS refuses or folds them):
             # let the backend answer such writes itself rather than acknowledge what may never drain.
-            return False
+            return "key"
         if h.get(WRITE_THROUGH_HEADER, "").strip().lower() in _TRUE:
-            return False
+            return "requested"
         if not all(_utf8(v) for v in h.values()) or not _key_storable(key) or not _headers_storable(h):
             # Header bytes that are not UTF-8 (the spool stores headers as text), or a key the store will
             # refuse: let the backend answer such a write itself rather than acknowledge what cannot drain.
-            return False
+            return "unstorable"
+        if "x-amz-server-side-encryption-customer-algorithm" in h:
+            return "sse_c"
+        if any(name.startswith("x-amz-object-lock-") for name in h):
+            return "object_lock"
         if any(name in h for name in _WRITE_THROUGH_ONLY):
-            return False
-        return decision.lane in self._lanes or self.spool.state.has_key(bucket, key)
+            return "conditional"
+        return None
 
     async def _wait_clear(self, bucket: str, key: str) -> None:
         if not self.spool.state.has_key(bucket, key):
@@ -502,11 +518,15 @@ class SpoolFront:
             )
 
     def _admit(self, nbytes: int, *, must: bool = False) -> Admission:
+        """Room for a write that may be spooled; one that gets none goes to the backend (counted), or is
+        answered 503 SlowDown (``when_full = "slowdown"``)."""
         adm = self.spool.space.admit(nbytes, must=must)
         if adm is Admission.FULL and self._cfg.spool.when_full == "slowdown":
             raise SlowDown(
                 "The gateway's write spool is full; retry later.", retry_after_s=self._cfg.spool.retry_after_s
             )
+        if adm is not Admission.SPOOL:
+            self._metrics.spool_write_through.labels(adm.value).inc()
         return adm
 
     # -- backend helpers -------------------------------------------------------------------------------------

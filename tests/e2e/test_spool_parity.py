@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 from tests.conftest import s3_client
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_and_check
 from tests.e2e.faulty_backend import FaultyBackend
+from tests.e2e.test_spool import write_through_count
 
 pytestmark = pytest.mark.e2e
 
@@ -524,3 +525,24 @@ def test_list_multipart_uploads_shows_the_clients_uploads_not_the_drains(
     finally:
         held.proxy.unstall()
     s3.abort_multipart_upload(Bucket=bucket, Key=f"{HELD}open", UploadId=open_id)
+
+
+# --- s3lanes_spool_write_through_total -------------------------------------------------------------------
+
+
+def test_writes_of_a_spooled_lane_sent_to_the_store_are_counted_by_reason(held: Held, bucket: str) -> None:
+    s3 = held.gw.client()
+    before = {r: write_through_count(held.gw, r) for r in ("requested", "conditional", "key")}
+    put = s3.put_object(Bucket=bucket, Key="wt-1", Body=b"x", IfNoneMatch="*")
+    assert source(put) is None
+
+    def write_through(request: Any, **_: Any) -> None:
+        request.headers["x-s3lanes-write-through"] = "true"
+
+    s3.meta.events.register("before-sign.s3.PutObject", write_through)
+    assert source(s3.put_object(Bucket=bucket, Key="wt-2", Body=b"x")) is None
+    s3_plain = held.gw.client()
+    outcome(s3_plain.put_object, Bucket=bucket, Key="a/./b", Body=b"x")  # the store answers it (it refuses)
+    assert source(s3_plain.put_object(Bucket=bucket, Key=f"{HELD}spooled", Body=b"x")) == "spool"
+    after = {r: write_through_count(held.gw, r) for r in before}
+    assert after == {r: before[r] + 1 for r in before}
