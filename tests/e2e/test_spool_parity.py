@@ -11,8 +11,11 @@ with :meth:`Held.release`. Reads, listings, deletes and everything else pass thr
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
+import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -546,3 +549,98 @@ def test_writes_of_a_spooled_lane_sent_to_the_store_are_counted_by_reason(held: 
     assert source(s3_plain.put_object(Bucket=bucket, Key=f"{HELD}spooled", Body=b"x")) == "spool"
     after = {r: write_through_count(held.gw, r) for r in before}
     assert after == {r: before[r] + 1 for r in before}
+
+
+# --- Last-Modified ----------------------------------------------------------------------------------------
+
+
+def test_last_modified_agrees_between_head_get_and_listings_while_spooled_and_after_the_drain(
+    held: Held, backend: Any, bucket: str
+) -> None:
+    """Spooled: the acknowledgement time everywhere; drained: the store's time everywhere (docs/spool.md)."""
+    s3 = held.gw.client()
+    key = f"{HELD}lm"
+    assert source(s3.put_object(Bucket=bucket, Key=key, Body=b"x")) == "spool"
+
+    def seen() -> set[datetime]:
+        head = s3.head_object(Bucket=bucket, Key=key)["LastModified"]
+        get = s3.get_object(Bucket=bucket, Key=key)
+        get["Body"].read()
+        v2 = s3.list_objects_v2(Bucket=bucket, Prefix=key)["Contents"][0]["LastModified"]
+        v1 = s3.list_objects(Bucket=bucket, Prefix=key)["Contents"][0]["LastModified"]
+        versions = s3.list_object_versions(Bucket=bucket, Prefix=key)["Versions"][0]["LastModified"]
+        return {head, get["LastModified"], v2, v1, versions}
+
+    time.sleep(1.1)  # the drain, once released, lands in a later second than the acknowledgement
+    spooled = seen()
+    assert len(spooled) == 1, spooled
+    assert_spooled(held.gw, backend, bucket, key)
+    held.release()
+    held.gw.flush(bucket)
+    drained = seen()
+    assert len(drained) == 1, drained
+    assert drained == {backend.head_object(Bucket=bucket, Key=key)["LastModified"]}
+    assert drained != spooled  # documented: the store sets it when the object lands
+
+
+# --- a part uploaded twice at once --------------------------------------------------------------------------
+
+
+def slow_put(url: str, data: bytes, pause_s: float) -> tuple[int, str]:
+    """PUT ``data`` to a presigned URL, pausing ``pause_s`` after its first bytes; (status, ETag)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        conn.putrequest("PUT", f"{parts.path}?{parts.query}", skip_accept_encoding=True)
+        conn.putheader("Content-Length", str(len(data)))
+        conn.endheaders()
+        conn.send(data[:10])
+        time.sleep(pause_s)
+        conn.send(data[10:])
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, resp.getheader("ETag") or ""
+    finally:
+        conn.close()
+
+
+def racing_parts(client: Any, bucket: str, key: str) -> tuple[str, dict[str, tuple[int, str]]]:
+    """Part 1 uploaded twice at once: "slow" starts first and finishes last, "fast" in between."""
+    upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    url = client.generate_presigned_url(
+        "upload_part", Params={"Bucket": bucket, "Key": key, "UploadId": upload_id, "PartNumber": 1}
+    )
+    done: dict[str, tuple[int, str]] = {}
+
+    def run(name: str, data: bytes, pause_s: float) -> None:
+        done[name] = slow_put(url, data, pause_s)
+
+    slow = threading.Thread(target=run, args=("slow", b"s" * 1000, 1.5))
+    slow.start()
+    time.sleep(0.3)
+    run("fast", b"f" * 1000, 0.0)
+    slow.join(30)
+    assert done["slow"][0] == done["fast"][0] == 200, done
+    return upload_id, done
+
+
+def test_a_part_uploaded_twice_at_once_completes_with_the_etag_of_either_as_on_the_store(
+    held: Held, backend: Any, seaweed: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client(signature_version="s3v4")
+    store = s3_client(seaweed, signature_version="s3v4")
+    try:
+        key = f"{HELD}race"
+        upload_id, got = racing_parts(s3, bucket, key)
+        assert upload_id.startswith("s3lanes-")
+        ref_id, want = racing_parts(store, store_bucket, key)
+        # The upload that finished first: the store completes with it, and so does the gateway.
+        parts = [{"PartNumber": 1, "ETag": got["fast"][1]}]
+        ref_parts = [{"PartNumber": 1, "ETag": want["fast"][1]}]
+        assert complete(s3, bucket, key, upload_id, parts) == complete(
+            backend, store_bucket, key, ref_id, ref_parts
+        )
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"f" * 1000
+        assert backend.get_object(Bucket=store_bucket, Key=key)["Body"].read() == b"f" * 1000
+    finally:
+        store.close()
