@@ -164,6 +164,7 @@ class _Completed:
     key: str
     etag: str  # quoted
     seq: int  # the spool entry it made
+    access_key: str  # the identity that wrote it
 
 
 class _Moved(Exception):
@@ -394,9 +395,13 @@ class SpoolFront:
                 any(u.bucket == bucket for u in state.uploads.values()) or self._drain_uploads()
             ):
                 return await self._list_uploads(request, ctx, decision, bucket, q)
-            elif op == "DeleteBucket" and state.has_bucket_prefix(bucket, ""):
+            elif op == "DeleteBucket" and any(
+                e.bucket == bucket and e.kind == "put" for e in state.entries.values()
+            ):
                 # Spooled objects are objects of the bucket: drain them first, then the backend answers
-                # BucketNotEmpty as S3 would (deleting the bucket under them would strand them).
+                # BucketNotEmpty as S3 would (deleting the bucket under them would strand them). Spooled
+                # deletes alone do not hold it up: whatever the store still has of those keys makes it
+                # answer BucketNotEmpty, and once the bucket is gone their drain finds nothing to delete.
                 result = await self.spool.flush(bucket, "", KEY_CLEAR_TIMEOUT_S)
                 if not result.durable:
                     raise SlowDown(
@@ -1259,7 +1264,7 @@ class SpoolFront:
         repeated CompleteMultipartUpload gets the same result while the object at the key is still the one
         it made (in the spool, or drained to the store), an AbortMultipartUpload 204 with nothing done; the
         rest NoSuchUpload."""
-        await self._authorize_read(ctx, done.bucket, ctx.auth.access_key)
+        await self._authorize_read(ctx, done.bucket, done.access_key)
         if op == "CompleteMultipartUpload":
             await self._read_xml_body(request, ctx)  # the store answers the first result whatever it names
         if op == "AbortMultipartUpload":
@@ -1530,7 +1535,7 @@ class SpoolFront:
             rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
             await self.spool.commit([rec])
         self._completed[upload.upload_id] = _Completed(
-            upload.bucket, upload.key, rec["etag"], int(rec["seq"])
+            upload.bucket, upload.key, rec["etag"], int(rec["seq"]), upload.access_key
         )
         while len(self._completed) > COMPLETED_UPLOADS_KEPT:
             self._completed.popitem(last=False)
