@@ -344,6 +344,7 @@ class SpoolFront:
         self._bucket_checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # HEADs on their way
         # (backend, backend access key) -> (Owner ID, DisplayName)
         self._owners: dict[tuple[str, str], tuple[str, str]] = {}
+        self._owner_unknown_until: dict[tuple[str, str], float] = {}  # monotonic time of the next try
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
         self._closing = False
@@ -871,20 +872,23 @@ class SpoolFront:
         cached = self._owners.get(ident)
         if cached is not None:
             return cached
+        if self._owner_unknown_until.get(ident, 0.0) > self._clock.monotonic():
+            return None  # asked recently, in vain (an identity without ListBuckets): not on every listing
         target = backend.target(None, None, "")
+        owner: tuple[str, str] | None = None
         try:
             resp = await backend.request("GET", target, {}, cred, lane="metadata")
             try:
                 data = await resp.read()
-                status = resp.status
+                if resp.status == 200:
+                    owner = parse_owner(data)
             finally:
                 resp.release()
         except S3Error:
-            return None
-        if status != 200:
-            return None
-        owner = parse_owner(data)
-        if owner is not None:
+            pass
+        if owner is None:
+            self._owner_unknown_until[ident] = self._clock.monotonic() + BUCKET_CHECK_TTL_S
+        else:
             self._owners[ident] = owner
         return owner
 
