@@ -462,7 +462,7 @@ class Spool:
         if rec["t"] == "put":
             self.acked_bytes += int(self.state.entries[int(rec["seq"])].size)
         self._after(applied)
-        if rec["t"] == "bmpu_end":
+        if rec["t"] in ("bmpu_end", "bmpi_end"):  # flush counts open drain uploads and intents as pending
             self._wake_waiters()
         return applied
 
