@@ -1281,7 +1281,7 @@ class SpoolFront:
                 current = await self._store_etag(ctx, done.bucket, done.key) == done.etag
             if current:
                 return self._response(
-                    ctx, decision, body=self._complete_xml(done.bucket, done.key, done.etag)
+                    ctx, decision, body=self._complete_xml(request, done.bucket, done.key, done.etag)
                 )
         raise NoSuchUpload(UploadId=upload_id)
 
@@ -1322,8 +1322,9 @@ class SpoolFront:
             if users[0] == 0:
                 del self._key_locks[ident]
 
-    def _complete_xml(self, bucket: str, key: str, etag: str) -> bytes:
-        location = f"/{bucket}/{s3_quote(key, safe='/')}"
+    def _complete_xml(self, request: web.Request, bucket: str, key: str, etag: str) -> bytes:
+        # An absolute URL of the object at this endpoint, path-style, as the store answers it.
+        location = f"{request.scheme}://{request.host}/{bucket}/{s3_quote(key, safe='/')}"
         return _xml(
             "CompleteMultipartUploadResult",
             [("Location", location), ("Bucket", bucket), ("Key", key), ("ETag", etag)],
@@ -1543,7 +1544,9 @@ class SpoolFront:
         )
         while len(self._completed) > COMPLETED_UPLOADS_KEPT:
             self._completed.popitem(last=False)
-        return self._response(ctx, decision, body=self._complete_xml(upload.bucket, upload.key, rec["etag"]))
+        return self._response(
+            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec["etag"])
+        )
 
     def _list_parts(
         self, ctx: RequestContext, decision: Decision, upload: Upload, q: Mapping[str, str]

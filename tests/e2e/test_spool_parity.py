@@ -323,6 +323,15 @@ def test_a_repeated_complete_of_a_spooled_upload_answers_the_same_result_as_the_
     ref_id, ref_parts = start_upload(backend, store_bucket, key)
     first = complete(s3, bucket, key, upload_id, parts)
     assert first == complete(backend, store_bucket, key, ref_id, ref_parts)
+    # Location: the object's absolute URL at the endpoint asked, as the store answers it.
+    location = s3.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+    )["Location"]
+    assert location == f"{held.gw.http_url}/{bucket}/{key}"
+    ref_location = backend.complete_multipart_upload(
+        Bucket=store_bucket, Key=key, UploadId=ref_id, MultipartUpload={"Parts": ref_parts}
+    )["Location"]
+    assert ref_location == f"{backend.meta.endpoint_url}/{store_bucket}/{key}"
     assert_spooled(held.gw, backend, bucket, key)
     # Again, while spooled: 200 and the same ETag (the store answers so too, whatever the parts named).
     assert complete(s3, bucket, key, upload_id, parts) == first
