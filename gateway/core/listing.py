@@ -1,4 +1,5 @@
-"""ListObjects (V1 and V2) over the backend's listing merged with the write spool. Pure; no I/O.
+"""ListObjects (V1 and V2) and ListObjectVersions over the backend's listing merged with the write spool.
+Pure; no I/O. (The version listing's merge is described in its own section below.)
 
 Theory of operation: the spool holds objects acknowledged to clients but not yet in the backend, and
 tombstones for keys deleted in the spool that the backend still has. A listing through the gateway must

@@ -6,7 +6,10 @@ when the spool is involved, or ``None`` to let the request pass through to the b
 * PutObject, CreateMultipartUpload and the parts of a spooled upload (upload ids ``s3lanes-...``) in a
   spooled lane are written to local disk and acknowledged once durable (``gateway.runtime.spool``).
 * GetObject/HeadObject of a spooled key are served from the spool (sendfile); a tombstone answers 404.
-* ListObjects/ListObjectsV2 over a prefix with spooled keys merge them with the backend's listing.
+* ListObjects/ListObjectsV2/ListObjectVersions over a prefix with spooled keys merge them with the
+  backend's listing; ListMultipartUploads adds the spool's open uploads and hides the drain's own.
+* A repeated CompleteMultipartUpload of a spooled upload gets its first answer; conditional completions are
+  evaluated against the spool's object, else the store's.
 * CopyObject from a spooled source copies through the gateway (into the spool, or straight to the backend).
 * DeleteObject/DeleteObjects of spooled keys write tombstones, so the delete wins over the pending upload.
 * Any other write to a key with spooled data waits until that data is on the backend first (ordering), and
