@@ -116,7 +116,7 @@ class FaultyBackend:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=60),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        self._web = web.Server(self._handle, handler_cancellation=True)
+        self._web = web.Server(self._handle, handler_cancellation=True, auto_decompress=False)
         await self._listen(port)
 
     async def _listen(self, port: int) -> None:

@@ -10,6 +10,7 @@ with :meth:`Held.release`. Reads, listings, deletes and everything else pass thr
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import http.client
 import os
@@ -659,3 +660,29 @@ def test_a_part_uploaded_twice_at_once_completes_with_the_etag_of_either_as_on_t
         assert backend.get_object(Bucket=store_bucket, Key=key)["Body"].read() == b"f" * 1000
     finally:
         store.close()
+
+
+# --- Content-Encoding: the body is stored as sent ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("spooled", [True, False])
+def test_a_body_with_content_encoding_gzip_is_stored_byte_for_byte_as_on_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str, spooled: bool
+) -> None:
+    """S3 stores what it is sent: Content-Encoding is the object's metadata, the gateway does not inflate."""
+    s3 = held.gw.client()
+    if not spooled:
+
+        def write_through(request: Any, **_: Any) -> None:
+            request.headers["x-s3lanes-write-through"] = "true"
+
+        s3.meta.events.register("before-sign.s3.PutObject", write_through)
+    key = f"{HELD}gz" if spooled else "gz"
+    for n, body in enumerate((gzip.compress(b"hello world" * 100), b"not gzip at all")):
+        put = s3.put_object(Bucket=bucket, Key=f"{key}{n}", Body=body, ContentEncoding="gzip")
+        ref = backend.put_object(Bucket=store_bucket, Key=f"{key}{n}", Body=body, ContentEncoding="gzip")
+        assert source(put) == ("spool" if spooled else None)
+        assert put["ETag"] == ref["ETag"]
+        got = s3.get_object(Bucket=bucket, Key=f"{key}{n}")
+        assert got["Body"].read() == body
+        assert got["ContentEncoding"] == "gzip"
