@@ -79,6 +79,10 @@ class ServerConfig:
     # each, so small bodies keep their pooled connection. GETs from the spool use sendfile at any size.
     # 0 = never zero-copy (neither).
     zero_copy_min_bytes: int = 8 * 1024 * 1024
+    # Unsigned (anonymous) GET/HEAD of objects, object listings and HEAD bucket are passed to the store
+    # unsigned, so that the store's bucket policy or ACL decides (public-read buckets). Every other
+    # anonymous request is refused (403 AccessDenied), as all are while this is off (docs/compatibility.md).
+    anonymous_reads: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +219,10 @@ class SpoolConfig:
     # Write data files with O_DIRECT (no copy into the page cache, no writeback storm after a burst) where the
     # spool's filesystem accepts it; probed at start, page cache otherwise.
     direct_io: bool = True
+    # How long the store is given to apply (or drop) a drain request that may still be on its way to it
+    # (a crash or an unanswered request left it there) before the key is read back and, if an older state
+    # shows, the newest one applied again. None = [backend] read_timeout_s. See docs/spool.md (fencing).
+    fence_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,6 +457,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "log_format": "str",
         "drain_on_shutdown_s": "float",
         "zero_copy_min_bytes": "size",
+        "anonymous_reads": "bool",
     },
     "backend": {
         "endpoint": "opt_str",
@@ -496,6 +505,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "journal_compact_bytes": "size",
         "abandoned_upload_s": "float",
         "direct_io": "bool",
+        "fence_s": "float",
     },
     "cluster": {
         "redis_url": "opt_str",
@@ -897,6 +907,8 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[spool]", "need 0 < retry_base_s <= retry_max_s")
     if sp.capacity_bytes < 0:
         problems.add("[spool].capacity", "must not be negative")
+    if sp.fence_s is not None and sp.fence_s < 0:
+        problems.add("[spool].fence_s", "must not be negative")
     for lane in sp.lanes:
         if lane not in cfg.lanes:
             problems.add("[spool].lanes", f"unknown lane {lane!r} (lanes: {', '.join(sorted(cfg.lanes))})")

@@ -29,6 +29,15 @@ big upload is on the wire, during start-up (recovery), or after a longer while. 
 limited in the gateway's config, so drains are running at almost every kill. The gateway is restarted on the
 same port and state directory each time.
 
+*Stall mode* (``CrashConfig.stall``): every kill happens while the store is frozen (SIGSTOP by its pid,
+for ``stall_min_s`` to ``stall_max_s``): the store is stalled, drains put requests on the wire into its
+sockets, the gateway is SIGKILLed and restarted, and the store is resumed either after the restarted gateway
+has had time to send the newer states of those keys (it is still stalled when the new process starts) or
+before the restart. The old requests are then applied by the store after the gateway sent newer ones, which
+the spool's fencing must undo before flush answers durable. In this mode an operation whose outcome the
+client does not know may land at any later time (a request the killed gateway proxied sits in the stalled
+store's socket too), so it stays acceptable whatever the generations say.
+
 At the end every key is read through the gateway (the recovered view must be an acceptable state), the
 bucket is flushed (``POST /_s3lanes/flush``), and the backend, read directly, must hold exactly that view and
 nothing else, with no multipart upload left behind. Every gateway log must show its recovery line and no
@@ -92,6 +101,8 @@ RECOVERY_RE = re.compile(
     r"(?:, (?P<lost>\d+) entries LOST)?"
 )
 
+IN_DOUBT_RE = re.compile(r"spool recovery: .*, (\d+) keys in doubt")
+
 # --- values and the model ----------------------------------------------------------------------------------
 
 
@@ -147,7 +158,8 @@ class UploadModel:
 class Model:
     """The acceptable final states of every key, and the multipart uploads that may still be open."""
 
-    def __init__(self, keys: Iterable[str]) -> None:
+    def __init__(self, keys: Iterable[str], *, unknown_may_land_late: bool = False) -> None:
+        self._late = unknown_may_land_late
         self._lock = threading.Lock()
         self.keys: dict[str, KeyModel] = {k: KeyModel() for k in keys}
         self.uploads: dict[str, UploadModel] = {}
@@ -156,7 +168,7 @@ class Model:
     def acked(self, key: str, state: State, gen_start: int, what: str) -> None:
         with self._lock:
             km = self.keys[key]
-            km.floating = [(g, s) for g, s in km.floating if g >= gen_start]
+            km.floating = [(g, s) for g, s in km.floating if self._late or g >= gen_start]
             km.states = {state} | {s for _, s in km.floating}
             km.history.append(f"ack {what} -> {show(state)} (gen {gen_start})")
 
@@ -639,6 +651,7 @@ def crash_gateway_toml(
     secret_key: str,
     bandwidth: str = "20MB/s",
     journal_compact: str = "32KiB",
+    fence_s: float | None = None,
 ) -> str:
     """A gateway on a fixed port whose spool drains slowly (bandwidth) and compacts its journal often."""
     return f"""
@@ -660,6 +673,7 @@ read_timeout_s = 30
 retry_base_s = 0.2
 retry_max_s = 2
 journal_compact_bytes = "{journal_compact}"
+{"" if fence_s is None else f"fence_s = {fence_s}"}
 
 [[credentials]]
 access_key = "{access_key}"
@@ -764,6 +778,10 @@ class CrashConfig:
     seed: int = 1
     max_kill_phase_s: float = 150.0  # the workload stops here even if the counts were not reached
     flush_timeout_s: float = 120.0
+    stall: bool = False  # every kill while the store is frozen (run_crash's stall_store does it)
+    stall_min_s: float = 2.0
+    stall_max_s: float = 6.0
+    fence_s: float | None = None  # the gateway's [spool] fence_s (None: its default)
 
 
 @dataclass(slots=True)
@@ -779,6 +797,8 @@ class RecoveryStats:
     lost: int = 0
     compactions: int = 0
     drain_failures: int = 0
+    in_doubt_keys: int = 0  # keys found in doubt by recoveries, summed
+    fence_reapplies: int = 0  # newest states applied again after a fence found an older one
 
 
 @dataclass(slots=True)
@@ -813,6 +833,7 @@ class CrashReport:
             f"  torn journal tails {r.torn_tails} ({r.torn_bytes} bytes); unacknowledged files removed"
             f" {r.orphans_removed}; entries lost {r.lost}; journal compactions {r.compactions};"
             f" failed drain attempts logged {r.drain_failures}",
+            f"  keys in doubt at recovery {r.in_doubt_keys}; fence re-applies {r.fence_reapplies}",
             f"final: {self.keys_present} keys present on the backend; {self.keys_ambiguous} keys had more"
             " than one acceptable state",
             f"time: kill phase {self.kill_phase_s:.1f} s, final flush {self.flush_s:.1f} s, total"
@@ -841,6 +862,8 @@ def read_recovery(logs: list[Path]) -> tuple[RecoveryStats, list[str]]:
                 problems.append(f"gateway log {path.parent.name}: {line}")
         stats.compactions += text.count("journal compacted")
         stats.drain_failures += len(re.findall(r"drain of .* failed", text))
+        stats.in_doubt_keys += sum(int(n) for n in IN_DOUBT_RE.findall(text))
+        stats.fence_reapplies += text.count("applying the newest state again")
         matches = list(RECOVERY_RE.finditer(text))
         stats.recovery_lines += len(matches)
         ready = "serving S3 on" in text
@@ -863,6 +886,43 @@ KILL_MODES: tuple[tuple[str, int], ...] = (("soon", 40), ("big-upload", 30), ("l
 RECOVERY_KILL_P = 0.15  # after a restart, the chance of killing the new process again during its start-up
 
 
+STALL_RESUME_BEFORE_P = 0.5  # stall mode: the share of kills after which the store resumes before the restart
+
+
+def _stall_kill(
+    gw: GatewayProcess,
+    h: Harness,
+    cfg: CrashConfig,
+    rng: random.Random,
+    stall_store: Callable[[bool], None],
+) -> str:
+    """Freeze the store, let drains put requests on the wire into it, SIGKILL and restart the gateway,
+    resume the store before or after the restart (the restarted gateway then sends newer states into the
+    still frozen store). The store is resumed whatever happens. The kill mode, for the statistics."""
+    stall_s = rng.uniform(cfg.stall_min_s, cfg.stall_max_s)
+    before = rng.random() < STALL_RESUME_BEFORE_P
+    stall_store(True)
+    frozen_at = time.monotonic()
+    try:
+        time.sleep(rng.uniform(0.2, min(1.5, stall_s / 2)))
+        h.up.clear()
+        killed_at = time.monotonic()
+        gw.kill()
+        h.gen += 1
+        if before:
+            time.sleep(rng.uniform(0.0, 0.2))
+            stall_store(False)
+        gw.spawn()
+        gw.wait_ready()
+        h.stats.restart_s.append(time.monotonic() - killed_at)
+        h.up.set()
+        if not before:
+            time.sleep(max(0.0, stall_s - (time.monotonic() - frozen_at)))
+    finally:
+        stall_store(False)
+    return "stall-resume-before-restart" if before else "stall-resume-after-restart"
+
+
 def _kill_loop(
     gw: GatewayProcess,
     h: Harness,
@@ -870,6 +930,7 @@ def _kill_loop(
     cfg: CrashConfig,
     rng: random.Random,
     say: Callable[[str], None],
+    stall_store: Callable[[bool], None] | None = None,
 ) -> None:
     """SIGKILL and restart the gateway until both counts are reached (or the time is up)."""
     deadline = time.monotonic() + cfg.max_kill_phase_s
@@ -879,6 +940,15 @@ def _kill_loop(
             return
         if h.stats.kills >= cfg.kills:  # enough kills: let the workload reach its count undisturbed
             time.sleep(0.1)
+            continue
+        if cfg.stall and stall_store is not None:
+            mode = _stall_kill(gw, h, cfg, rng, stall_store)
+            h.stats.kills += 1
+            h.stats.kills_by_mode[mode] += 1
+            if h.stats.kills % 10 == 0:
+                elapsed = cfg.max_kill_phase_s - (deadline - time.monotonic())
+                say(f"  {h.stats.kills} kills, {h.stats.ops} operations, {elapsed:.0f} s")
+            time.sleep(rng.uniform(0.0, 0.5))  # the store works for a while: drains catch up
             continue
         mode = rng.choices(modes, weights)[0]
         if mode == "soon":  # 0-300 ms after the restart: first requests, resumed drains
@@ -925,9 +995,13 @@ def run_crash(
     backend: Any,
     gateway_cwd: Path | None = None,
     say: Callable[[str], None] = lambda text: None,
+    stall_store: Callable[[bool], None] | None = None,
 ) -> CrashReport:
     """The whole crash run against ``bucket`` (which must exist and be empty). ``backend`` is a boto3 client
-    straight to the store, the ground truth. Stops its gateway in every case."""
+    straight to the store, the ground truth. Stops its gateway in every case. ``stall_store(True)`` freezes
+    the store, ``stall_store(False)`` resumes it (needed by ``cfg.stall``)."""
+    if cfg.stall and stall_store is None:
+        raise ValueError("a stall run needs stall_store")
     began = time.monotonic()
     port = free_port()
     toml = crash_gateway_toml(
@@ -936,11 +1010,12 @@ def run_crash(
         backend_endpoint=backend_endpoint,
         access_key=access_key,
         secret_key=secret_key,
+        fence_s=cfg.fence_s,
     )
     gw = GatewayProcess(work_dir / "gateway", toml, cwd=gateway_cwd)
     h = Harness()
     keys_by_worker = [worker_keys(w, cfg.keys_per_worker) for w in range(cfg.workers)]
-    model = Model(k for keys in keys_by_worker for k in keys)
+    model = Model((k for keys in keys_by_worker for k in keys), unknown_may_land_late=cfg.stall)
     report = CrashReport(stats=h.stats, recovery=RecoveryStats())
     rng = random.Random(f"{cfg.seed}-killer")
     try:
@@ -955,7 +1030,7 @@ def run_crash(
             w.start()
         say(f"gateway on {url}; {cfg.workers} workers on {len(model.keys)} keys; killing")
         try:
-            _kill_loop(gw, h, workers, cfg, rng, say)
+            _kill_loop(gw, h, workers, cfg, rng, say, stall_store)
         except GatewayStartFailed as exc:
             report.problems.append(f"after kill {h.stats.kills} the gateway did not start again: {exc}")
             h.gone.set()

@@ -10,6 +10,11 @@ that many kills and ``--ops`` operations are done. It prints a summary (operatio
 recovery statistics read from the gateway logs, the verdict) and exits 1 on any mismatch, 2 if it could not
 run at all.
 
+``--stall`` kills the gateway only while the store is frozen (SIGSTOP on SeaweedFS for ``--stall-min-s`` to
+``--stall-max-s``), resuming it before or after the restart: a drain request of an older state left in the
+store's socket is applied after the newer state the restarted gateway sent, and the spool's fencing must
+put the newest state back before flush answers durable (see :mod:`loadtests.crashmodel`).
+
 ``--gateway-source DIR`` runs ``python -m gateway`` from another checkout (e.g. one with a fix applied)
 while the driver itself stays this one.
 """
@@ -17,8 +22,12 @@ while the driver itself stays this one.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -53,6 +62,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="stop the kill phase after this long (default: 5 s per iteration + 2 min)",
     )
+    p.add_argument("--stall", action="store_true", help="kill only while the store is frozen (SIGSTOP)")
+    p.add_argument("--stall-min-s", type=float, default=2.0, help="shortest stall (default 2)")
+    p.add_argument("--stall-max-s", type=float, default=6.0, help="longest stall (default 6)")
+    p.add_argument(
+        "--fence-s", type=float, default=None, help="the gateway's [spool] fence_s (default: its own default)"
+    )
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, spool, SeaweedFS)")
     p.add_argument(
         "--gateway-source",
@@ -66,10 +81,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _stall(weed: SeaweedProcess, frozen: bool) -> None:
+    """SIGSTOP (or SIGCONT) the SeaweedFS of this run, by its pid."""
+    if weed.pid is not None and weed.returncode is None:
+        os.kill(weed.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
-    max_s = args.max_minutes * 60 if args.max_minutes is not None else 5.0 * args.iterations + 120
+    per_kill_s = 5.0 + (args.stall_max_s if args.stall else 0.0)
+    max_s = args.max_minutes * 60 if args.max_minutes is not None else per_kill_s * args.iterations + 120
     cfg = CrashConfig(
         ops=args.ops,
         kills=args.iterations,
@@ -77,9 +99,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         keys_per_worker=args.keys_per_worker,
         seed=seed,
         max_kill_phase_s=max_s,
+        stall=args.stall,
+        stall_min_s=args.stall_min_s,
+        stall_max_s=args.stall_max_s,
+        fence_s=args.fence_s,
     )
     work = Path(tempfile.mkdtemp(prefix="s3lanes-spool-crash-"))
-    print(f"spool crash run: {cfg.kills} kills, >= {cfg.ops} operations, seed {seed}, work dir {work}")
+    stalls = f", store stalled {cfg.stall_min_s:g}-{cfg.stall_max_s:g} s at every kill" if cfg.stall else ""
+    print(f"spool crash run: {cfg.kills} kills{stalls}, >= {cfg.ops} operations, seed {seed}")
+    print(f"work dir {work}")
     print(f"gateway source: {args.gateway_source}")
     ident = SeaweedIdentity("crash", ACCESS_KEY, secrets.token_urlsafe(30))
     weed = SeaweedProcess(
@@ -118,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 backend=backend,
                 gateway_cwd=args.gateway_source,
                 say=lambda text: print(text, flush=True),
+                stall_store=functools.partial(_stall, weed),
             )
         finally:
             backend.close()
@@ -131,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
+        with contextlib.suppress(OSError):
+            _stall(weed, False)
         weed.stop()
         if args.keep or not ok:
             print(f"work directory kept: {work}")

@@ -10,6 +10,11 @@ the backend connection and the backend discards the incomplete upload.
 
 Memory: at most one piece (one socket read) is held back. Bodies of zero length have nothing to hold back,
 which is why the shell reads small bodies whole and sends them only after ``finish()``.
+
+A body of unknown length (``Transfer-Encoding: chunked`` without Content-Length or aws-chunked framing:
+``expected_bytes`` None) is streamed on with chunked transfer coding; the chunk that ends it is written only
+after the last piece, which is released only after ``finish()``, so a failed verdict still leaves the
+backend with an unfinished body it discards.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ class UploadBody:
         *,
         verifier: BodyVerifier,
         decoder: AwsChunkedDecoder | None,
-        expected_bytes: int,
+        expected_bytes: int | None,
     ) -> None:
         self._verifier = verifier
         self._decoder = decoder
@@ -52,9 +57,20 @@ class UploadBody:
         self._trailers: dict[str, str] = {}
 
     @property
-    def expected_bytes(self) -> int:
-        """Decoded payload length, which is what the backend request's Content-Length will say."""
+    def expected_bytes(self) -> int | None:
+        """Decoded payload length, which is what the backend request's Content-Length will say; None when
+        the request did not say (a chunked body without Content-Length)."""
         return self._expected_bytes
+
+    @property
+    def seen_bytes(self) -> int:
+        """Decoded payload bytes fed so far (after :meth:`finish`: the body's length)."""
+        return self._seen_bytes
+
+    @property
+    def checksum_algorithm(self) -> str | None:
+        """The flexible checksum algorithm the request promised (header or trailer), if any."""
+        return self._verifier.checksum_algorithm
 
     @property
     def verified_checksum(self) -> tuple[str, str] | None:
@@ -70,7 +86,7 @@ class UploadBody:
             if not piece:
                 continue
             self._seen_bytes += len(piece)
-            if self._seen_bytes > self._expected_bytes:
+            if self._expected_bytes is not None and self._seen_bytes > self._expected_bytes:
                 raise IncompleteBody("The request body is longer than its declared length.")
             self._verifier.update(piece)
             if self._held:
@@ -103,7 +119,7 @@ class UploadBody:
         """At the end of the raw body: verify everything; return the held-back tail to forward last."""
         self._finished = True
         trailers = self._decoder.finish() if self._decoder is not None else {}
-        if self._seen_bytes != self._expected_bytes:
+        if self._expected_bytes is not None and self._seen_bytes != self._expected_bytes:
             raise IncompleteBody(f"Received {self._seen_bytes} of the {self._expected_bytes} declared bytes.")
         if self._delegated:
             self._trailers = dict(trailers)

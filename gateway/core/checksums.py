@@ -27,7 +27,7 @@ import binascii
 import hashlib
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from awscrt import checksums as crt_checksums
@@ -350,3 +350,128 @@ class BodyVerifier:
         if computed_b64 != expected:
             raise BadDigest(f"The {self._algorithm} you specified did not match the calculated checksum.")
         self._verified_checksum = (name, computed_b64)
+
+
+# -- checksums of multipart objects ------------------------------------------------------------------------
+#
+# A multipart upload created with ``x-amz-checksum-algorithm`` has one checksum per part and one for the
+# object, of one of two types (``x-amz-checksum-type``):
+#
+# * COMPOSITE (the default; not with CRC64NVME): the checksum of the concatenated binary part checksums,
+#   shown as ``<base64>-<number of parts>``;
+# * FULL_OBJECT (CRC algorithms only; the default for CRC64NVME): the CRC of the whole object, computed from
+#   the part CRCs and sizes (CRC combination: zlib's ``crc32_combine``, for any reflected CRC whose initial
+#   value and final XOR are all ones, as CRC32, CRC32C and CRC64NVME are).
+
+COMPOSITE = "COMPOSITE"
+FULL_OBJECT = "FULL_OBJECT"
+# Reflected generator polynomial and width of each CRC algorithm.
+_CRC_POLY: Mapping[str, tuple[int, int]] = {
+    "CRC32": (0xEDB88320, 32),
+    "CRC32C": (0x82F63B78, 32),
+    "CRC64NVME": (0x9A6C9329AC4BC9B5, 64),
+}
+_X2N_TABLES: dict[str, list[int]] = {}
+
+
+def _multmodp(a: int, b: int, poly: int, width: int) -> int:
+    """a * b modulo the polynomial, in the reflected bit order (zlib's ``multmodp``)."""
+    m = 1 << (width - 1)
+    p = 0
+    while True:
+        if a & m:
+            p ^= b
+            if (a & (m - 1)) == 0:
+                break
+        m >>= 1
+        b = (b >> 1) ^ poly if b & 1 else b >> 1
+    return p
+
+
+def _x8nmodp(nbytes: int, algorithm: str) -> int:
+    """x^(8 * nbytes) modulo the polynomial of ``algorithm``."""
+    poly, width = _CRC_POLY[algorithm]
+    table = _X2N_TABLES.get(algorithm)
+    if table is None:
+        table = []
+        p = 1 << (width - 2)  # x^1
+        for _ in range(64):
+            table.append(p)
+            p = _multmodp(p, p, poly, width)
+        _X2N_TABLES[algorithm] = table
+    p = 1 << (width - 1)  # x^0
+    k = 3
+    n = nbytes
+    while n:
+        if n & 1:
+            p = _multmodp(table[k % 64], p, poly, width)
+        n >>= 1
+        k += 1
+    return p
+
+
+def crc_combine(algorithm: str, crc1: int, crc2: int, len2: int) -> int:
+    """The CRC of A + B from ``crc1`` = CRC(A), ``crc2`` = CRC(B) and ``len2`` = len(B) in bytes."""
+    poly, width = _CRC_POLY[algorithm]
+    return _multmodp(_x8nmodp(len2, algorithm), crc1, poly, width) ^ crc2
+
+
+def upload_checksum(algorithm: str | None, checksum_type: str | None) -> tuple[str, str] | None:
+    """``(algorithm, type)`` of a CreateMultipartUpload's ``x-amz-checksum-algorithm``/``-type``, or None
+    without an algorithm (a type alone is ignored, as the store does). An unknown algorithm or type,
+    FULL_OBJECT with a SHA algorithm, or COMPOSITE with CRC64NVME is ``InvalidRequest``."""
+    if algorithm is None:
+        return None
+    name = _normalise(algorithm)
+    if checksum_type is None or not checksum_type.strip():
+        kind = FULL_OBJECT if name == "CRC64NVME" else COMPOSITE
+    else:
+        kind = checksum_type.strip().upper()
+        if kind not in (COMPOSITE, FULL_OBJECT):
+            raise InvalidRequest("Value for x-amz-checksum-type header is invalid.")
+    if kind == FULL_OBJECT and name not in _CRC_POLY:
+        raise InvalidRequest(
+            f"The {FULL_OBJECT} checksum type cannot be used with the {name.lower()} algorithm."
+        )
+    if kind == COMPOSITE and name == "CRC64NVME":
+        raise InvalidRequest(f"The {COMPOSITE} checksum type cannot be used with the crc64nvme algorithm.")
+    return name, kind
+
+
+def multipart_checksum(
+    algorithm: str, checksum_type: str, part_checksums: Sequence[str], part_sizes: Sequence[int]
+) -> str:
+    """The object checksum (base64; a COMPOSITE one ends in ``-<parts>``) from each part's base64 checksum."""
+    raw = [base64.b64decode(value) for value in part_checksums]
+    if checksum_type == FULL_OBJECT:
+        width_bytes = DIGEST_BYTES[algorithm]
+        crc = 0
+        for digest, size in zip(raw, part_sizes, strict=True):
+            crc = crc_combine(algorithm, crc, int.from_bytes(digest, "big"), size)
+        return base64.b64encode(crc.to_bytes(width_bytes, "big")).decode("ascii")
+    whole = new_checksum(algorithm)
+    whole.update(b"".join(raw))
+    return f"{whole.digest_b64()}-{len(raw)}"
+
+
+def valid_checksum_value(value: str, algorithm: str) -> bool:
+    """Whether ``value`` is the base64 of a digest of ``algorithm``'s length."""
+    return _valid_b64_digest(value, _normalise(algorithm))
+
+
+def is_checksum_value_header(name: str) -> bool:
+    """``x-amz-checksum-crc32`` and the like (lower-case names), not ``-algorithm``/``-type``/``-mode``."""
+    return (
+        name.startswith(CHECKSUM_HEADER_PREFIX)
+        and name not in _NOT_VALUE_HEADERS
+        and name[len(CHECKSUM_HEADER_PREFIX) :].upper() in ALGORITHMS
+    )
+
+
+def without_aws_chunked(value: str) -> str:
+    """A Content-Encoding without the ``aws-chunked`` coding of the transfer; byte-exact otherwise (S3 keeps
+    ``deflate, gzip`` as sent). Empty if aws-chunked was all it named."""
+    codings = [c.strip() for c in value.split(",")]
+    if not any(c.lower() == "aws-chunked" for c in codings):
+        return value
+    return ",".join(c for c in codings if c and c.lower() != "aws-chunked")

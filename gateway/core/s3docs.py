@@ -116,3 +116,20 @@ def complete_multipart_parts(body: bytes) -> list[tuple[int, str]]:
     if not parts:
         raise MalformedXML()
     return parts
+
+
+def complete_multipart_checksums(body: bytes) -> list[dict[str, str]]:
+    """Per ``Part`` of a CompleteMultipartUpload document (one already accepted by
+    :func:`complete_multipart_parts`), in document order: its ``Checksum<ALGORITHM>`` fields as
+    ``{"CRC32": "<base64>", ...}``."""
+    out: list[dict[str, str]] = []
+    for el in _parse(body):
+        fields = _leaf_fields(el, _PART_FIELDS)
+        out.append(
+            {
+                name.removeprefix("Checksum"): value
+                for name, value in fields.items()
+                if name.startswith("Checksum")
+            }
+        )
+    return out

@@ -7,7 +7,18 @@ so the state after a crash is exactly the state that was acknowledged. Records:
     put      an object acknowledged (single PUT, CopyObject, or a completed multipart upload)
     del      a DELETE acknowledged for a key that still had spooled data (a tombstone)
     mpu      a multipart upload created in the spool;  part  one part of it;  abort  it was aborted
-    done     an entry is on the backend (the drain confirmed it)
+    done     an entry is on the backend (the drain confirmed it); settles the key's wires up to its seq
+    wire     a drain request that completes an object (PUT, multipart completion, tombstone DELETE) may
+             be on its way to the store: journaled before it is sent
+
+Fencing. A request that completes an object may be applied by the store long after it was sent (the
+store stalled with it in a socket buffer), after a newer state of the key that a restarted gateway (or a
+drainer that gave up waiting for an answer) sent later. Such a key is *in doubt*: after replay, every key
+with a ``wire`` not settled by a later ``done``; while running, a key whose completing request went
+unanswered (the shell marks it). The newest entry of a key in doubt is not done once the store answered
+its upload: the shell waits a fence interval, reads the key back and re-applies the newest state until the
+store shows it, and only then clears the doubt and journals ``done``. ``done`` settles only wires of seqs
+up to its own: a newer entry's wire, journaled while the ``done`` was still on its way, stays open.
 
 Ordering rules (what the backend ends up with equals the order of acknowledgements):
 
@@ -41,7 +52,21 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.errors import EntityTooSmall, InvalidPart, InvalidPartOrder, MalformedXML
+from gateway.core.checksums import (
+    ALGORITHMS,
+    CHECKSUM_HEADER_PREFIX,
+    header_for,
+    multipart_checksum,
+    upload_checksum,
+)
+from gateway.errors import (
+    BadDigest,
+    EntityTooSmall,
+    InvalidPart,
+    InvalidPartOrder,
+    InvalidRequest,
+    MalformedXML,
+)
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 MAX_PARTS = 10_000
@@ -81,6 +106,10 @@ class Entry:
     part_sizes: tuple[int, ...] = ()  # multipart layout of the client (empty: a single PUT)
     part_md5s: tuple[str, ...] = ()  # hex MD5 per part (multipart only)
     meta: tuple[tuple[str, str], ...] = ()  # headers to send with the upload (lower-case names)
+    # Multipart with a checksum algorithm: each part's checksum (base64), sent with the part by the drain.
+    part_checksums: tuple[str, ...] = ()
+    # The object's x-amz-checksum-* headers as GET/HEAD show them with x-amz-checksum-mode: ENABLED.
+    checksum: tuple[tuple[str, str], ...] = ()
     marker: bool = False
     state: EntryState = EntryState.PENDING
     attempts: int = 0
@@ -108,6 +137,7 @@ class PartFile:
     file: str
     size: int
     md5: str  # hex
+    checksum: str = ""  # base64, in the upload's checksum algorithm (empty: the upload has none)
 
     @property
     def etag(self) -> str:
@@ -137,6 +167,11 @@ class Upload:
 
     def all_parts(self) -> list[PartFile]:
         return [*self.replaced.values(), *self.parts.values()]
+
+    @property
+    def checksum_algorithm(self) -> tuple[str, str] | None:
+        """``(algorithm, type)`` the upload was created with (x-amz-checksum-algorithm/-type), or None."""
+        return checksum_of_meta(self.meta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +210,37 @@ def _meta_tuple(raw: Any) -> tuple[tuple[str, str], ...]:
     return tuple((str(k), str(v)) for k, v in raw)
 
 
+_UPLOAD_CHECKSUM_HEADERS = frozenset({"x-amz-checksum-algorithm", "x-amz-checksum-type"})
+
+
+def checksum_of_meta(meta: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
+    """``(algorithm, type)`` kept with a multipart upload's headers, or None."""
+    found = dict(meta)
+    try:
+        return upload_checksum(found.get("x-amz-checksum-algorithm"), found.get("x-amz-checksum-type"))
+    except InvalidRequest:  # validated when the upload was created; a journal of another version: none
+        return None
+
+
+def object_checksum(
+    meta: Sequence[tuple[str, str]], part_sizes: Sequence[int], part_checksums: Sequence[str]
+) -> tuple[tuple[str, str], ...]:
+    """The x-amz-checksum-* headers GET/HEAD show for an object: a single PUT's verified checksum (kept
+    among its headers), or a multipart object's composite or full-object checksum with its type."""
+    if not part_sizes:
+        return tuple(
+            (k, v)
+            for k, v in meta
+            if k.startswith(CHECKSUM_HEADER_PREFIX) and k[len(CHECKSUM_HEADER_PREFIX) :].upper() in ALGORITHMS
+        )
+    algo = checksum_of_meta(meta)
+    if algo is None or len(part_checksums) != len(part_sizes) or not all(part_checksums):
+        return ()
+    algorithm, kind = algo
+    value = multipart_checksum(algorithm, kind, part_checksums, part_sizes)
+    return ((header_for(algorithm), value), ("x-amz-checksum-type", kind))
+
+
 class SpoolState:
     """Entries, uploads and their order. Owned by the spool shell; not thread-safe."""
 
@@ -192,6 +258,12 @@ class SpoolState:
         # after a crash means the store may hold an upload whose id the journal never got; the janitor
         # finds it by listing the key's uploads initiated since ``not before``.
         self.backend_intents: dict[str, tuple[str, str, str, str, float]] = {}
+        # Completing drain requests that may be on the wire, per key: the seqs of ``wire`` records not
+        # settled by a ``done`` of that seq or a newer one of the key.
+        self.wires: dict[tuple[str, str], set[int]] = {}
+        # Keys whose state on the store is in doubt (see the module doc). Not journaled: derived from the
+        # wires at recovery (:meth:`recovered`), added to by the shell, cleared once the fence confirmed.
+        self.in_doubt: set[tuple[str, str]] = set()
         self._next_seq = 1
         self.bytes_on_disk = 0
 
@@ -237,7 +309,7 @@ class SpoolState:
             return Applied()
         if kind == "part":
             upload = self.uploads.get(rec["u"])
-            part = PartFile(int(rec["n"]), rec["f"], int(rec["sz"]), rec["md5"])
+            part = PartFile(int(rec["n"]), rec["f"], int(rec["sz"]), rec["md5"], str(rec.get("ck", "")))
             if upload is None:  # aborted while the part was being written
                 return Applied(garbage=(part.file,))
             old = upload.parts.get(part.number)
@@ -276,8 +348,15 @@ class SpoolState:
         if kind == "bmpi_end":
             self.backend_intents.pop(rec["i"], None)
             return Applied()
+        if kind == "wire":
+            self.wires.setdefault((rec["b"], rec["k"]), set()).add(int(rec["s"]))
+            return Applied()
         if kind == "done":
             done = self.entries.get(int(rec["s"]))
+            if "k" in rec:  # older journals' done records name no key: the entry's, if it is still there
+                self._settle_wires(rec["b"], rec["k"], int(rec["s"]))
+            elif done is not None:
+                self._settle_wires(done.bucket, done.key, done.seq)
             if done is None:
                 return Applied()
             self._remove(done)
@@ -304,11 +383,18 @@ class SpoolState:
             part_md5s = tuple(p.md5 for p in parts)
             size = sum(part_sizes)
             meta = upload.meta
+            part_checksums = tuple(p.checksum for p in parts)
+            if upload.checksum_algorithm is None or not all(part_checksums):
+                # Without every part's checksum the object has none, and the drain must not create its
+                # upload with an algorithm whose completion would need them.
+                part_checksums = ()
+                meta = tuple(kv for kv in meta if kv[0] not in _UPLOAD_CHECKSUM_HEADERS)
             self.bytes_on_disk -= size  # counted again below, as the entry's
         else:
             files = tuple(rec["f"])
             part_sizes = tuple(int(n) for n in rec.get("ps", ()))
             part_md5s = tuple(str(m) for m in rec.get("pm", ()))
+            part_checksums = tuple(str(c) for c in rec.get("pc", ()))
             size = int(rec["sz"])
             meta = _meta_tuple(rec.get("m", ()))
         self.bytes_on_disk += size
@@ -326,6 +412,8 @@ class SpoolState:
             part_sizes=part_sizes,
             part_md5s=part_md5s,
             meta=meta,
+            part_checksums=part_checksums,
+            checksum=object_checksum(meta, part_sizes, part_checksums),
             marker=self.is_marker(rec["k"]),
         )
         applied = self._add(entry)
@@ -352,6 +440,33 @@ class SpoolState:
         self.entries[entry.seq] = entry
         self._latest[ident] = entry
         return Applied(garbage=garbage, cancel=cancel, removed=removed)
+
+    def _settle_wires(self, bucket: str, key: str, seq: int) -> None:
+        ident = (bucket, key)
+        wires = self.wires.get(ident)
+        if wires is None:
+            return
+        wires.difference_update([s for s in wires if s <= seq])
+        if not wires:
+            del self.wires[ident]
+
+    def recovered(self) -> int:
+        """Called once the journal is replayed: every key with a completing request that may still be on
+        the wire is in doubt. The number of such keys."""
+        self.in_doubt.update(self.wires)
+        return len(self.wires)
+
+    def wire_needed(self, entry: Entry) -> bool:
+        """Whether a ``wire`` record must be journaled before a completing request of ``entry`` is sent
+        (none is while one of this entry is still open, e.g. on a retry)."""
+        return entry.seq not in self.wires.get((entry.bucket, entry.key), ())
+
+    @staticmethod
+    def wire_record(entry: Entry) -> dict[str, Any]:
+        return {"t": "wire", "b": entry.bucket, "k": entry.key, "s": entry.seq}
+
+    def is_in_doubt(self, entry: Entry) -> bool:
+        return (entry.bucket, entry.key) in self.in_doubt
 
     def _remove(self, entry: Entry) -> None:
         self.entries.pop(entry.seq, None)
@@ -402,16 +517,25 @@ class SpoolState:
         return rec
 
     @staticmethod
-    def part_record(*, upload_id: str, number: int, file: str, size: int, md5: str) -> dict[str, Any]:
-        return {"t": "part", "u": upload_id, "n": number, "f": file, "sz": size, "md5": md5}
+    def part_record(
+        *, upload_id: str, number: int, file: str, size: int, md5: str, checksum: str = ""
+    ) -> dict[str, Any]:
+        rec: dict[str, Any] = {"t": "part", "u": upload_id, "n": number, "f": file, "sz": size, "md5": md5}
+        if checksum:
+            rec["ck"] = checksum
+        return rec
 
     @staticmethod
     def abort_record(upload_id: str) -> dict[str, Any]:
         return {"t": "abort", "u": upload_id}
 
     @staticmethod
-    def done_record(seq: int) -> dict[str, Any]:
-        return {"t": "done", "s": seq}
+    def done_record(seq: int, entry: Entry | None = None) -> dict[str, Any]:
+        """``entry`` given: the record names its key, and settles the key's wires up to ``seq`` even if
+        replay no longer holds the entry (superseded before it drained)."""
+        if entry is None:
+            return {"t": "done", "s": seq}
+        return {"t": "done", "s": seq, "b": entry.bucket, "k": entry.key}
 
     @staticmethod
     def backend_upload_record(upload_id: str, entry: Entry) -> dict[str, Any]:
@@ -455,9 +579,22 @@ class SpoolState:
         return sum(1 for b, k in places if (bucket is None or b == bucket) and k.startswith(prefix))
 
     def complete_record(
-        self, upload: Upload, requested: Sequence[tuple[int, str]], now_wall: float
+        self,
+        upload: Upload,
+        requested: Sequence[tuple[int, str]],
+        now_wall: float,
+        *,
+        part_checksums: Sequence[Mapping[str, str]] = (),
+        object_checksum: tuple[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Validate a CompleteMultipartUpload part list the way S3 does; the put record that completes it."""
+        """Validate a CompleteMultipartUpload part list the way S3 does; the put record that completes it.
+
+        ``part_checksums``: per requested part, the ``Checksum<ALGORITHM>`` fields of its ``Part`` element
+        (algorithm -> base64). ``object_checksum``: the request's own ``x-amz-checksum-<algorithm>`` header
+        (algorithm, value), the checksum the client expects the *object* to have. For an upload created with
+        a checksum algorithm, every part must name its checksum in that algorithm (else InvalidRequest) and it
+        must be the one the part was stored with, as the object's must be the one computed (else BadDigest,
+        as the store answers)."""
         if not requested:
             raise MalformedXML("The multipart upload must name at least one part.")
         last = 0
@@ -482,6 +619,28 @@ class SpoolState:
                     MinSizeAllowed=str(MIN_PART_BYTES),
                     PartNumber=str(part.number),
                 )
+        algo = upload.checksum_algorithm
+        if algo is not None:
+            algorithm = algo[0]
+            for i, part in enumerate(parts):
+                named = part_checksums[i] if i < len(part_checksums) else {}
+                if set(named) - {algorithm} or algorithm not in named:
+                    raise InvalidRequest(
+                        f"The upload was created using a {algorithm.lower()} checksum. The complete request"
+                        f" must include the checksum for each part. It was missing for part {part.number}"
+                        " in the request."
+                    )
+                if named[algorithm].strip() != part.checksum:
+                    raise BadDigest(f"The {algorithm} you specified for part {part.number} did not match.")
+            if object_checksum is not None:
+                computed = multipart_checksum(
+                    algorithm, algo[1], [p.checksum for p in parts], [p.size for p in parts]
+                )
+                if object_checksum[0].upper() != algorithm or object_checksum[1].strip() != computed:
+                    named_algorithm = object_checksum[0].upper()
+                    raise BadDigest(
+                        f"The {named_algorithm} you specified did not match the calculated checksum."
+                    )
         rec: dict[str, Any] = {
             "t": "put",
             "seq": self.next_seq(),
@@ -630,6 +789,8 @@ class SpoolState:
                 )
                 if entry.multipart:
                     rec.update(ps=list(entry.part_sizes), pm=list(entry.part_md5s))
+                    if entry.part_checksums:
+                        rec.update(pc=list(entry.part_checksums))
             items.append((entry.seq, rec))
         for upload in self.uploads.values():
             rec = _record(
@@ -656,6 +817,7 @@ class SpoolState:
                             file=part.file,
                             size=part.size,
                             md5=part.md5,
+                            checksum=part.checksum,
                         )
                     )
         for upload_id, (bucket, key, access_key, lane) in self.backend_uploads.items():
@@ -672,6 +834,8 @@ class SpoolState:
                     "nb": not_before,
                 }
             )
+        for (bucket, key), wire_seqs in self.wires.items():
+            out.extend({"t": "wire", "b": bucket, "k": key, "s": s} for s in sorted(wire_seqs))
         out.append({"t": "seq", "seq": self.last_seq})
         return out
 

@@ -37,6 +37,7 @@ HEALTH_PATH = "/_s3lanes/healthz"
 READY_PATH = "/_s3lanes/readyz"
 FLUSH_PATH = "/_s3lanes/flush"
 FLUSH_HEADER = "x-s3lanes-flush"
+DRAIN_PATH = "/_s3lanes/drain"
 MAX_FLUSH_TIMEOUT_S = 3600.0
 ADMIN_METRICS_PATH = "/_s3lanes/metrics"
 # Also served at /metrics, Prometheus' default, for unsigned requests (a signed one is ListObjects).
@@ -70,6 +71,7 @@ class Admin:
         cluster_status: Callable[[], dict[str, Any]] | None = None,
         pools_status: Callable[[], dict[str, Any]] | None = None,
         policies: Mapping[str, TenantPolicy] | None = None,
+        drain_hold: Callable[[bool | None], bool] | None = None,
     ) -> None:
         self._metrics = metrics
         self._dispatcher = dispatcher
@@ -84,6 +86,7 @@ class Admin:
         self._cluster_status = cluster_status
         self._pools_status = pools_status
         self._policies = dict(policies or {})
+        self._drain_hold = drain_hold
 
     def allowed(self, request: web.Request) -> bool:
         return self._open or _is_loopback(request) or self._bearer_ok(request)
@@ -188,6 +191,22 @@ class Admin:
         result = await self._spool.flush(bucket, prefix, timeout_s)
         doc.update(plain(result))
         return web.json_response(doc, status=200 if result.durable else 504, headers={FLUSH_HEADER: "1"})
+
+    async def drain(self, request: web.Request) -> web.Response:
+        """``POST /_s3lanes/drain?pause=1`` holds the drain (no new upload to the backend starts; uploads in
+        flight finish), ``?resume=1`` lets it run again; without either it only reports. Answers
+        ``{"paused": bool}``. An operator switch (loopback, admin token), not a tenant one: while the drain is
+        held, acknowledged writes stay in the spool and flushes wait. Shutdown (SIGTERM) resumes it."""
+        if not self.allowed(request):
+            return web.Response(status=403, text="admin endpoints are served to loopback peers only\n")
+        if self._drain_hold is None:
+            return web.json_response({"error": "the write spool is off"}, status=409)
+        q = query_names(split_target(request.raw_path)[1])
+        pause, resume = q.get("pause") == "1", q.get("resume") == "1"
+        if (pause and resume) or set(q) - {"pause", "resume"}:
+            return web.json_response({"error": "use pause=1 or resume=1"}, status=400)
+        paused = self._drain_hold(pause if pause or resume else None)
+        return web.json_response({"paused": paused})
 
     async def status(self, request: web.Request) -> web.Response:
         if not self.allowed(request):

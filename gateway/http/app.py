@@ -19,6 +19,7 @@ from gateway.core.routing import RouteTable
 from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig
 from gateway.http.admin import (
     ADMIN_METRICS_PATH,
+    DRAIN_PATH,
     FLUSH_PATH,
     HEALTH_PATH,
     METRICS_PATH,
@@ -132,6 +133,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             lane_names=frozenset(cfg.lanes),
             zero_copy=cfg.server.zero_copy_min_bytes > 0,
             in_doubt_hold_s=cfg.backend.read_timeout_s,
+            fence_s=cfg.backend.read_timeout_s if cfg.spool.fence_s is None else cfg.spool.fence_s,
         )
         front = SpoolFront(spool, proxy, cfg, pools, clock, metrics, drain_uploads=drainer.open_upload_ids)
         proxy.spool_front = front
@@ -158,6 +160,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         cluster_status=cluster.status if cluster is not None else None,
         pools_status=lambda: pools_status(pools, clock),
         policies=cfg.tenant_policies,
+        drain_hold=drainer.hold if drainer is not None else None,
     )
     app[LIFECYCLE_KEY] = admin.lifecycle
     app[BACKEND_KEY] = backend
@@ -207,6 +210,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     ):
         app.router.add_get(path, _unless_signed(handler, proxy))
     app.router.add_post(FLUSH_PATH, admin.flush)
+    app.router.add_post(DRAIN_PATH, admin.drain)
 
     async def s3_or_metrics(request: web.Request) -> web.StreamResponse:
         # GET /metrics is also ListObjects of a bucket named "metrics": only an unsigned request is a scrape.
@@ -296,6 +300,9 @@ async def drain_for_shutdown(app: web.Application, timeout_s: float, abort: asyn
     if spool is None or front is None:
         return
     front.stop_accepting()
+    drainer = app.get(DRAINER_KEY)
+    if drainer is not None:
+        drainer.hold(False)  # a held drain (POST /_s3lanes/drain?pause=1) runs again to empty the spool
     status = spool.status()
     log.info(
         "shutdown: draining %d objects (%d bytes) for up to %.0f s; new writes go to the backend directly",

@@ -27,7 +27,7 @@ from gateway.clock import Clock
 from gateway.config import BackendConfig, Config, Credential
 from gateway.core.access import TenantPolicy
 from gateway.core.body import UploadBody
-from gateway.core.checksums import BodyVerifier
+from gateway.core.checksums import BodyVerifier, is_checksum_value_header, without_aws_chunked
 from gateway.core.chunked import AwsChunkedDecoder
 from gateway.core.classify import (
     LANE_HINT_HEADER,
@@ -64,11 +64,12 @@ from gateway.errors import (
     MissingContentLength,
     RequestHeaderSectionTooLarge,
     S3Error,
+    SlowDown,
     XAmzContentSHA256Mismatch,
 )
 from gateway.http.peer import client_gone
 from gateway.http.pool_front import PoolFront, names_bucket
-from gateway.http.s3xml import error_xml
+from gateway.http.s3xml import MAX_REWRITTEN_ERROR_BYTES, error_xml, with_request_id
 from gateway.http.zerocopy import relay_spliced, splice_eligible
 from gateway.logsetup import REQUEST_ID
 from gateway.metrics import Metrics
@@ -82,6 +83,9 @@ log = logging.getLogger("s3lanes.http")
 
 # Bodies up to this size are read and verified whole before anything is sent to the backend.
 SMALL_BODY_BYTES = 256 * 1024
+# A body sent with Transfer-Encoding: chunked and no Content-Length is accepted for these (as stores do),
+# streamed to the backend with chunked transfer coding, or into the spool; other operations answer 411.
+UNKNOWN_LENGTH_OPERATIONS = frozenset({"PutObject", "UploadPart"})
 # Socket reads are handed on as they come; aiohttp's StreamReader bounds what it buffers (backpressure).
 STREAMING_MODES = frozenset({STREAMING_SIGNED, STREAMING_SIGNED_TRAILER, STREAMING_UNSIGNED_TRAILER})
 
@@ -123,6 +127,33 @@ class RequestContext:
     auth: AuthInfo
     verified: Verified
     credential: Credential
+    # An unsigned request let through to the store unsigned ([server] anonymous_reads): the store decides.
+    anonymous: bool = False
+
+
+# Anonymous requests passed on to the store (unsigned) with [server] anonymous_reads: reads of objects and
+# of object listings, and HEAD bucket; GET/HEAD only.
+ANONYMOUS_READS = frozenset({"GetObject", "HeadObject", "ListObjects", "ListObjectsV2", "HeadBucket"})
+# How long an anonymous read waits for spooled data under its key or prefix to reach the store.
+ANONYMOUS_SETTLE_TIMEOUT_S = 30.0
+_NOBODY = Credential(access_key="", secret_key="", backend_access_key="", backend_secret_key="")
+
+
+def _anonymous_context(request_id: str, target: S3Target, view: RequestView) -> RequestContext:
+    auth = AuthInfo(
+        kind="header",
+        access_key="",
+        scope_date="",
+        region="",
+        service="s3",
+        signed_headers=(),
+        signature="",
+        amz_date="",
+        expires_s=None,
+        payload_hash=view.headers.get("x-amz-content-sha256", UNSIGNED_PAYLOAD),
+    )
+    verified = Verified(auth=auth, signing_key=b"", seed_signature="", scope="")
+    return RequestContext(request_id, target, view, auth, verified, _NOBODY, anonymous=True)
 
 
 # Per-request storage: typed keys where aiohttp has them (it warns about plain strings from 3.13 on).
@@ -201,6 +232,15 @@ class S3Proxy:
         view = RequestView(request.method, raw_path, raw_query, headers)
         auth = parse_auth(view)
         if auth is None:
+            if (
+                self._cfg.server.anonymous_reads
+                and request.method in ("GET", "HEAD")
+                and target.bucket is not None
+                and target.operation in ANONYMOUS_READS
+            ):
+                anon = _anonymous_context(request.get(RID_KEY) or new_request_id(), target, view)
+                request[CTX_KEY] = anon
+                return anon
             raise AccessDenied("Anonymous requests are not accepted by this gateway.")
         cred = self._creds.get(auth.access_key)
         if cred is None:
@@ -330,6 +370,10 @@ class S3Proxy:
 
     def _upload_body(self, request: web.Request, ctx: RequestContext) -> UploadBody | None:
         h = ctx.view.headers
+        if ctx.target.operation == "CompleteMultipartUpload":
+            # Its x-amz-checksum-<algorithm> is the checksum of the object being completed (checked by the
+            # store, or by the spool for an upload it holds), not of the request's XML document.
+            h = {k: v for k, v in h.items() if not is_checksum_value_header(k)}
         payload_hash = ctx.auth.payload_hash
         if not request.body_exists:
             if payload_hash not in (UNSIGNED_PAYLOAD, EMPTY_SHA256) and payload_hash not in STREAMING_MODES:
@@ -342,6 +386,7 @@ class S3Proxy:
                     BodyVerifier.from_headers(h, payload_hash).finish({})
                 return None
         decoder: AwsChunkedDecoder | None = None
+        expected: int | None
         if payload_hash in STREAMING_MODES:
             decoded = h.get("x-amz-decoded-content-length")
             if decoded is None:
@@ -364,9 +409,9 @@ class S3Proxy:
             )
             decoder = AwsChunkedDecoder(chain=chain, trailer_names=trailer_names, decoded_length=expected)
         else:
-            if request.content_length is None:
-                raise MissingContentLength()
             expected = request.content_length
+            if expected is None and ctx.target.operation not in UNKNOWN_LENGTH_OPERATIONS:
+                raise MissingContentLength()
         verifier = BodyVerifier.from_headers(h, payload_hash)
         return UploadBody(verifier=verifier, decoder=decoder, expected_bytes=expected)
 
@@ -378,24 +423,24 @@ class S3Proxy:
             if name in _DROP_REQUEST:
                 continue
             if name == "content-encoding":
-                codings = [
-                    c for c in (v.strip() for v in value.split(",")) if c and c.lower() != "aws-chunked"
-                ]
-                if not codings:
+                value = without_aws_chunked(value)
+                if not value.strip():
                     continue
-                value = ",".join(codings)
             if trailer_checksum and name == "x-amz-sdk-checksum-algorithm":
                 # The value came in the trailer, which the gateway verified and does not forward.
                 continue
             out[name] = value
-        if upload is not None:
+        if upload is not None and upload.expected_bytes is not None:
             out["content-length"] = str(upload.expected_bytes)
+        # Else (a chunked body of unknown length) aiohttp sends it with chunked transfer coding.
         return out
 
     async def _proxy(
         self, request: web.Request, ctx: RequestContext, decision: Decision
     ) -> web.StreamResponse:
-        if self.spool_front is not None:
+        if ctx.anonymous:
+            await self._settle_for_anonymous(ctx)
+        elif self.spool_front is not None:
             spooled = await self.spool_front.route(request, ctx, decision)
             if spooled is not None:
                 return spooled
@@ -425,7 +470,7 @@ class S3Proxy:
         if ctx.target.operation in ("DeleteObjects", "CompleteMultipartUpload"):
             # Checked here as S3 checks it: a store may delete the keys of a DeleteObjects document S3
             # refuses, or complete an upload from a CompleteMultipartUpload document S3 refuses.
-            if upload is not None and upload.expected_bytes > MAX_XML_BODY_BYTES:
+            if upload is not None and (upload.expected_bytes or 0) > MAX_XML_BODY_BYTES:
                 raise MalformedXML("The request body is too large.")
             body = await read_small_body(request, upload) if upload is not None else b""
             if ctx.target.operation == "DeleteObjects":
@@ -435,7 +480,7 @@ class S3Proxy:
             cost += len(body)
             arrived = self._clock.monotonic()
         elif upload is not None:
-            if upload.expected_bytes <= SMALL_BODY_BYTES:
+            if upload.expected_bytes is not None and upload.expected_bytes <= SMALL_BODY_BYTES:
                 body = await read_small_body(request, upload)
                 cost += len(body)
                 arrived = self._clock.monotonic()
@@ -465,6 +510,7 @@ class S3Proxy:
                 body=body,
                 payload_hash=backend_hash,
                 lane=lane,
+                signed=not ctx.anonymous,
             )
         except S3Error as err:
             if pipe is not None and pipe.failure is not None:
@@ -494,6 +540,26 @@ class S3Proxy:
             return await self._relay(request, resp, ctx, decision, dispatcher, backend.cfg)
         finally:
             resp.release()
+
+    async def _settle_for_anonymous(self, ctx: RequestContext) -> None:
+        """An anonymous read sees what the store holds (the spool cannot evaluate the store's policy or
+        ACL): spooled data under its key, or its listing's prefix, is drained first."""
+        bucket = ctx.target.bucket
+        if self.spool_front is None or bucket is None or ctx.target.operation == "HeadBucket":
+            return
+        if ctx.target.key is not None:
+            prefix = ctx.target.key
+        else:
+            prefix = query_names(ctx.view.raw_query).get("prefix", "")
+        spool = self.spool_front.spool
+        if not spool.state.has_bucket_prefix(bucket, prefix):
+            return
+        result = await spool.flush(bucket, prefix, ANONYMOUS_SETTLE_TIMEOUT_S)
+        if not result.durable:
+            raise SlowDown(
+                "Acknowledged writes under this key are still being uploaded to the store; retry later.",
+                retry_after_s=self._cfg.spool.retry_after_s,
+            )
 
     async def _relay(
         self,
@@ -535,6 +601,19 @@ class S3Proxy:
         if request.body_exists and not request.content.is_eof():
             out.force_close()
         self._lane_headers(out, decision)
+        if (
+            resp.status >= 300
+            and request.method != "HEAD"
+            and resp.content_length is not None
+            and 0 < resp.content_length <= MAX_REWRITTEN_ERROR_BYTES
+        ):
+            # A store's error document: its RequestId becomes the gateway's, as in the header.
+            data = with_request_id(await resp.read(), ctx.request_id)
+            out.content_length = len(data)
+            await out.prepare(request)
+            await out.write(data)
+            await out.write_eof()
+            return out
         spliced = splice_eligible(request, resp, self._cfg.server.zero_copy_min_bytes)
         await out.prepare(request)
         if request.method != "HEAD" and resp.status not in (204, 304):

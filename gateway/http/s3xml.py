@@ -31,3 +31,18 @@ def error_xml(err: S3Error, *, resource: str, request_id: str) -> bytes:
     parts.append(f"<RequestId>{_text(request_id)}</RequestId>")
     parts.append("</Error>")
     return "".join(parts).encode("utf-8")
+
+
+# The RequestId element of an error document, as stores write it (no attributes, plain text).
+_REQUEST_ID = re.compile(rb"<RequestId>[^<]*</RequestId>")
+# An error document larger than this is relayed as it streams, untouched (S3's are well under 1 KiB).
+MAX_REWRITTEN_ERROR_BYTES = 64 * 1024
+
+
+def with_request_id(body: bytes, request_id: str) -> bytes:
+    """A store's error document carrying the gateway's request id (the one in its x-amz-request-id header
+    and its logs) instead of the store's, which the answer keeps in x-s3lanes-backend-request-id. A body
+    that is not an S3 error document is returned as it is."""
+    if b"<Error>" not in body[:512]:
+        return body
+    return _REQUEST_ID.sub(f"<RequestId>{_text(request_id)}</RequestId>".encode(), body, count=1)

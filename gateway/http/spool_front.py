@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -39,7 +39,16 @@ from aiohttp import web
 from gateway.clock import Clock
 from gateway.config import Config, Credential
 from gateway.core.body import UploadBody
-from gateway.core.checksums import check_content_md5
+from gateway.core.checksums import (
+    CHECKSUM_HEADER_PREFIX,
+    Checksum,
+    check_content_md5,
+    header_for,
+    is_checksum_value_header,
+    new_checksum,
+    upload_checksum,
+    without_aws_chunked,
+)
 from gateway.core.classify import Decision
 from gateway.core.listing import (
     NULL_VERSION,
@@ -70,9 +79,14 @@ from gateway.core.objectread import (
     parse_copy_range,
     plan_read,
 )
-from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_targets
+from gateway.core.s3docs import (
+    MAX_XML_BODY_BYTES,
+    complete_multipart_checksums,
+    complete_multipart_parts,
+    delete_objects_targets,
+)
 from gateway.core.s3request import query_names
-from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
+from gateway.core.spool_state import MAX_PARTS, Admission, Entry, SpoolSpace, Upload
 from gateway.core.uri import s3_quote
 from gateway.errors import (
     AccessDenied,
@@ -89,7 +103,8 @@ from gateway.errors import (
     ServiceUnavailable,
     SlowDown,
 )
-from gateway.http.proxy import SOURCE_HEADER, read_small_body
+from gateway.http.proxy import SOURCE_HEADER, echo_request_id, read_small_body
+from gateway.http.s3xml import with_request_id
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
@@ -111,6 +126,7 @@ REROUTE_TRIES = 3  # see _Moved
 # Spooled multipart uploads remembered after their completion, so that a repeated CompleteMultipartUpload
 # (a client retrying after a lost answer) gets the same answer, as from the store.
 COMPLETED_UPLOADS_KEPT = 4096
+ROOM_STEP_BYTES = 8 * 1024 * 1024  # see _Room
 
 # Request headers kept with a spooled object and sent with its upload to the backend.
 _KEEP_HEADERS = frozenset(
@@ -168,6 +184,7 @@ class _Completed:
     etag: str  # quoted
     seq: int  # the spool entry it made
     access_key: str  # the identity that wrote it
+    checksum_fields: tuple[tuple[str, str], ...] = ()  # ChecksumCRC32 etc. of the completed object
 
 
 class _Moved(Exception):
@@ -181,22 +198,30 @@ def upload_meta(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     for name, value in headers.items():
         if name.startswith("x-amz-meta-") or name in _KEEP_HEADERS:
             if name == "content-encoding":
-                codings = [c.strip() for c in value.split(",") if c.strip() and c.strip() != "aws-chunked"]
-                if not codings:
+                value = without_aws_chunked(value)
+                if not value.strip():
                     continue
-                value = ",".join(codings)
             out.append((name, value))
     return sorted(out)
 
 
+def _not_checksum_meta(meta: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Headers of a copied object: a multipart source's checksum algorithm and type do not carry over to
+    the single object the copy is (its own checksum value, of the same bytes, does)."""
+    return [(k, v) for k, v in meta if k not in ("x-amz-checksum-algorithm", "x-amz-checksum-type")]
+
+
 def stored_object(entry: Entry) -> StoredObject:
     meta = dict(entry.meta)
-    served = tuple(
-        (k, v)
-        for k, v in entry.meta
-        if k.startswith("x-amz-meta-")
-        or k in _SERVED_HEADERS
-        or (k == "x-amz-storage-class" and v != "STANDARD")
+    served = (
+        tuple(
+            (k, v)
+            for k, v in entry.meta
+            if k.startswith("x-amz-meta-")
+            or k in _SERVED_HEADERS
+            or (k == "x-amz-storage-class" and v != "STANDARD")
+        )
+        + entry.checksum
     )
     tagging = meta.get("x-amz-tagging", "")
     return StoredObject(
@@ -313,6 +338,26 @@ def _copy_conditions(headers: Mapping[str, str]) -> dict[str, str]:
         if value is not None:
             out[name] = value
     return out
+
+
+class _Room:
+    """Room in the spool for a body of unknown length (chunked, no Content-Length), reserved as it arrives,
+    ROOM_STEP_BYTES at a time; 503 SlowDown once the spool cannot hold more. The caller releases
+    :attr:`reserved` when the write ends."""
+
+    def __init__(self, space: SpoolSpace, retry_after_s: int) -> None:
+        self._space = space
+        self._retry_after_s = retry_after_s
+        self.reserved = 0
+
+    def need(self, nbytes: int) -> None:
+        while nbytes > self.reserved:
+            if self._space.admit(ROOM_STEP_BYTES, must=True) is not Admission.SPOOL:
+                raise SlowDown(
+                    "The gateway's write spool cannot hold this body of unknown length now; retry later.",
+                    retry_after_s=self._retry_after_s,
+                )
+            self.reserved += ROOM_STEP_BYTES
 
 
 def _close_span(files: list[tuple[int, int, int]]) -> None:
@@ -619,17 +664,27 @@ class SpoolFront:
     # -- body intake -----------------------------------------------------------------------------------------
 
     async def _write_body(
-        self, request: web.Request, upload: UploadBody | None, writer: SpoolFileWriter
+        self,
+        request: web.Request,
+        upload: UploadBody | None,
+        writer: SpoolFileWriter,
+        extra: Checksum | None = None,
+        *,
+        room: _Room | None = None,
     ) -> str:
         """Stream the decoded, verified request body into a spool file; return its MD5. Discards on error.
 
         The writer hashes every byte with MD5 for the ETag, so a ``Content-MD5`` is checked against that
         hash, not against a second one computed on the event loop; the request's other promises (a signed
         payload's SHA-256, an ``x-amz-checksum-*``) are hashed by the writer too, on its I/O thread with the
-        MD5, and checked once it has written the last byte, before anything is acknowledged."""
+        MD5, and checked once it has written the last byte, before anything is acknowledged. ``extra``: one
+        more checksum the writer feeds (a part's, in its upload's algorithm, when the request sent none).
+        ``room``: a body of unknown length reserves its room in the spool as it arrives."""
         expected_md5 = upload.take_md5_check() if upload is not None else None
         if upload is not None:
             writer.extra_hashers = tuple(upload.delegate_hashing())
+        if extra is not None:
+            writer.extra_hashers += (extra,)
         await writer.open()
         try:
             if upload is not None:
@@ -641,7 +696,10 @@ class SpoolFront:
                             if end_of_http_chunk:
                                 continue
                             break
-                        for piece in upload.feed(chunk):
+                        pieces = upload.feed(chunk)
+                        if room is not None:
+                            room.need(upload.seen_bytes)
+                        for piece in pieces:
                             await writer.write(piece)
                 except (aiohttp.ClientPayloadError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
                     raise IncompleteBody(
@@ -664,7 +722,7 @@ class SpoolFront:
         upload = self._proxy._upload_body(request, ctx)
         if upload is None:
             return b""
-        if upload.expected_bytes > MAX_XML_BODY_BYTES:
+        if (upload.expected_bytes or 0) > MAX_XML_BODY_BYTES:
             raise MalformedXML("The request body is too large.")
         return await read_small_body(request, upload)
 
@@ -677,29 +735,34 @@ class SpoolFront:
             await self._wait_clear(bucket, key)
             return None
         upload = self._proxy._upload_body(request, ctx)
-        size = upload.expected_bytes if upload is not None else 0
+        declared = upload.expected_bytes if upload is not None else 0
+        size = declared or 0
         adm = self._admit(size)
         if adm is not Admission.SPOOL:
             await self._wait_clear(bucket, key)
             return None
+        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
         try:
             await self._check_bucket(ctx, bucket)
             writer = self.spool.writer(size)
-            md5 = await self._write_body(request, upload, writer)
+            md5 = await self._write_body(request, upload, writer, room=room)
+            meta = upload_meta(ctx.view.headers)
+            if upload is not None and upload.verified_checksum is not None:
+                meta = sorted([*meta, upload.verified_checksum])  # kept, and sent with the drain's PUT
             rec = self.spool.state.put_record(
                 bucket=bucket,
                 key=key,
                 file=writer.file_id,
                 size=writer.size,
                 md5=md5,
-                meta=upload_meta(ctx.view.headers),
+                meta=meta,
                 access_key=ctx.auth.access_key,
                 lane=decision.lane,
                 now_wall=self._clock.wall(),
             )
             await self._commit_or_discard(writer, rec)
         finally:
-            self.spool.space.release(size)
+            self.spool.space.release(size + (room.reserved if room is not None else 0))
         return self._acked(ctx, decision, writer, md5, upload)
 
     # -- GET / HEAD ------------------------------------------------------------------------------------------
@@ -846,7 +909,9 @@ class SpoolFront:
             finally:
                 resp.release()
             if status != 200:
-                out = web.Response(status=status, body=data, content_type="application/xml")
+                out = web.Response(
+                    status=status, body=with_request_id(data, ctx.request_id), content_type="application/xml"
+                )
                 out.headers["x-amz-request-id"] = ctx.request_id
                 return out
             try:
@@ -994,7 +1059,9 @@ class SpoolFront:
         if status == 200:
             data = drop_listed_uploads(data, self._drain_uploads())
         if status != 200 or q.get("key-marker") or q.get("upload-id-marker"):
-            out = web.Response(status=status, body=data, content_type="application/xml")
+            out = web.Response(
+                status=status, body=with_request_id(data, ctx.request_id), content_type="application/xml"
+            )
             out.headers["x-amz-request-id"] = ctx.request_id
             self._proxy._lane_headers(out, decision)
             return out
@@ -1069,10 +1136,11 @@ class SpoolFront:
         )
         try:
             data = await resp.read()
-            out = web.Response(status=resp.status, body=data)
+            out = web.Response(status=resp.status, body=with_request_id(data, ctx.request_id))
             for name in ("Content-Type", "x-amz-request-id"):
                 if name in resp.headers:
                     out.headers[name] = resp.headers[name]
+            echo_request_id(out, ctx.request_id)
             self._proxy._lane_headers(out, decision)
             return out
         finally:
@@ -1110,7 +1178,7 @@ class SpoolFront:
                     " changing the object's metadata, storage class, website redirect location or"
                     " encryption attributes."
                 )
-            meta = [(k, v) for k, v in src.meta if k != "x-amz-tagging"]
+            meta = [(k, v) for k, v in _not_checksum_meta(list(src.meta)) if k != "x-amz-tagging"]
             meta += [
                 (k, v) for k, v in upload_meta(h) if not k.startswith("x-amz-meta-") and k != "content-type"
             ]
@@ -1120,6 +1188,8 @@ class SpoolFront:
         meta = [(k, v) for k, v in meta if k != "x-amz-tagging"]
         if tagging:
             meta.append(("x-amz-tagging", tagging))
+        if not src.multipart:  # the copy keeps the source's checksum, whatever the directive (as the store)
+            meta += [kv for kv in src.checksum if kv not in meta]
         meta.sort()
         try:
             files = (
@@ -1213,13 +1283,18 @@ class SpoolFront:
         if not self._spoolable(ctx, decision, bucket, key) or self._admit(0) is not Admission.SPOOL:
             return None
         self.spool.space.release(0)
+        h = ctx.view.headers
+        algo = upload_checksum(h.get("x-amz-checksum-algorithm"), h.get("x-amz-checksum-type"))
         await self._check_bucket(ctx, bucket)
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
+        meta = upload_meta(h)
+        if algo is not None:  # kept with the upload, and sent with the drain's CreateMultipartUpload
+            meta = sorted([*meta, ("x-amz-checksum-algorithm", algo[0]), ("x-amz-checksum-type", algo[1])])
         rec = self.spool.state.create_upload_record(
             upload_id=upload_id,
             bucket=bucket,
             key=key,
-            meta=upload_meta(ctx.view.headers),
+            meta=meta,
             access_key=ctx.auth.access_key,
             lane=decision.lane,
             now_wall=self._clock.wall(),
@@ -1228,7 +1303,11 @@ class SpoolFront:
         body = _xml(
             "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
         )
-        return self._response(ctx, decision, body=body)
+        resp = self._response(ctx, decision, body=body)
+        if algo is not None:
+            resp.headers["x-amz-checksum-algorithm"] = algo[0]
+            resp.headers["x-amz-checksum-type"] = algo[1]
+        return resp
 
     async def _spooled_upload_op(
         self,
@@ -1283,9 +1362,8 @@ class SpoolFront:
             else:
                 current = await self._store_etag(ctx, done.bucket, done.key) == done.etag
             if current:
-                return self._response(
-                    ctx, decision, body=self._complete_xml(request, done.bucket, done.key, done.etag)
-                )
+                xml = self._complete_xml(request, done.bucket, done.key, done.etag, done.checksum_fields)
+                return self._response(ctx, decision, body=xml)
         raise NoSuchUpload(UploadId=upload_id)
 
     async def _store_etag(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
@@ -1325,12 +1403,19 @@ class SpoolFront:
             if users[0] == 0:
                 del self._key_locks[ident]
 
-    def _complete_xml(self, request: web.Request, bucket: str, key: str, etag: str) -> bytes:
+    def _complete_xml(
+        self,
+        request: web.Request,
+        bucket: str,
+        key: str,
+        etag: str,
+        checksum_fields: Iterable[tuple[str, str]] = (),
+    ) -> bytes:
         # An absolute URL of the object at this endpoint, path-style, as the store answers it.
         location = f"{request.scheme}://{request.host}/{bucket}/{s3_quote(key, safe='/')}"
         return _xml(
             "CompleteMultipartUploadResult",
-            [("Location", location), ("Bucket", bucket), ("Key", key), ("ETag", etag)],
+            [("Location", location), ("Bucket", bucket), ("Key", key), ("ETag", etag), *checksum_fields],
         )
 
     async def _upload_part(
@@ -1354,7 +1439,20 @@ class SpoolFront:
         if copy:
             return await self._upload_part_copy(request, ctx, decision, upload, number)
         body = self._proxy._upload_body(request, ctx)
-        size = body.expected_bytes if body is not None else 0
+        declared = body.expected_bytes if body is not None else 0
+        size = declared or 0
+        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
+        algo = upload.checksum_algorithm
+        extra: Checksum | None = None
+        if algo is not None:
+            promised = body.checksum_algorithm if body is not None else None
+            if promised is not None and promised != algo[0]:
+                raise InvalidRequest(
+                    f"Checksum Type mismatch occurred, expected checksum Type: {algo[0].lower()},"
+                    f" actual checksum Type: {promised.lower()}"
+                )
+            if promised is None:  # computed here, as the store does for a part sent without one
+                extra = new_checksum(algo[0])
         if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
             raise SlowDown(
                 "The gateway's write spool cannot hold this part now; retry later.",
@@ -1362,14 +1460,26 @@ class SpoolFront:
             )
         try:
             writer = self.spool.writer(size)
-            md5 = await self._write_body(request, body, writer)
+            md5 = await self._write_body(request, body, writer, extra, room=room)
+            checksum = ""
+            if algo is not None:
+                verified = body.verified_checksum if body is not None else None
+                checksum = verified[1] if verified is not None else extra.digest_b64() if extra else ""
             rec = self.spool.state.part_record(
-                upload_id=upload.upload_id, number=number, file=writer.file_id, size=writer.size, md5=md5
+                upload_id=upload.upload_id,
+                number=number,
+                file=writer.file_id,
+                size=writer.size,
+                md5=md5,
+                checksum=checksum,
             )
             await self._commit_or_discard(writer, rec)
         finally:
-            self.spool.space.release(size)
-        return self._acked(ctx, decision, writer, md5, body)
+            self.spool.space.release(size + (room.reserved if room is not None else 0))
+        resp = self._acked(ctx, decision, writer, md5, body)
+        if algo is not None and checksum:
+            resp.headers[header_for(algo[0])] = checksum
+        return resp
 
     async def _upload_part_copy(
         self, request: web.Request, ctx: RequestContext, decision: Decision, upload: Upload, number: int
@@ -1405,6 +1515,7 @@ class SpoolFront:
                 except FileNotFoundError:
                     raise _Moved() from None
                 writer = self.spool.writer(size)
+                hasher = self._part_hasher(upload, writer)
                 await writer.open()
                 try:
                     await self._copy_files(files, writer)
@@ -1415,7 +1526,7 @@ class SpoolFront:
                 finally:
                     for fd, _, _ in files:
                         os.close(fd)
-                await self._commit_part(upload, number, writer, md5)
+                await self._commit_part(upload, number, writer, md5, hasher)
             finally:
                 self.spool.space.release(size)
         else:
@@ -1461,6 +1572,7 @@ class SpoolFront:
                 raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
             try:
                 writer = self.spool.writer(size)
+                hasher = self._part_hasher(upload, writer)
                 await writer.open()
                 try:
                     budget = StreamBudget(
@@ -1476,7 +1588,7 @@ class SpoolFront:
                 except BaseException:
                     await writer.discard()
                     raise
-                await self._commit_part(upload, number, writer, md5)
+                await self._commit_part(upload, number, writer, md5, hasher)
             finally:
                 self.spool.space.release(size)
             return md5, writer
@@ -1518,17 +1630,52 @@ class SpoolFront:
                 offset += len(chunk)
                 count -= len(chunk)
 
-    async def _commit_part(self, upload: Upload, number: int, writer: SpoolFileWriter, md5: str) -> None:
+    @staticmethod
+    def _part_hasher(upload: Upload, writer: SpoolFileWriter) -> Checksum | None:
+        """A copied part's checksum in its upload's algorithm (None without one), fed by ``writer``."""
+        algo = upload.checksum_algorithm
+        if algo is None:
+            return None
+        hasher = new_checksum(algo[0])
+        writer.extra_hashers += (hasher,)
+        return hasher
+
+    async def _commit_part(
+        self, upload: Upload, number: int, writer: SpoolFileWriter, md5: str, hasher: Checksum | None
+    ) -> None:
         rec = self.spool.state.part_record(
-            upload_id=upload.upload_id, number=number, file=writer.file_id, size=writer.size, md5=md5
+            upload_id=upload.upload_id,
+            number=number,
+            file=writer.file_id,
+            size=writer.size,
+            md5=md5,
+            checksum=hasher.digest_b64() if hasher is not None else "",
         )
         await self._commit_or_discard(writer, rec)
 
     async def _complete(
         self, request: web.Request, ctx: RequestContext, decision: Decision, upload: Upload
     ) -> web.StreamResponse:
-        parts = complete_multipart_parts(await self._read_xml_body(request, ctx))
+        doc = await self._read_xml_body(request, ctx)
+        parts = complete_multipart_parts(doc)
         headers = ctx.view.headers
+        # The request's own x-amz-checksum-<algorithm> is the checksum of the object, not of this document.
+        named = [
+            (name[len(CHECKSUM_HEADER_PREFIX) :].upper(), value)
+            for name, value in headers.items()
+            if is_checksum_value_header(name)
+        ]
+        part_checksums = complete_multipart_checksums(doc)
+
+        def record() -> dict[str, Any]:
+            return self.spool.state.complete_record(
+                upload,
+                parts,
+                self._clock.wall(),
+                part_checksums=part_checksums,
+                object_checksum=named[0] if named else None,
+            )
+
         if has_write_preconditions(headers):
             # If-Match / If-None-Match against the object a client sees at the key now (the spool's, else
             # the store's), checked and committed under the key's lock so that two conditional completions
@@ -1537,18 +1684,28 @@ class SpoolFront:
                 check_write_preconditions(await self._current_etag(ctx, upload.bucket, upload.key), headers)
                 if upload.upload_id not in self.spool.state.uploads:
                     raise NoSuchUpload(UploadId=upload.upload_id)
-                rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
+                rec = record()
                 await self.spool.commit([rec])
         else:
-            rec = self.spool.state.complete_record(upload, parts, self._clock.wall())
+            rec = record()
             await self.spool.commit([rec])
+        fields: list[tuple[str, str]] = []
+        completed = self.spool.state.lookup(upload.bucket, upload.key)
+        if completed is not None and completed.seq == rec["seq"]:
+            for name, value in completed.checksum:
+                field = (
+                    "ChecksumType"
+                    if name == "x-amz-checksum-type"
+                    else "Checksum" + name[len(CHECKSUM_HEADER_PREFIX) :].upper()
+                )
+                fields.append((field, value))
         self._completed[upload.upload_id] = _Completed(
-            upload.bucket, upload.key, rec["etag"], int(rec["seq"]), upload.access_key
+            upload.bucket, upload.key, rec["etag"], int(rec["seq"]), upload.access_key, tuple(fields)
         )
         while len(self._completed) > COMPLETED_UPLOADS_KEPT:
             self._completed.popitem(last=False)
         return self._response(
-            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec["etag"])
+            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec["etag"], fields)
         )
 
     def _list_parts(

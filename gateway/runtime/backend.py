@@ -208,12 +208,14 @@ class Backend:
         body: Body = None,
         payload_hash: str = UNSIGNED_PAYLOAD,
         lane: str | None = None,
+        signed: bool = True,
     ) -> aiohttp.ClientResponse:
         """Sign and send; return the response with its body unread (the caller streams and releases it).
 
         ``headers`` have lower-case names and must not contain host, authorization or x-amz-date. ``lane``
         picks the connection pool where lanes have their own source address (network planes). The request
-        is signed as this backend's own identity if it has one, else as the client key's backend identity.
+        is signed as this backend's own identity if it has one, else as the client key's backend identity;
+        ``signed=False`` sends it unsigned (an anonymous client request: the store decides).
         """
         assert self._session is not None, "Backend.start() was not awaited"
         session = self._lane_sessions.get(lane, self._session) if lane is not None else self._session
@@ -223,19 +225,20 @@ class Backend:
             access_key, secret_key = cred.backend_access_key, cred.backend_secret_key
         out = dict(headers)
         out["host"] = target.host
-        out.update(
-            sign_headers(
-                method,
-                target.raw_path,
-                target.raw_query,
-                out,
-                access_key=access_key,
-                secret_key=secret_key,
-                region=self.cfg.region,
-                payload_hash=payload_hash,
-                now_wall=self._clock.wall(),
+        if signed:
+            out.update(
+                sign_headers(
+                    method,
+                    target.raw_path,
+                    target.raw_query,
+                    out,
+                    access_key=access_key,
+                    secret_key=secret_key,
+                    region=self.cfg.region,
+                    payload_hash=payload_hash,
+                    now_wall=self._clock.wall(),
+                )
             )
-        )
         kwargs: dict[str, Any] = {}
         if body is not None:
             kwargs["data"] = body

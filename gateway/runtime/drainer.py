@@ -13,6 +13,11 @@ entry marked done in the journal, and only then are its files freed. Failures re
 backoff and jitter, forever: acknowledged data is never given up. An upload whose entry is superseded while
 in flight (overwrite or DELETE acknowledged meanwhile) is cancelled; a multipart one is aborted.
 
+Fencing: before a request that completes an object goes out, the journal records that the key may have a
+request on the wire. A key whose such request may still be applied by the store (after a crash, or when
+no answer came) is *in doubt*: once the newest state of it is applied, the drainer waits ``fence_s``, reads
+the key back (HEAD) and applies the newest state again until the store shows it; only then is it done.
+
 A file body goes to a plain-TCP store with ``sendfile(2)``, each granted piece straight from the spool file
 into the connection's socket (:class:`SpoolFileBody`); over TLS, or with ``[server] zero_copy_min_bytes =
 0``, it is read and written through the connection as usual. Either way the same pieces are granted first.
@@ -162,9 +167,11 @@ class Drainer:
         default_lane: str = "checkpoint",
         zero_copy: bool = False,
         in_doubt_hold_s: float = 60.0,
+        fence_s: float = 60.0,
     ) -> None:
         self.zero_copy = zero_copy
         self._in_doubt_hold_s = in_doubt_hold_s
+        self._fence_s = fence_s
         self._lane_names = lane_names
         self._spool = spool
         self._pools = pools
@@ -185,12 +192,18 @@ class Drainer:
         ] = {}  # one per drain upload intent (see _upload_multipart)
         self._abortable: set[int] = set()  # seqs whose upload may still be cut (see _cancel)
         self._in_doubt: set[int] = set()  # seqs with a completing request out and no answer yet (_drain)
+        self._fencing: set[int] = set()  # seqs waiting out a fence (see _fence): they hold no drain slot
+        # Stale drain uploads and intents (by upload id or intent token) -> when the store first answered
+        # about them here: they are closed only once a look a fence interval later finds nothing either,
+        # since an older request (a CreateMultipartUpload, a part) may still be applied (_settled).
+        self._first_answer: dict[str, float] = {}
         self._closing = False
         self._last_age_warning = 0.0
         self._rng = random.Random()
         spool.on_cancel = self._cancel
         self.uploads_ok = 0
         self.uploads_failed = 0
+        self.paused = False  # POST /_s3lanes/drain?pause=1 (hold): no new upload starts until resumed
 
     @property
     def in_flight(self) -> int:
@@ -217,20 +230,31 @@ class Drainer:
             wakeup.clear()
             if self._closing:
                 return
+            if self.paused:
+                continue
             self._check_age()
             self._start_janitor()
-            free = self._cfg.drain_concurrency - len(self._tasks)
+            free = self._cfg.drain_concurrency - len(self._tasks) + len(self._fencing)
             for entry in self._spool.state.drainable(self._clock.monotonic(), free):
                 self._spool.state.start_upload(entry)
                 task = asyncio.create_task(self._drain(entry), name=f"drain-{entry.seq}")
                 self._tasks[entry.seq] = task
                 task.add_done_callback(functools.partial(self._task_done, entry=entry))
 
+    def hold(self, paused: bool | None) -> bool:
+        """Pause (True) or resume (False) draining, an operator and test switch; uploads in flight finish
+        either way. Returns whether it is paused now (None: only that)."""
+        if paused is not None:
+            self.paused = paused
+            self._spool.drain_wakeup.set()
+        return self.paused
+
     def _task_done(self, task: asyncio.Task[None], *, entry: Entry) -> None:
         """Whatever happened to the task (even a cancel before it ran), its key is not left blocked."""
         self._tasks.pop(entry.seq, None)
         self._abortable.discard(entry.seq)
         self._in_doubt.discard(entry.seq)
+        self._fencing.discard(entry.seq)
         if entry.state is EntryState.UPLOADING:
             self._spool.after_drain(
                 self._spool.state.upload_failed(entry, self._clock.monotonic(), "cancelled")
@@ -274,10 +298,27 @@ class Drainer:
                 )
                 continue
             if status in (200, 204, 404):
+                if not self._settled(upload_id):
+                    continue  # aborted; aborted again after the fence interval, in case it came back
                 with contextlib.suppress(SpoolWriteFailed):
                     await self._spool.commit([self._spool.state.backend_upload_end_record(upload_id)])
             else:
                 log.warning("abort of stale backend upload %s answered %d: %r", upload_id, status, data[:200])
+
+    def _settled(self, name: str) -> bool:
+        """Whether a stale upload or intent the store has just answered about may be closed: only a fence
+        interval after its first answer here (a request the store still holds from a killed process, or one
+        that went unanswered, could create or recreate the upload until then)."""
+        now = self._clock.monotonic()
+        first = self._first_answer.setdefault(name, now)
+        if now - first < self._fence_s:
+            return False
+        del self._first_answer[name]
+        return True
+
+    def _fence_left(self, name: str) -> float:
+        first = self._first_answer.get(name)
+        return 0.0 if first is None else max(0.0, first + self._fence_s - self._clock.monotonic())
 
     def _intent_lock(self, token: str) -> asyncio.Lock:
         lock = self._intent_locks.get(token)
@@ -304,7 +345,8 @@ class Drainer:
     async def _resolve_intent(self, token: str) -> None:
         """List the key's multipart uploads on the store and abort those initiated since the intent's entry
         was acknowledged that the journal does not know (while a key has spooled data, writes of it through
-        the gateway are spooled, so such an upload is a drain's); then end the intent."""
+        the gateway are spooled, so such an upload is a drain's); then end the intent, once a listing a
+        fence interval after the first one was made (the CreateMultipartUpload may still be in the store)."""
         state = self._spool.state
         found = state.backend_intents.get(token)
         if found is None:
@@ -327,6 +369,8 @@ class Drainer:
             log.info(
                 "aborted drain upload %s of %s/%s left by a crash or a failed attempt", upload_id, bucket, key
             )
+        if not self._settled(token):
+            return
         with contextlib.suppress(SpoolWriteFailed):
             await self._spool.commit([state.backend_intent_end_record(token)])
 
@@ -396,6 +440,8 @@ class Drainer:
         state = self._spool.state
         try:
             await self._upload(entry)
+            if state.is_in_doubt(entry):
+                await self._fence(entry)
         except Exception as exc:
             if entry.seq in self._in_doubt:
                 await self._hold_in_doubt(entry, exc)
@@ -425,7 +471,7 @@ class Drainer:
             state.upload_succeeded(entry)
             self._spool.note_drained(entry.size)
             self._metrics.spool_durable_latency.observe(max(0.0, self._clock.wall() - entry.acked_at))
-            done = state.done_record(entry.seq)
+            done = state.done_record(entry.seq, entry)
             try:
                 await self._spool.commit([done])
             except SpoolWriteFailed:
@@ -442,9 +488,11 @@ class Drainer:
         blocked (the entry is still uploading) for as long as an answer would have been waited for, so a
         newer write of the key is not sent right behind a request that may yet land after it."""
         self._in_doubt.discard(entry.seq)
+        self._spool.state.in_doubt.add((entry.bucket, entry.key))  # its newest state is fenced (_fence)
         log.warning(
             "drain of %s/%s (entry %d): a request that completes the object went unanswered (%s); the key"
-            " stays blocked for %.0f s in case the store still applies it",
+            " stays blocked for %.0f s in case the store still applies it, and its newest state is read back"
+            " after it drains",
             entry.bucket,
             entry.key,
             entry.seq,
@@ -452,6 +500,68 @@ class Drainer:
             self._in_doubt_hold_s,
         )
         await asyncio.sleep(self._in_doubt_hold_s)
+
+    async def _wire(self, entry: Entry) -> None:
+        """Journal that a request completing ``entry`` may be on its way to the store, before it is sent:
+        after a crash the key is then in doubt (see :meth:`_fence`). With the journal out of service the
+        request goes out unrecorded (a crash then leaves the key unfenced: drains are not held up)."""
+        state = self._spool.state
+        if not state.wire_needed(entry):
+            return
+        try:
+            await self._spool.commit([state.wire_record(entry)])
+        except SpoolWriteFailed:
+            if self._spool.degraded is None:
+                raise
+
+    async def _fence(self, entry: Entry) -> None:
+        """The newest state of a key in doubt was applied and answered: an older request of the key may
+        still be applied after it. Wait ``fence_s`` (the store has just answered, so the interval is one
+        of a working store; a HEAD that is slow again says it stalled, and the wait starts over), read the
+        key back, and apply the newest state again until the store shows it. Until then the entry stays
+        uploading: served from the spool, pending in flush and status. It holds no drain slot meanwhile."""
+        self._fencing.add(entry.seq)
+        self._spool.drain_wakeup.set()
+        try:
+            while True:
+                await asyncio.sleep(self._fence_s)
+                if entry.superseded:
+                    raise Superseded()  # the newer entry of the key is fenced in its turn
+                started = self._clock.monotonic()
+                shows = await self._store_shows(entry)
+                if shows and self._clock.monotonic() - started <= max(1.0, self._fence_s / 2):
+                    break
+                if shows:
+                    continue  # the store was slow again: give an older request another interval
+                self._spool.fence_reapplies += 1
+                log.warning(
+                    "drain of %s/%s (entry %d): after the fence the store holds an older state (a request"
+                    " left on the wire was applied late); applying the newest state again",
+                    entry.bucket,
+                    entry.key,
+                    entry.seq,
+                )
+                self._fencing.discard(entry.seq)
+                await self._upload(entry)
+                self._fencing.add(entry.seq)
+        finally:
+            self._fencing.discard(entry.seq)
+        self._spool.state.in_doubt.discard((entry.bucket, entry.key))
+
+    async def _store_shows(self, entry: Entry) -> bool:
+        """Whether the store holds what ``entry`` applied: absence for a tombstone, else its ETag and size."""
+        status, data, head = await self._request(entry, "HEAD", "", {})
+        if status == 404:
+            return entry.kind == "del"
+        if status != 200:
+            raise DrainError(f"HEAD after the fence answered {status}: {data[:200]!r}")
+        if entry.kind == "del":
+            return False
+        if int(head.get("Content-Length", "-1")) != entry.size:
+            return False
+        got = _norm_etag(head.get("ETag", ""))
+        # No ETag at all (SeaweedFS, empty objects): the size matches, and all empty objects are alike.
+        return not got or got == _norm_etag(entry.etag)
 
     def _backoff(self, attempts: int) -> float:
         cap = min(self._cfg.retry_max_s, self._cfg.retry_base_s * (2 ** max(0, attempts - 1)))
@@ -588,6 +698,7 @@ class Drainer:
 
     async def _upload(self, entry: Entry) -> None:
         if entry.kind == "del":
+            await self._wire(entry)
             self._in_doubt.add(entry.seq)
             status, data, _ = await self._request(entry, "DELETE", "", {})
             if status not in (200, 204, 404):
@@ -603,6 +714,7 @@ class Drainer:
         md5_hex = _norm_etag(entry.etag)
         headers["content-md5"] = base64.b64encode(bytes.fromhex(md5_hex)).decode()
         headers["content-length"] = str(entry.size)
+        await self._wire(entry)
         if entry.size:
             self._abortable.add(entry.seq)  # until the last byte is handed to the connection
             body: bytes | SpoolFileBody = SpoolFileBody(self, entry, entry.files[0], entry.size, commits=True)
@@ -637,9 +749,11 @@ class Drainer:
         # Held from the intent until the upload id is journaled, so the janitor never resolves an intent
         # whose upload is being created (it would miss it, or abort a live one).
         async with self._intent_lock(token):
-            if token in state.backend_intents:
+            while token in state.backend_intents:
                 # A previous attempt (or process) may have left an upload behind: clean it up first.
                 await self._resolve_intent(token)
+                if token in state.backend_intents:
+                    await asyncio.sleep(max(0.05, self._fence_left(token)))
             journaled = True
             if token not in state.backend_intents:
                 try:
@@ -670,6 +784,9 @@ class Drainer:
                     upload_id,
                 )
         qid = s3_quote(upload_id, safe="")
+        # An upload created with a checksum algorithm (kept among its headers): each part carries its own,
+        # and the completion names them, so the store keeps the object's checksum as acknowledged.
+        algorithm = dict(entry.meta).get("x-amz-checksum-algorithm", "") if entry.part_checksums else ""
         finished = False
         try:
             self._abortable.add(entry.seq)  # parts may be cut short; the completion may not
@@ -682,6 +799,8 @@ class Drainer:
                     "content-length": str(size),
                     "content-md5": base64.b64encode(bytes.fromhex(md5_hex)).decode(),
                 }
+                if algorithm:
+                    part_headers[f"x-amz-checksum-{algorithm.lower()}"] = entry.part_checksums[number - 1]
                 body = SpoolFileBody(self, entry, file_id, size, commits=False) if size else b""
                 status, data, resp_headers = await self._request(
                     entry, "PUT", f"partNumber={number}&uploadId={qid}", part_headers, body
@@ -691,11 +810,18 @@ class Drainer:
                 got = _norm_etag(resp_headers.get("ETag", ""))
                 if got != md5_hex:
                     raise DrainError(f"UploadPart {number}: backend ETag {got!r} differs from {md5_hex!r}")
+            await self._wire(entry)
             self._abortable.discard(entry.seq)
             if entry.superseded:
                 raise Superseded()
             xml = "".join(
-                f"<Part><PartNumber>{n}</PartNumber><ETag>&quot;{escape(m)}&quot;</ETag></Part>"
+                f"<Part><PartNumber>{n}</PartNumber><ETag>&quot;{escape(m)}&quot;</ETag>"
+                + (
+                    f"<Checksum{algorithm}>{escape(entry.part_checksums[n - 1])}</Checksum{algorithm}>"
+                    if algorithm
+                    else ""
+                )
+                + "</Part>"
                 for n, m in enumerate(entry.part_md5s, start=1)
             )
             body_xml = f"<CompleteMultipartUpload>{xml}</CompleteMultipartUpload>".encode()

@@ -108,6 +108,7 @@ class RecoveryReport:
     lost_entries: list[str] = field(default_factory=list)
     compacted: bool = False
     direct_io: bool = False
+    in_doubt: int = 0  # keys whose drain request may still be on its way to the store (fenced on drain)
 
     def summary(self) -> str:
         text = (
@@ -116,6 +117,8 @@ class RecoveryReport:
             f"{self.orphans_removed} unacknowledged files removed; data files written "
             + ("with O_DIRECT" if self.direct_io else "through the page cache")
         )
+        if self.in_doubt:
+            text += f", {self.in_doubt} keys in doubt (a drain request may still be on the wire: fenced)"
         if self.torn_bytes:
             text += f", torn journal tail of {self.torn_bytes} bytes truncated"
         if self.lost_entries:
@@ -167,6 +170,7 @@ class Spool:
         self.recovery: RecoveryReport | None = None
         self.acked_bytes = 0
         self.drained_bytes = 0
+        self.fence_reapplies = 0  # newest states the drain applied again after a fence found an older one
         self._drained_recent: collections.deque[tuple[float, int]] = collections.deque()
         self.direct_io = False  # set by open(): cfg.direct_io and the filesystem accepts O_DIRECT
         self.pieces = PiecePool(PIECE_BYTES, FREE_PIECES_KEPT)
@@ -280,6 +284,7 @@ class Spool:
                     )
                     report.lost_entries.append(str(entry.seq))
                     break
+        report.in_doubt = self.state.recovered()
         report.entries = len(self.state.entries)
         report.uploads = len(self.state.uploads)
         report.bytes = self.state.bytes_on_disk
@@ -595,6 +600,8 @@ class Spool:
             "pending_bytes": sum(e.size for e in self.state.entries.values()),
             "open_uploads": len(self.state.uploads),
             "backend_uploads_open": self.state.open_backend_work(),
+            "keys_in_doubt": len(self.state.in_doubt),
+            "fence_reapplies_total": self.fence_reapplies,
             "oldest_pending_age_s": None if oldest is None else max(0.0, now_wall - oldest),
             "acked_bytes_total": self.acked_bytes,
             "drained_bytes_total": self.drained_bytes,

@@ -63,6 +63,18 @@ def spool_collector(spool: Spool, clock: Clock) -> Callable[[], Iterable[Metric]
             "1 while the oldest pending write is older than [spool].max_age_s.",
             value=1.0 if age > spool.cfg.max_age_s else 0.0,
         )
+        yield GaugeMetricFamily(
+            "s3lanes_spool_keys_in_doubt",
+            "Keys an older drain request may still reach the store for: their newest state is read back"
+            " after a fence interval before it counts as durable.",
+            value=float(len(state.in_doubt)),
+        )
+        reapplies = CounterMetricFamily(
+            "s3lanes_spool_fence_reapplies",
+            "Newest states drained again because the store showed an older one after the fence interval.",
+        )
+        reapplies.add_metric([], float(spool.fence_reapplies))
+        yield reapplies
         acked = CounterMetricFamily("s3lanes_spool_acked_bytes_all", "Bytes acknowledged into the spool.")
         acked.add_metric([], float(spool.acked_bytes))
         yield acked

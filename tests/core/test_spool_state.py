@@ -141,7 +141,7 @@ class Spool:
         return self.state.entries[rec["seq"]]
 
     def done(self, entry: Entry) -> Applied:
-        return self.apply(SpoolState.done_record(entry.seq))
+        return self.apply(SpoolState.done_record(entry.seq, entry))
 
     def ship(self, entry: Entry) -> Applied:
         """Upload ``entry`` successfully and journal its done record."""
@@ -726,6 +726,7 @@ def assert_equivalent(live: SpoolState, fresh: SpoolState) -> None:
     superseded = [e for e in live.entries.values() if e.superseded]
     assert fresh.bytes_on_disk == live.bytes_on_disk - sum(e.size for e in superseded)
     assert fresh.referenced_files() == live.referenced_files() - {f for e in superseded for f in e.files}
+    assert fresh.wires == live.wires
 
 
 @settings(max_examples=200, stateful_step_count=100, deadline=None)
@@ -896,6 +897,8 @@ class SpoolMachine(RuleBasedStateMachine):
                 event("marker started")
             self.state.start_upload(entry)
             self.inflight[entry.seq] = entry
+            if self.state.wire_needed(entry):  # the drainer journals it before the completing request
+                self.s.apply(SpoolState.wire_record(entry))
 
     @rule(pick=PICK, delay_s=st.sampled_from([0.0, 1.0, 30.0]))
     def fail(self, pick: int, delay_s: float) -> None:
@@ -970,6 +973,13 @@ class SpoolMachine(RuleBasedStateMachine):
                     if e.seq < entry.seq and e.bucket == entry.bucket and e.key.startswith(entry.dir_prefix)
                 ]
                 assert older == [], (entry.key, [e.key for e in older])
+
+    @invariant()
+    def a_crash_leaves_every_key_with_a_request_possibly_on_the_wire_in_doubt(self) -> None:
+        after_crash = rebuilt(self.s.records)
+        after_crash.recovered()
+        for entry in self.inflight.values():  # answered ones (succeeded) are off the wire
+            assert (entry.bucket, entry.key) in after_crash.in_doubt, entry
 
     @invariant()
     def files_and_bytes_are_accounted(self) -> None:
@@ -1209,3 +1219,55 @@ def test_drain_upload_intents_are_journaled_snapshotted_and_counted_as_open_work
     assert state.open_backend_work() == 1
     state.apply(SpoolState.backend_upload_end_record("up-1"))
     assert state.open_backend_work() == 0
+
+
+def test_a_wire_record_puts_its_key_in_doubt_after_a_crash_until_a_done_of_that_seq_or_a_newer_one() -> None:
+    sp = Spool()
+    old = sp.put("ckpt/a")
+    sp.state.start_upload(old)
+    assert sp.state.wire_needed(old)
+    sp.apply(SpoolState.wire_record(old))
+    assert not sp.state.wire_needed(old)  # a retry of the same entry journals nothing more
+    newer = sp.delete("ckpt/a")  # acknowledged while the old PUT may be on the wire
+    other = sp.put("ckpt/b")
+    crashed = rebuilt(sp.records)
+    assert crashed.recovered() == 1 and crashed.in_doubt == {(B, "ckpt/a")}
+    assert not crashed.is_in_doubt(crashed.entries[other.seq])
+    assert crashed.is_in_doubt(crashed.entries[newer.seq])
+    sp.state.upload_failed(old, 0.0, "cut")  # superseded: gone without a done record
+    sp.state.start_upload(newer)
+    sp.apply(SpoolState.wire_record(newer))
+    # The old seq's done never comes; the newer entry's done settles every wire of the key up to it ...
+    sp.state.upload_succeeded(newer)
+    sp.done(newer)
+    assert sp.state.wires == {}
+    after = rebuilt(sp.records)
+    assert after.recovered() == 0 and after.in_doubt == set()
+
+
+def test_a_done_does_not_settle_the_wire_of_a_newer_entry_journaled_before_it() -> None:
+    """The done of a drained entry is queued while the key's next entry may already have journaled its
+    wire: that wire must survive the done, or a crash would lose the newer request's doubt."""
+    sp = Spool()
+    first = sp.put("k")
+    sp.state.start_upload(first)
+    sp.apply(SpoolState.wire_record(first))
+    sp.state.upload_succeeded(first)
+    second = sp.put("k")
+    sp.state.start_upload(second)
+    sp.apply(SpoolState.wire_record(second))
+    sp.done(first)
+    assert sp.state.wires == {(B, "k"): {second.seq}}
+    assert sp.state.wire_needed(second) is False
+    again = rebuilt(sp.state.snapshot_records())
+    assert again.wires == sp.state.wires
+    again.recovered()
+    assert again.in_doubt == {(B, "k")}
+
+
+def test_an_old_journal_without_wire_records_replays_with_nothing_in_doubt() -> None:
+    sp = Spool()
+    sp.put("k")
+    sp.delete("k")
+    old = rebuilt(sp.records)
+    assert old.recovered() == 0 and old.wires == {} and old.in_doubt == set()

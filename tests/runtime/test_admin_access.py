@@ -137,3 +137,41 @@ def test_status_and_metrics_count_the_event_loop_tasks_and_show_the_process() ->
     lines = {line.split(" ")[0]: line.split(" ")[1] for line in text.splitlines() if not line.startswith("#")}
     assert float(lines["s3lanes_event_loop_tasks"]) == alone
     assert float(lines["process_open_fds"]) > 0 and float(lines["process_resident_memory_bytes"]) > 0
+
+
+def test_drain_switch_pauses_and_resumes_for_admins_only() -> None:
+    """POST /_s3lanes/drain?pause=1 / ?resume=1 flips the drainer's hold; a remote peer without the token
+    cannot, a bad query is refused, and without a spool there is nothing to hold."""
+    state = {"paused": False}
+
+    def hold(paused: bool | None) -> bool:
+        if paused is not None:
+            state["paused"] = paused
+        return state["paused"]
+
+    clock = FakeClock()
+    scheduler = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=1e9), clock.monotonic())
+    a = Admin(
+        Metrics(),
+        LaneDispatcher(scheduler, clock),
+        clock,
+        open_to_all=False,
+        admin_token=TOKEN,
+        drain_hold=hold,
+    )
+
+    def call(query: str, peer: str = "127.0.0.1", headers: dict[str, str] | None = None) -> tuple[int, str]:
+        resp = asyncio.run(a.drain(request(peer, headers, path=f"/_s3lanes/drain{query}")))
+        return resp.status, resp.text or ""
+
+    assert call("?pause=1", peer="10.1.2.3") == (403, "admin endpoints are served to loopback peers only\n")
+    assert state["paused"] is False
+    assert call("?pause=1") == (200, '{"paused": true}') and state["paused"] is True
+    assert call("") == (200, '{"paused": true}')
+    assert call("?pause=1&resume=1")[0] == 400 and call("?stop=1")[0] == 400
+    assert call("?resume=1", peer="10.1.2.3", headers={"Authorization": f"Bearer {TOKEN}"}) == (
+        200,
+        '{"paused": false}',
+    )
+    assert state["paused"] is False
+    assert asyncio.run(admin().drain(request("127.0.0.1", path="/_s3lanes/drain?pause=1"))).status == 409
