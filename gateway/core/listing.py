@@ -1,4 +1,5 @@
-"""ListObjects (V1 and V2) over the backend's listing merged with the write spool. Pure; no I/O.
+"""ListObjects (V1 and V2) and ListObjectVersions over the backend's listing merged with the write spool.
+Pure; no I/O. (The version listing's merge is described in its own section below.)
 
 Theory of operation: the spool holds objects acknowledged to clients but not yet in the backend, and
 tombstones for keys deleted in the spool that the backend still has. A listing through the gateway must
@@ -809,3 +810,24 @@ def parse_owner(xml: bytes) -> tuple[str, str] | None:
         if _local(child.tag) == "Owner":
             return _child_text(child, "ID") or "", _child_text(child, "DisplayName") or ""
     return None
+
+
+# -- ListMultipartUploads -------------------------------------------------------------------------------
+
+_UPLOAD_ELEMENT = re.compile(rb"<Upload>.*?</Upload>", re.DOTALL)
+_UPLOAD_ID_ELEMENT = re.compile(rb"<UploadId>(.*?)</UploadId>", re.DOTALL)
+
+
+def drop_listed_uploads(xml: bytes, upload_ids: Collection[str]) -> bytes:
+    """A backend ListMultipartUploadsResult without the ``<Upload>`` elements of ``upload_ids`` (the
+    drain's own uploads), everything else byte for byte. A page may then hold fewer uploads than
+    max-uploads, which S3 allows; its markers still continue the listing where the backend would."""
+    if not upload_ids:
+        return xml
+    wanted = {escape(u).encode() for u in upload_ids}
+
+    def keep(match: re.Match[bytes]) -> bytes:
+        found = _UPLOAD_ID_ELEMENT.search(match.group(0))
+        return b"" if found is not None and found.group(1).strip() in wanted else match.group(0)
+
+    return _UPLOAD_ELEMENT.sub(keep, xml)

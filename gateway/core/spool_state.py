@@ -158,10 +158,16 @@ class Upload:
     created_at: float
     meta: tuple[tuple[str, str], ...]
     parts: dict[int, PartFile] = field(default_factory=dict)
+    # The part each number held before its latest upload, kept until the completion: two uploads of one
+    # part can run at once, and the store completes with the ETag of either (not only of the last written).
+    replaced: dict[int, PartFile] = field(default_factory=dict)
 
     @property
     def size(self) -> int:
-        return sum(p.size for p in self.parts.values())
+        return sum(p.size for p in self.parts.values()) + sum(p.size for p in self.replaced.values())
+
+    def all_parts(self) -> list[PartFile]:
+        return [*self.replaced.values(), *self.parts.values()]
 
     @property
     def checksum_algorithm(self) -> tuple[str, str] | None:
@@ -311,15 +317,18 @@ class SpoolState:
             upload.parts[part.number] = part
             self.bytes_on_disk += part.size
             if old is not None:
-                self.bytes_on_disk -= old.size
-                return Applied(garbage=(old.file,))
+                older = upload.replaced.get(part.number)
+                upload.replaced[part.number] = old
+                if older is not None:
+                    self.bytes_on_disk -= older.size
+                    return Applied(garbage=(older.file,))
             return Applied()
         if kind == "abort":
             upload = self.uploads.pop(rec["u"], None)
             if upload is None:
                 return Applied()
             self.bytes_on_disk -= upload.size
-            return Applied(garbage=tuple(p.file for p in upload.parts.values()))
+            return Applied(garbage=tuple(p.file for p in upload.all_parts()))
         if kind == "seq":  # written by compaction: keeps seqs growing across rewrites
             return Applied()
         if kind == "bmpu":
@@ -370,10 +379,11 @@ class SpoolState:
             if upload is None:
                 raise ValueError(f"journal: completion of unknown upload {upload_id}")
             chosen = [int(n) for n in rec["pn"]]
-            parts = [upload.parts[n] for n in chosen]
-            used = set(chosen)
-            for n, part in upload.parts.items():
-                if n not in used:
+            older = {int(n) for n in rec.get("po", ())}  # numbers completed with their replaced part
+            parts = [upload.replaced[n] if n in older else upload.parts[n] for n in chosen]
+            used = {p.file for p in parts}
+            for part in upload.all_parts():
+                if part.file not in used:
                     garbage.append(part.file)
                     self.bytes_on_disk -= part.size
             files = tuple(p.file for p in parts)
@@ -607,13 +617,18 @@ class SpoolState:
             raise MalformedXML("The multipart upload must name at least one part.")
         last = 0
         parts: list[PartFile] = []
+        older: list[int] = []
         for number, etag in requested:
             if number <= last:
                 raise InvalidPartOrder()
             last = number
+            md5 = etag.strip().strip('"')
             part = upload.parts.get(number)
-            if part is None or etag.strip().strip('"') != part.md5:
-                raise InvalidPart(PartNumber=str(number))
+            if part is None or md5 != part.md5:
+                part = upload.replaced.get(number)
+                if part is None or md5 != part.md5:
+                    raise InvalidPart(PartNumber=str(number))
+                older.append(number)
             parts.append(part)
         for part in parts[:-1]:
             if part.size < MIN_PART_BYTES:
@@ -644,7 +659,7 @@ class SpoolState:
                     raise BadDigest(
                         f"The {named_algorithm} you specified did not match the calculated checksum."
                     )
-        return {
+        rec: dict[str, Any] = {
             "t": "put",
             "seq": self.next_seq(),
             "u": upload.upload_id,
@@ -656,6 +671,9 @@ class SpoolState:
             "ln": upload.lane,
             "at": now_wall,
         }
+        if older:
+            rec["po"] = older
+        return rec
 
     # -- queries ---------------------------------------------------------------------------------------------
 
@@ -808,7 +826,8 @@ class SpoolState:
         for _, rec in items:
             out.append(rec)
             if rec["t"] == "mpu":
-                for part in self.uploads[rec["u"]].parts.values():
+                # Replaced parts first: replayed, each is then replaced again by the part after it.
+                for part in self.uploads[rec["u"]].all_parts():
                     out.append(
                         self.part_record(
                             upload_id=rec["u"],
@@ -843,7 +862,7 @@ class SpoolState:
         for entry in self.entries.values():
             files.update(entry.files)
         for upload in self.uploads.values():
-            files.update(p.file for p in upload.parts.values())
+            files.update(p.file for p in upload.all_parts())
         return files
 
 

@@ -98,7 +98,13 @@ def scheduler_config(cfg: Config, bandwidth_bps: float | None = _DEFAULT) -> Sch
 def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     app = web.Application(
         client_max_size=0,
-        handler_args={"max_field_size": _MAX_FIELD_BYTES, "max_headers": _PARSER_MAX_HEADERS},
+        # auto_decompress off: a request's Content-Encoding (gzip, deflate...) describes the object S3 stores
+        # byte for byte, not the transfer; aiohttp would otherwise inflate such bodies as they arrive.
+        handler_args={
+            "max_field_size": _MAX_FIELD_BYTES,
+            "max_headers": _PARSER_MAX_HEADERS,
+            "auto_decompress": False,
+        },
     )
     metrics = Metrics()
     pools = build_pools(cfg, backend, clock)
@@ -129,7 +135,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             in_doubt_hold_s=cfg.backend.read_timeout_s,
             fence_s=cfg.backend.read_timeout_s if cfg.spool.fence_s is None else cfg.spool.fence_s,
         )
-        front = SpoolFront(spool, proxy, cfg, pools, clock, metrics)
+        front = SpoolFront(spool, proxy, cfg, pools, clock, metrics, drain_uploads=drainer.open_upload_ids)
         proxy.spool_front = front
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         app[SPOOL_KEY] = spool

@@ -6,7 +6,10 @@ when the spool is involved, or ``None`` to let the request pass through to the b
 * PutObject, CreateMultipartUpload and the parts of a spooled upload (upload ids ``s3lanes-...``) in a
   spooled lane are written to local disk and acknowledged once durable (``gateway.runtime.spool``).
 * GetObject/HeadObject of a spooled key are served from the spool (sendfile); a tombstone answers 404.
-* ListObjects/ListObjectsV2 over a prefix with spooled keys merge them with the backend's listing.
+* ListObjects/ListObjectsV2/ListObjectVersions over a prefix with spooled keys merge them with the
+  backend's listing; ListMultipartUploads adds the spool's open uploads and hides the drain's own.
+* A repeated CompleteMultipartUpload of a spooled upload gets its first answer; conditional completions are
+  evaluated against the spool's object, else the store's.
 * CopyObject from a spooled source copies through the gateway (into the spool, or straight to the backend).
 * DeleteObject/DeleteObjects of spooled keys write tombstones, so the delete wins over the pending upload.
 * Any other write to a key with spooled data waits until that data is on the backend first (ordering), and
@@ -23,7 +26,8 @@ import logging
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote
@@ -52,6 +56,7 @@ from gateway.core.listing import (
     NotOurToken,
     VersionEntry,
     decode_token,
+    drop_listed_uploads,
     iso8601,
     merge_page,
     merge_versions_page,
@@ -178,6 +183,7 @@ class _Completed:
     key: str
     etag: str  # quoted
     seq: int  # the spool entry it made
+    access_key: str  # the identity that wrote it
     checksum_fields: tuple[tuple[str, str], ...] = ()  # ChecksumCRC32 etc. of the completed object
 
 
@@ -368,8 +374,12 @@ class SpoolFront:
         pools: Pools,
         clock: Clock,
         metrics: Metrics,
+        *,
+        drain_uploads: Callable[[], AbstractSet[str]] = frozenset,
     ) -> None:
         self.spool = spool
+        # The backend upload ids the drain has open: hidden from clients' ListMultipartUploads.
+        self._drain_uploads = drain_uploads
         self._proxy = proxy
         self._cfg = cfg
         self._pools = pools
@@ -382,6 +392,7 @@ class SpoolFront:
         self._bucket_checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # HEADs on their way
         # (backend, backend access key) -> (Owner ID, DisplayName)
         self._owners: dict[tuple[str, str], tuple[str, str]] = {}
+        self._owner_unknown_until: dict[tuple[str, str], float] = {}  # monotonic time of the next try
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
         self._closing = False
@@ -429,11 +440,17 @@ class SpoolFront:
                 raise self._journal_out_of_service()
             elif op == "DeleteObjects" and state.has_bucket_prefix(bucket, ""):
                 return await self._delete_objects(request, ctx, decision, bucket)
-            elif op == "ListMultipartUploads" and any(u.bucket == bucket for u in state.uploads.values()):
+            elif op == "ListMultipartUploads" and (
+                any(u.bucket == bucket for u in state.uploads.values()) or self._drain_uploads()
+            ):
                 return await self._list_uploads(request, ctx, decision, bucket, q)
-            elif op == "DeleteBucket" and state.has_bucket_prefix(bucket, ""):
+            elif op == "DeleteBucket" and any(
+                e.bucket == bucket and e.kind == "put" for e in state.entries.values()
+            ):
                 # Spooled objects are objects of the bucket: drain them first, then the backend answers
-                # BucketNotEmpty as S3 would (deleting the bucket under them would strand them).
+                # BucketNotEmpty as S3 would (deleting the bucket under them would strand them). Spooled
+                # deletes alone do not hold it up: whatever the store still has of those keys makes it
+                # answer BucketNotEmpty, and once the bucket is gone their drain finds nothing to delete.
                 result = await self.spool.flush(bucket, "", KEY_CLEAR_TIMEOUT_S)
                 if not result.durable:
                     raise SlowDown(
@@ -512,22 +529,38 @@ class SpoolFront:
         self._closing = True
 
     def _spoolable(self, ctx: RequestContext, decision: Decision, bucket: str, key: str) -> bool:
+        """Whether this write may be spooled. One that would be, but for a reason goes to the backend, is
+        counted in ``s3lanes_spool_write_through_total{reason}`` (called once per write)."""
+        if decision.lane not in self._lanes and not self.spool.state.has_key(bucket, key):
+            return False  # not a spooled lane: not a write-through either
+        reason = self._write_through_reason(ctx, key)
+        if reason is not None:
+            self._metrics.spool_write_through.labels(reason).inc()
+        return reason is None
+
+    def _write_through_reason(self, ctx: RequestContext, key: str) -> str | None:
         h = ctx.view.headers
-        if self.spool.degraded is not None or self._closing:
-            return False
+        if self.spool.degraded is not None:
+            return "degraded"
+        if self._closing:
+            return "shutdown"
         if _odd_path_segments(key):
             # Stores disagree on keys with "."/".." or empty segments (SeaweedFS refuses or folds them):
             # let the backend answer such writes itself rather than acknowledge what may never drain.
-            return False
+            return "key"
         if h.get(WRITE_THROUGH_HEADER, "").strip().lower() in _TRUE:
-            return False
+            return "requested"
         if not all(_utf8(v) for v in h.values()) or not _key_storable(key) or not _headers_storable(h):
             # Header bytes that are not UTF-8 (the spool stores headers as text), or a key the store will
             # refuse: let the backend answer such a write itself rather than acknowledge what cannot drain.
-            return False
+            return "unstorable"
+        if "x-amz-server-side-encryption-customer-algorithm" in h:
+            return "sse_c"
+        if any(name.startswith("x-amz-object-lock-") for name in h):
+            return "object_lock"
         if any(name in h for name in _WRITE_THROUGH_ONLY):
-            return False
-        return decision.lane in self._lanes or self.spool.state.has_key(bucket, key)
+            return "conditional"
+        return None
 
     async def _wait_clear(self, bucket: str, key: str) -> None:
         if not self.spool.state.has_key(bucket, key):
@@ -539,11 +572,15 @@ class SpoolFront:
             )
 
     def _admit(self, nbytes: int, *, must: bool = False) -> Admission:
+        """Room for a write that may be spooled; one that gets none goes to the backend (counted), or is
+        answered 503 SlowDown (``when_full = "slowdown"``)."""
         adm = self.spool.space.admit(nbytes, must=must)
         if adm is Admission.FULL and self._cfg.spool.when_full == "slowdown":
             raise SlowDown(
                 "The gateway's write spool is full; retry later.", retry_after_s=self._cfg.spool.retry_after_s
             )
+        if adm is not Admission.SPOOL:
+            self._metrics.spool_write_through.labels(adm.value).inc()
         return adm
 
     # -- backend helpers -------------------------------------------------------------------------------------
@@ -903,20 +940,23 @@ class SpoolFront:
         cached = self._owners.get(ident)
         if cached is not None:
             return cached
+        if self._owner_unknown_until.get(ident, 0.0) > self._clock.monotonic():
+            return None  # asked recently, in vain (an identity without ListBuckets): not on every listing
         target = backend.target(None, None, "")
+        owner: tuple[str, str] | None = None
         try:
             resp = await backend.request("GET", target, {}, cred, lane="metadata")
             try:
                 data = await resp.read()
-                status = resp.status
+                if resp.status == 200:
+                    owner = parse_owner(data)
             finally:
                 resp.release()
         except S3Error:
-            return None
-        if status != 200:
-            return None
-        owner = parse_owner(data)
-        if owner is not None:
+            pass
+        if owner is None:
+            self._owner_unknown_until[ident] = self._clock.monotonic() + BUCKET_CHECK_TTL_S
+        else:
             self._owners[ident] = owner
         return owner
 
@@ -1004,7 +1044,8 @@ class SpoolFront:
     async def _list_uploads(
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
     ) -> web.StreamResponse:
-        """The backend's ListMultipartUploads with the spool's open uploads added (prefix honoured).
+        """The backend's ListMultipartUploads without the drain's own uploads, with the spool's open uploads
+        added (prefix honoured).
 
         Spooled uploads are appended to the first page the backend returns (they are few and short-lived);
         key-marker/upload-id-marker paging applies to the backend's uploads only.
@@ -1015,11 +1056,14 @@ class SpoolFront:
             status = resp.status
         finally:
             resp.release()
+        if status == 200:
+            data = drop_listed_uploads(data, self._drain_uploads())
         if status != 200 or q.get("key-marker") or q.get("upload-id-marker"):
             out = web.Response(
                 status=status, body=with_request_id(data, ctx.request_id), content_type="application/xml"
             )
             out.headers["x-amz-request-id"] = ctx.request_id
+            self._proxy._lane_headers(out, decision)
             return out
         prefix = q.get("prefix", "")
         encode = q.get("encoding-type") == "url"
@@ -1306,7 +1350,7 @@ class SpoolFront:
         repeated CompleteMultipartUpload gets the same result while the object at the key is still the one
         it made (in the spool, or drained to the store), an AbortMultipartUpload 204 with nothing done; the
         rest NoSuchUpload."""
-        await self._authorize_read(ctx, done.bucket, ctx.auth.access_key)
+        await self._authorize_read(ctx, done.bucket, done.access_key)
         if op == "CompleteMultipartUpload":
             await self._read_xml_body(request, ctx)  # the store answers the first result whatever it names
         if op == "AbortMultipartUpload":
@@ -1318,7 +1362,7 @@ class SpoolFront:
             else:
                 current = await self._store_etag(ctx, done.bucket, done.key) == done.etag
             if current:
-                xml = self._complete_xml(done.bucket, done.key, done.etag, done.checksum_fields)
+                xml = self._complete_xml(request, done.bucket, done.key, done.etag, done.checksum_fields)
                 return self._response(ctx, decision, body=xml)
         raise NoSuchUpload(UploadId=upload_id)
 
@@ -1360,9 +1404,15 @@ class SpoolFront:
                 del self._key_locks[ident]
 
     def _complete_xml(
-        self, bucket: str, key: str, etag: str, checksum_fields: Iterable[tuple[str, str]] = ()
+        self,
+        request: web.Request,
+        bucket: str,
+        key: str,
+        etag: str,
+        checksum_fields: Iterable[tuple[str, str]] = (),
     ) -> bytes:
-        location = f"/{bucket}/{s3_quote(key, safe='/')}"
+        # An absolute URL of the object at this endpoint, path-style, as the store answers it.
+        location = f"{request.scheme}://{request.host}/{bucket}/{s3_quote(key, safe='/')}"
         return _xml(
             "CompleteMultipartUploadResult",
             [("Location", location), ("Bucket", bucket), ("Key", key), ("ETag", etag), *checksum_fields],
@@ -1650,12 +1700,12 @@ class SpoolFront:
                 )
                 fields.append((field, value))
         self._completed[upload.upload_id] = _Completed(
-            upload.bucket, upload.key, rec["etag"], int(rec["seq"]), tuple(fields)
+            upload.bucket, upload.key, rec["etag"], int(rec["seq"]), upload.access_key, tuple(fields)
         )
         while len(self._completed) > COMPLETED_UPLOADS_KEPT:
             self._completed.popitem(last=False)
         return self._response(
-            ctx, decision, body=self._complete_xml(upload.bucket, upload.key, rec["etag"], fields)
+            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec["etag"], fields)
         )
 
     def _list_parts(

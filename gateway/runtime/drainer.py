@@ -265,6 +265,11 @@ class Drainer:
             )
         self._spool.drain_wakeup.set()
 
+    def open_upload_ids(self) -> frozenset[str]:
+        """Backend multipart upload ids the drain has open (journaled, or in progress): not the clients'
+        uploads, so a client's ListMultipartUploads through the gateway does not show them."""
+        return frozenset(self._spool.state.backend_uploads) | self._owned_uploads
+
     def _start_janitor(self) -> None:
         """Backend multipart uploads recorded in the journal that no drain owns (left by a crash, or an abort
         that failed) are aborted in the background, at most every JANITOR_INTERVAL_S."""

@@ -8,6 +8,7 @@ from gateway.core.listing import (
     NULL_VERSION,
     VersionEntry,
     VersionsRequest,
+    drop_listed_uploads,
     merge_versions_page,
     parse_backend_versions,
     parse_owner,
@@ -140,3 +141,13 @@ def test_owner_of_a_list_buckets_answer() -> None:
     assert parse_owner(body) == ("id1", "n1")
     assert parse_owner(b"<ListAllMyBucketsResult/>") is None
     assert parse_owner(b"not xml") is None
+
+
+def test_drain_uploads_are_dropped_from_a_backend_uploads_listing_and_the_rest_kept_byte_for_byte() -> None:
+    head = b'<?xml version="1.0"?>\n<ListMultipartUploadsResult><Bucket>b</Bucket>'
+    up1 = b"<Upload><Key>k1</Key><UploadId>client-1</UploadId></Upload>"
+    up2 = b"<Upload><Key>k2</Key><UploadId>drain-2</UploadId></Upload>"
+    body = head + up1 + up2 + b"</ListMultipartUploadsResult>"
+    assert drop_listed_uploads(body, {"drain-2"}) == head + up1 + b"</ListMultipartUploadsResult>"
+    assert drop_listed_uploads(body, set()) == body
+    assert drop_listed_uploads(body, {"other"}) == body

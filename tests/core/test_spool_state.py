@@ -400,15 +400,15 @@ def test_multipart_complete_keeps_the_chosen_parts_and_computes_the_s3_etag() ->
     p1 = s.part("u1", 1, MIN_PART_BYTES)
     p2_old = s.part("u1", 2, MIN_PART_BYTES, b"first try")
     p2 = s.part("u1", 2, MIN_PART_BYTES + 7)
-    assert s.last == Applied(garbage=(p2_old.file,))
+    assert s.last == Applied()  # the replaced part is kept until the completion
     p3 = s.part("u1", 3, 10)
     p4 = s.part("u1", 4, 20)
-    assert s.state.bytes_on_disk == 2 * MIN_PART_BYTES + 7 + 30
+    assert s.state.bytes_on_disk == 3 * MIN_PART_BYTES + 7 + 30
     assert s.state.lookup(B, "big/obj") is None  # nothing acknowledged until the completion
     assert upload.size == s.state.bytes_on_disk
 
     entry = s.complete("u1", [1, 2, 4])
-    assert s.last.garbage == (p3.file,)
+    assert sorted(s.last.garbage) == sorted((p2_old.file, p3.file))
     digests = b"".join(hashlib.md5(part_data(n), usedforsecurity=False).digest() for n in (1, 2, 4))
     by_hand = f'"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-3"'
     assert entry.etag == by_hand == multipart_etag([p1.md5, p2.md5, p4.md5])
@@ -421,6 +421,42 @@ def test_multipart_complete_keeps_the_chosen_parts_and_computes_the_s3_etag() ->
     assert "u1" not in s.state.uploads
     assert s.state.bytes_on_disk == entry.size
     s.assert_files_accounted()
+
+
+def test_a_part_uploaded_twice_completes_with_either_etag_and_only_one_older_version_is_kept() -> None:
+    """Two uploads of one part can run at once; the store completes with the ETag of either."""
+    s = Spool()
+    upload = s.create("obj", "u1")
+    first = s.part("u1", 1, 10, b"first")
+    second = s.part("u1", 1, 11, b"second")
+    assert s.last == Applied()
+    third = s.part("u1", 1, 12, b"third")
+    assert s.last == Applied(garbage=(first.file,))  # one replaced version per part number
+    assert s.state.bytes_on_disk == 23 == upload.size
+    with pytest.raises(InvalidPart):
+        s.state.complete_record(upload, [(1, first.etag)], WALL0)
+    rec = s.state.complete_record(upload, [(1, second.etag)], WALL0)
+    assert rec["po"] == [1]
+    s.apply(rec)
+    entry = s.state.entries[rec["seq"]]
+    assert entry.files == (second.file,) and entry.etag == multipart_etag([second.md5])
+    assert s.last.garbage == (third.file,)
+    assert s.state.bytes_on_disk == 11
+    s.assert_files_accounted()
+
+
+def test_replaced_parts_survive_compaction_and_replay() -> None:
+    s = Spool()
+    s.create("obj", "u1")
+    s.part("u1", 1, 10, b"first")
+    second = s.part("u1", 1, 11, b"second")
+    replayed = SpoolState(MARKERS)
+    for rec in s.state.snapshot_records():
+        replayed.apply(rec)
+    upload = replayed.uploads["u1"]
+    assert upload.replaced[1].md5 == md5_hex(b"first") and upload.parts[1] == second
+    assert replayed.bytes_on_disk == s.state.bytes_on_disk == 21
+    assert replayed.referenced_files() == s.state.referenced_files()
 
 
 def test_multipart_etag_of_one_part_still_carries_the_part_count() -> None:
@@ -793,9 +829,11 @@ class SpoolMachine(RuleBasedStateMachine):
         if not self.open_uploads:
             return
         upload_id = sorted(self.open_uploads)[pick % len(self.open_uploads)]
+        # A re-uploaded part is kept (the store completes with either); the one it had replaced goes.
+        older = self.state.uploads[upload_id].replaced.get(number)
         old = self.state.uploads[upload_id].parts.get(number)
         self.s.part(upload_id, number, size, data=f"{upload_id}/{number}/{size}/{pick}".encode())
-        assert self.s.last == Applied(garbage=(old.file,) if old else ())
+        assert self.s.last == Applied(garbage=(older.file,) if old and older else ())
 
     @rule(pick=PICK, mask=st.integers(0, 15), unknown=st.sampled_from([None, None, None, 1, 5]))
     def complete(self, pick: int, mask: int, unknown: int | None) -> None:
@@ -825,13 +863,14 @@ class SpoolMachine(RuleBasedStateMachine):
         assert expected is None
         event(f"completed with {len(chosen)} of {len(upload.parts)} parts")
         parts = dict(upload.parts)
+        replaced = {p.file for p in upload.replaced.values()}
         old = self.state.lookup(upload.bucket, upload.key)
         applied = self.s.apply(rec)
         entry = self.state.entries[rec["seq"]]
         self._superseded(old, applied)
         unused = {p.file for n, p in parts.items() if n not in numbers}
         old_files = set(old.files) if old is not None and old.seq not in self.inflight else set()
-        assert set(applied.garbage) == unused | old_files
+        assert set(applied.garbage) == unused | replaced | old_files
         assert entry.files == tuple(parts[n].file for n in chosen)
         assert entry.etag == multipart_etag([parts[n].md5 for n in chosen])
         del self.open_uploads[upload_id]
@@ -843,7 +882,7 @@ class SpoolMachine(RuleBasedStateMachine):
         if not self.open_uploads:
             return
         upload_id = sorted(self.open_uploads)[pick % len(self.open_uploads)]
-        files = {p.file for p in self.state.uploads[upload_id].parts.values()}
+        files = {p.file for p in self.state.uploads[upload_id].all_parts()}
         applied = self.s.apply(SpoolState.abort_record(upload_id))
         assert set(applied.garbage) == files and len(applied.garbage) == len(files)
         del self.open_uploads[upload_id]

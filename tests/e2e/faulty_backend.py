@@ -10,6 +10,8 @@ request by request. Modes, switchable at run time from the test's thread:
   selects) with ``500 InternalError`` or ``503 SlowDown`` and S3's error XML, without forwarding them;
 * :meth:`FaultyBackend.down` / :meth:`FaultyBackend.up`: stop listening (connections are refused) and abort
   every open connection; listen again on the same port.
+* :meth:`FaultyBackend.stall` / :meth:`FaultyBackend.unstall`: hold the requests ``match`` selects (after
+  reading their bodies) until unstalled, then forward them (a store that is slow to answer one request).
 
 Modes combine: a slow store can also answer errors. Every request is recorded (:meth:`FaultyBackend.seen`),
 with whether its answer was injected, so a test can tell the store's errors from the gateway's own.
@@ -82,6 +84,9 @@ class FaultyBackend:
     def __init__(self, target_url: str, *, seed: int = 0) -> None:
         self._target = target_url.rstrip("/")
         self._mode = _Mode()  # replaced whole (one atomic assignment) from the test's thread
+        self._stall: Callable[[str, str], bool] | None = None
+        self._stalled = 0  # requests being held (read from the test's thread)
+        self._unstalled: asyncio.Event | None = None  # created and used on the proxy's loop
         self._rng = random.Random(seed)  # used on the proxy's loop only
         self._lock = threading.Lock()
         self._seen: list[Seen] = []
@@ -111,7 +116,7 @@ class FaultyBackend:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5, sock_read=60),
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        self._web = web.Server(self._handle, handler_cancellation=True)
+        self._web = web.Server(self._handle, handler_cancellation=True, auto_decompress=False)
         await self._listen(port)
 
     async def _listen(self, port: int) -> None:
@@ -150,6 +155,28 @@ class FaultyBackend:
     def errors(self, kind: ErrorKind, p: float, match: Callable[[str, str], bool] | None = None) -> None:
         """Answer a fraction ``p`` of the requests ``match`` accepts (all, if None) with ``kind``'s error."""
         self._mode = _Mode(delay_s=self._mode.delay_s, error=kind, p=p, match=match)
+
+    def stall(self, match: Callable[[str, str], bool]) -> None:
+        """Hold every request ``match`` accepts until :meth:`unstall`."""
+
+        async def _stall() -> None:
+            self._unstalled = asyncio.Event()
+            self._stall = match
+
+        self._call(_stall())
+
+    def unstall(self) -> None:
+        async def _unstall() -> None:
+            self._stall = None
+            if self._unstalled is not None:
+                self._unstalled.set()
+
+        self._call(_unstall())
+
+    @property
+    def stalled(self) -> int:
+        with self._lock:
+            return self._stalled
 
     def down(self) -> None:
         """The store goes away: refuse new connections and abort the open ones (requests in flight fail)."""
@@ -193,6 +220,15 @@ class FaultyBackend:
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         arrived = time.monotonic()
         body = await request.content.read()  # not request.read(): that one caps bodies at 1 MiB
+        stall, unstalled = self._stall, self._unstalled
+        if stall is not None and unstalled is not None and stall(request.method, request.raw_path):
+            with self._lock:
+                self._stalled += 1
+            try:
+                await unstalled.wait()
+            finally:
+                with self._lock:
+                    self._stalled -= 1
         mode = self._mode
         if mode.delay_s > 0:
             await asyncio.sleep(mode.delay_s)

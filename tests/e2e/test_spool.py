@@ -178,6 +178,17 @@ def scrape(gw: Gateway) -> dict[str, float]:
     return out
 
 
+def write_through_count(gw: Gateway, reason: str) -> float:
+    """``s3lanes_spool_write_through_total{reason=...}`` (0 before its first increment)."""
+    with urllib.request.urlopen(f"{gw.http_url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    wanted = f's3lanes_spool_write_through_total{{reason="{reason}"}} '
+    for line in text.splitlines():
+        if line.startswith(wanted):
+            return float(line[len(wanted) :])
+    return 0.0
+
+
 def drained_bytes_metric(samples: dict[str, float]) -> float:
     # A counter; prometheus_client exposes it with the _total suffix.
     for name in ("s3lanes_spool_drained_bytes_total", "s3lanes_spool_drained_bytes"):
@@ -1081,9 +1092,11 @@ def test_full_spool_in_write_through_mode_sends_the_write_to_the_backend(
     s3 = gw.client()
     fill_above_high_water(s3, bucket)
     data = os.urandom(100 * KiB)
+    full_before = write_through_count(gw, "full")
     put = s3.put_object(Bucket=bucket, Key="through", Body=data)
     assert source(put) is None
     assert put["ETag"] == md5_etag(data)
+    assert write_through_count(gw, "full") == full_before + 1
     # No flush: on the backend the moment the gateway answered, while the fill is still draining.
     assert backend.get_object(Bucket=bucket, Key="through")["Body"].read() == data
     assert not object_exists(backend, bucket, "fill"), "the drain outran the test"

@@ -10,8 +10,13 @@ with :meth:`Held.release`. Reads, listings, deletes and everything else pass thr
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import http.client
 import os
+import threading
+import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,6 +29,7 @@ from botocore.exceptions import ClientError
 from tests.conftest import s3_client
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_and_check
 from tests.e2e.faulty_backend import FaultyBackend
+from tests.e2e.test_spool import write_through_count
 
 pytestmark = pytest.mark.e2e
 
@@ -222,16 +228,22 @@ def test_list_versions_delete_them_then_delete_bucket_works_while_keys_are_spool
         listed = s3.list_object_versions(Bucket=name)
         objects = [{"Key": v["Key"], "VersionId": v["VersionId"]} for v in listed.get("Versions", [])]
         assert sorted(o["Key"] for o in objects) == ["held/k0", "held/k1", "held/k2", "on-store"]
+        # The drain's DELETEs of the spooled deletes are held too: DeleteBucket must not wait for them.
+        held.proxy.stall(lambda method, path: method == "DELETE" and f"/{HELD}" in path.partition("?")[0])
         result = s3.delete_objects(Bucket=name, Delete={"Objects": objects})
         assert not result.get("Errors"), result
         assert sorted(d["Key"] for d in result["Deleted"]) == sorted(o["Key"] for o in objects)
         assert s3.list_object_versions(Bucket=name).get("Versions") is None
         assert s3.list_objects_v2(Bucket=name)["KeyCount"] == 0
+        started = time.monotonic()
         status, code = outcome(s3.delete_bucket, Bucket=name)
         assert (status, code) == (204, "")
+        assert time.monotonic() - started < 5
         assert outcome(backend.head_bucket, Bucket=name)[0] == 404
     finally:
+        held.proxy.unstall()
         _empty_and_delete(backend, name)
+    held.gw.flush(name)  # the spooled deletes drain against the deleted bucket: nothing left to do
 
 
 def test_delete_object_of_the_null_version_of_a_spooled_key_deletes_it(
@@ -312,6 +324,15 @@ def test_a_repeated_complete_of_a_spooled_upload_answers_the_same_result_as_the_
     ref_id, ref_parts = start_upload(backend, store_bucket, key)
     first = complete(s3, bucket, key, upload_id, parts)
     assert first == complete(backend, store_bucket, key, ref_id, ref_parts)
+    # Location: the object's absolute URL at the endpoint asked, as the store answers it.
+    location = s3.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+    )["Location"]
+    assert location == f"{held.gw.http_url}/{bucket}/{key}"
+    ref_location = backend.complete_multipart_upload(
+        Bucket=store_bucket, Key=key, UploadId=ref_id, MultipartUpload={"Parts": ref_parts}
+    )["Location"]
+    assert ref_location == f"{backend.meta.endpoint_url}/{store_bucket}/{key}"
     assert_spooled(held.gw, backend, bucket, key)
     # Again, while spooled: 200 and the same ETag (the store answers so too, whatever the parts named).
     assert complete(s3, bucket, key, upload_id, parts) == first
@@ -482,3 +503,186 @@ def s3_part_copy(client: Any, bucket: str, key: str, upload_id: str, src: str, c
         return exc.response["ResponseMetadata"]["HTTPStatusCode"], exc.response["Error"]["Code"]
     assert resp["CopyPartResult"]["ETag"]
     return 200, ""
+
+
+# --- ListMultipartUploads ---------------------------------------------------------------------------------
+
+
+def test_list_multipart_uploads_shows_the_clients_uploads_not_the_drains(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    """While the drain has a multipart upload of its own open on the store, a client listing the bucket's
+    uploads through the gateway sees what it created, as on the store: the spool's open upload, not the
+    drain's."""
+    s3 = held.gw.client()
+    big = os.urandom(5 * MiB)
+    drained_key = f"{HELD}draining"
+    upload_id, parts = start_upload(s3, bucket, drained_key, body=big)
+    assert upload_id.startswith("s3lanes-")
+    etag2 = s3.upload_part(Bucket=bucket, Key=drained_key, UploadId=upload_id, PartNumber=2, Body=b"t")[
+        "ETag"
+    ]
+    # The drain's first part PUT is held by the store until unstalled: its upload stays open there.
+    held.release()
+    held.proxy.stall(lambda method, path: method == "PUT" and "partNumber=" in path and "draining" in path)
+    try:
+        parts.append({"PartNumber": 2, "ETag": etag2})
+        complete(s3, bucket, drained_key, upload_id, parts)
+        open_id, _ = start_upload(s3, bucket, f"{HELD}open")
+        ref_id, _ = start_upload(backend, store_bucket, f"{HELD}open")
+        deadline = time.monotonic() + 10
+        while held.proxy.stalled == 0:
+            assert time.monotonic() < deadline, "the drain did not start its multipart upload"
+            time.sleep(0.01)
+        on_store = backend.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+        assert [u["Key"] for u in on_store] == [drained_key], "the drain's upload is not open on the store"
+        got = s3.list_multipart_uploads(Bucket=bucket)
+        want = backend.list_multipart_uploads(Bucket=store_bucket)
+        assert [u["Key"] for u in got.get("Uploads", [])] == [u["Key"] for u in want.get("Uploads", [])]
+        assert [u["UploadId"] for u in got["Uploads"]] == [open_id]
+        assert ref_id
+    finally:
+        held.proxy.unstall()
+    s3.abort_multipart_upload(Bucket=bucket, Key=f"{HELD}open", UploadId=open_id)
+
+
+# --- s3lanes_spool_write_through_total -------------------------------------------------------------------
+
+
+def test_writes_of_a_spooled_lane_sent_to_the_store_are_counted_by_reason(held: Held, bucket: str) -> None:
+    s3 = held.gw.client()
+    before = {r: write_through_count(held.gw, r) for r in ("requested", "conditional", "key")}
+    put = s3.put_object(Bucket=bucket, Key="wt-1", Body=b"x", IfNoneMatch="*")
+    assert source(put) is None
+
+    def write_through(request: Any, **_: Any) -> None:
+        request.headers["x-s3lanes-write-through"] = "true"
+
+    s3.meta.events.register("before-sign.s3.PutObject", write_through)
+    assert source(s3.put_object(Bucket=bucket, Key="wt-2", Body=b"x")) is None
+    s3_plain = held.gw.client()
+    outcome(s3_plain.put_object, Bucket=bucket, Key="a/./b", Body=b"x")  # the store answers it (it refuses)
+    assert source(s3_plain.put_object(Bucket=bucket, Key=f"{HELD}spooled", Body=b"x")) == "spool"
+    after = {r: write_through_count(held.gw, r) for r in before}
+    assert after == {r: before[r] + 1 for r in before}
+
+
+# --- Last-Modified ----------------------------------------------------------------------------------------
+
+
+def test_last_modified_agrees_between_head_get_and_listings_while_spooled_and_after_the_drain(
+    held: Held, backend: Any, bucket: str
+) -> None:
+    """Spooled: the acknowledgement time everywhere; drained: the store's time everywhere (docs/spool.md)."""
+    s3 = held.gw.client()
+    key = f"{HELD}lm"
+    assert source(s3.put_object(Bucket=bucket, Key=key, Body=b"x")) == "spool"
+
+    def seen() -> set[datetime]:
+        head = s3.head_object(Bucket=bucket, Key=key)["LastModified"]
+        get = s3.get_object(Bucket=bucket, Key=key)
+        get["Body"].read()
+        v2 = s3.list_objects_v2(Bucket=bucket, Prefix=key)["Contents"][0]["LastModified"]
+        v1 = s3.list_objects(Bucket=bucket, Prefix=key)["Contents"][0]["LastModified"]
+        versions = s3.list_object_versions(Bucket=bucket, Prefix=key)["Versions"][0]["LastModified"]
+        return {head, get["LastModified"], v2, v1, versions}
+
+    time.sleep(1.1)  # the drain, once released, lands in a later second than the acknowledgement
+    spooled = seen()
+    assert len(spooled) == 1, spooled
+    assert_spooled(held.gw, backend, bucket, key)
+    held.release()
+    held.gw.flush(bucket)
+    drained = seen()
+    assert len(drained) == 1, drained
+    assert drained == {backend.head_object(Bucket=bucket, Key=key)["LastModified"]}
+    assert drained != spooled  # documented: the store sets it when the object lands
+
+
+# --- a part uploaded twice at once --------------------------------------------------------------------------
+
+
+def slow_put(url: str, data: bytes, pause_s: float) -> tuple[int, str]:
+    """PUT ``data`` to a presigned URL, pausing ``pause_s`` after its first bytes; (status, ETag)."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        conn.putrequest("PUT", f"{parts.path}?{parts.query}", skip_accept_encoding=True)
+        conn.putheader("Content-Length", str(len(data)))
+        conn.endheaders()
+        conn.send(data[:10])
+        time.sleep(pause_s)
+        conn.send(data[10:])
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status, resp.getheader("ETag") or ""
+    finally:
+        conn.close()
+
+
+def racing_parts(client: Any, bucket: str, key: str) -> tuple[str, dict[str, tuple[int, str]]]:
+    """Part 1 uploaded twice at once: "slow" starts first and finishes last, "fast" in between."""
+    upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    url = client.generate_presigned_url(
+        "upload_part", Params={"Bucket": bucket, "Key": key, "UploadId": upload_id, "PartNumber": 1}
+    )
+    done: dict[str, tuple[int, str]] = {}
+
+    def run(name: str, data: bytes, pause_s: float) -> None:
+        done[name] = slow_put(url, data, pause_s)
+
+    slow = threading.Thread(target=run, args=("slow", b"s" * 1000, 1.5))
+    slow.start()
+    time.sleep(0.3)
+    run("fast", b"f" * 1000, 0.0)
+    slow.join(30)
+    assert done["slow"][0] == done["fast"][0] == 200, done
+    return upload_id, done
+
+
+def test_a_part_uploaded_twice_at_once_completes_with_the_etag_of_either_as_on_the_store(
+    held: Held, backend: Any, seaweed: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client(signature_version="s3v4")
+    store = s3_client(seaweed, signature_version="s3v4")
+    try:
+        key = f"{HELD}race"
+        upload_id, got = racing_parts(s3, bucket, key)
+        assert upload_id.startswith("s3lanes-")
+        ref_id, want = racing_parts(store, store_bucket, key)
+        # The upload that finished first: the store completes with it, and so does the gateway.
+        parts = [{"PartNumber": 1, "ETag": got["fast"][1]}]
+        ref_parts = [{"PartNumber": 1, "ETag": want["fast"][1]}]
+        assert complete(s3, bucket, key, upload_id, parts) == complete(
+            backend, store_bucket, key, ref_id, ref_parts
+        )
+        assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"f" * 1000
+        assert backend.get_object(Bucket=store_bucket, Key=key)["Body"].read() == b"f" * 1000
+    finally:
+        store.close()
+
+
+# --- Content-Encoding: the body is stored as sent ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("spooled", [True, False])
+def test_a_body_with_content_encoding_gzip_is_stored_byte_for_byte_as_on_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str, spooled: bool
+) -> None:
+    """S3 stores what it is sent: Content-Encoding is the object's metadata, the gateway does not inflate."""
+    s3 = held.gw.client()
+    if not spooled:
+
+        def write_through(request: Any, **_: Any) -> None:
+            request.headers["x-s3lanes-write-through"] = "true"
+
+        s3.meta.events.register("before-sign.s3.PutObject", write_through)
+    key = f"{HELD}gz" if spooled else "gz"
+    for n, body in enumerate((gzip.compress(b"hello world" * 100), b"not gzip at all")):
+        put = s3.put_object(Bucket=bucket, Key=f"{key}{n}", Body=body, ContentEncoding="gzip")
+        ref = backend.put_object(Bucket=store_bucket, Key=f"{key}{n}", Body=body, ContentEncoding="gzip")
+        assert source(put) == ("spool" if spooled else None)
+        assert put["ETag"] == ref["ETag"]
+        got = s3.get_object(Bucket=bucket, Key=f"{key}{n}")
+        assert got["Body"].read() == body
+        assert got["ContentEncoding"] == "gzip"

@@ -235,6 +235,32 @@ async def test_flush_returns_when_the_prefix_is_drained_or_times_out(tmp_path: P
         await spool.close()
 
 
+async def test_flush_returns_as_soon_as_a_drain_upload_intent_left_open_is_resolved(tmp_path: Path) -> None:
+    """A drain whose CreateMultipartUpload failed leaves an open intent, which flush counts as pending until
+    the janitor ends it; the flush returns then, not at its timeout."""
+    spool = await opened(tmp_path)
+    try:
+        rec = await put(spool, "ckpt/a", b"1")
+        entry = spool.state.entries[rec["seq"]]
+        await spool.commit([spool.state.backend_intent_record("s1", entry, entry.acked_at)])
+        spool.state.start_upload(entry)
+        spool.state.upload_succeeded(entry)
+        await spool.commit([spool.state.done_record(entry.seq)])
+        assert not (await spool.flush("b", "ckpt/", 0.01)).durable  # the open intent
+
+        async def resolve_later() -> None:
+            await asyncio.sleep(0.05)
+            await spool.commit([spool.state.backend_intent_end_record("s1")])
+
+        task = asyncio.create_task(resolve_later())
+        started = asyncio.get_running_loop().time()
+        done = await spool.flush("b", "ckpt/", 10.0)
+        await task
+        assert done.durable and asyncio.get_running_loop().time() - started < 5.0
+    finally:
+        await spool.close()
+
+
 async def test_journal_on_disk_is_framed_and_replayable(tmp_path: Path) -> None:
     spool = await opened(tmp_path)
     await put(spool, "k", b"v")
