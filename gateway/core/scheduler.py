@@ -715,6 +715,11 @@ class Scheduler:
     def config(self) -> SchedulerConfig:
         return self._cfg
 
+    @property
+    def capacity_bps(self) -> float:
+        """The capacity ``C`` in force (configured, or the current estimate)."""
+        return self._capacity()
+
     # -- ordering -----------------------------------------------------------------------------------------
 
     def _head(self, ln: _Lane) -> _Ticket:

@@ -1,0 +1,136 @@
+"""The deadline keeper: spool state in, the drain lane's floor, status, metrics and a warning out.
+
+A stand-in for the spool (its state is what the keeper reads: entries, their sizes, the oldest
+acknowledgement, the acknowledged byte counter), a real scheduler, a fake clock."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import pytest
+
+from gateway.clock import FakeClock
+from gateway.core.scheduler import Scheduler, SchedulerConfig, default_lanes
+from gateway.runtime.dispatcher import LaneDispatcher
+from gateway.runtime.spool_deadline import WARNING_INTERVAL_S, DeadlineKeeper
+
+MiB = 1024 * 1024
+C = 40_000_000.0
+
+
+@dataclass
+class _E:
+    size: int
+
+
+@dataclass
+class _State:
+    entries: dict[int, _E] = field(default_factory=dict)
+    acked_at: dict[int, float] = field(default_factory=dict)
+
+    def oldest_acked_at(self) -> float | None:
+        return min(self.acked_at.values()) if self.acked_at else None
+
+
+@dataclass
+class _Spool:
+    state: _State = field(default_factory=_State)
+    acked_bytes: int = 0
+    seq: int = 0
+
+    def ack(self, size: int, wall: float) -> None:
+        self.seq += 1
+        self.state.entries[self.seq] = _E(size)
+        self.state.acked_at[self.seq] = wall
+        self.acked_bytes += size
+
+    def drain_all(self) -> None:
+        self.state.entries.clear()
+        self.state.acked_at.clear()
+
+
+def setup(max_age_s: float = 3600.0) -> tuple[FakeClock, _Spool, Scheduler, DeadlineKeeper]:
+    clock = FakeClock()
+    sched = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=C), clock.monotonic())
+    spool = _Spool()
+    keeper = DeadlineKeeper(spool, [LaneDispatcher(sched, clock)], ("checkpoint",), max_age_s, clock)
+    return clock, spool, sched, keeper
+
+
+def checkpoint(clock: FakeClock, spool: _Spool, keeper: DeadlineKeeper) -> None:
+    """4 ranks x 64 MiB acknowledged within a second."""
+    for _ in range(4):
+        spool.ack(64 * MiB, clock.wall())
+        keeper.tick()
+        clock.advance(0.25)
+
+
+async def test_the_floor_rises_toward_the_cap_as_the_learnt_deadline_nears() -> None:
+    clock, spool, sched, keeper = setup()
+    keeper.tick()
+    assert keeper.status()["status"] == "ok: nothing pending"
+    # First checkpoint: no cadence yet, the deadline is max_age_s (an hour): the configured floor.
+    checkpoint(clock, spool, keeper)
+    assert keeper.status()["deadline_s"] == 3600.0
+    assert sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction == pytest.approx(0.02)
+    spool.drain_all()
+    clock.advance(31.0)
+    checkpoint(clock, spool, keeper)  # 32 s later: the cadence is learnt, the deadline is 32 s
+    assert keeper.status()["deadline_s"] == pytest.approx(32.0)
+    assert keeper.status()["checkpoint_interval_s"] == pytest.approx(32.0)
+    floors, risk = [], []
+    for _ in range(6):  # nothing drains (the stand-in spool keeps its entries)
+        keeper.tick()
+        floors.append(sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction)
+        risk.append(keeper.status()["at_risk"])
+        clock.advance(3.0)
+    assert floors == sorted(floors)
+    assert 0.25 <= floors[0] <= 0.30  # 256 MiB by 25.6 s on 40 MB/s: 26 %
+    assert floors[-1] == pytest.approx(0.30)  # never above the cap
+    # 22.4 s at the cap: in time until less than that is left, then at risk.
+    assert risk == [False, False, False, True, True, True]
+    # Drained: back to the configured floor.
+    spool.drain_all()
+    keeper.tick()
+    assert sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction == pytest.approx(0.02)
+
+
+async def test_a_deadline_that_cannot_be_met_is_reported_and_warned_about_at_a_limited_rate(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock, spool, sched, keeper = setup(max_age_s=20.0)
+    caplog.set_level(logging.WARNING, logger="s3lanes.spool")
+    for _ in range(4):  # 1 GiB at once: 89 s at the 30 % cap, 20 s deadline
+        spool.ack(256 * MiB, clock.wall())
+    keeper.tick()
+    st = keeper.status()
+    assert st["at_risk"] is True
+    assert str(st["status"]).startswith("AT RISK")
+    assert st["best_case_durable_s"] == pytest.approx(4 * 256 * MiB / (0.3 * C))
+    metrics = {m.name: m.samples[0].value for m in keeper.collector()()}
+    assert metrics["s3lanes_spool_deadline_at_risk"] == 1.0
+    assert metrics["s3lanes_spool_deadline_seconds"] == 20.0
+    assert metrics["s3lanes_spool_deadline_floor"] == pytest.approx(0.30)
+    assert metrics["s3lanes_spool_projected_durable_seconds"] == pytest.approx(4 * 256 * MiB / (0.3 * C))
+    assert sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction == pytest.approx(0.30)
+    for _ in range(10):
+        clock.advance(1.0)
+        keeper.tick()
+    assert keeper.warnings == 1
+    warned = [r.getMessage() for r in caplog.records if "deadline at risk" in r.getMessage()]
+    assert len(warned) == 1
+    assert warned[0].startswith("spool: durability deadline at risk: 1073741824 bytes pending")
+    clock.advance(WARNING_INTERVAL_S)
+    keeper.tick()
+    assert keeper.warnings == 2
+
+
+async def test_a_backlog_that_fits_is_not_at_risk() -> None:
+    clock, spool, _sched, keeper = setup(max_age_s=60.0)
+    spool.ack(64 * MiB, clock.wall())
+    keeper.tick()
+    metrics = {m.name: m.samples[0].value for m in keeper.collector()()}
+    assert metrics["s3lanes_spool_deadline_at_risk"] == 0.0
+    assert keeper.warnings == 0
+    assert str(keeper.status()["status"]).startswith("ok: ")
