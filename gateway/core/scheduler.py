@@ -716,6 +716,11 @@ class Scheduler:
         return self._cfg
 
     @property
+    def reads_active(self) -> bool:
+        """Whether the read-protected lanes are active (their caps in force) as of the last call."""
+        return self._reads_active
+
+    @property
     def capacity_bps(self) -> float:
         """The capacity ``C`` in force (configured, or the current estimate)."""
         return self._capacity()

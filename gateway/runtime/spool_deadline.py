@@ -52,8 +52,11 @@ class SpoolView(Protocol):
     def acked_bytes(self) -> int: ...
 
 
-def _cap(spec: LaneSpec) -> float:
-    """The lane's share while reads are active: what its floor may rise to."""
+def _cap(spec: LaneSpec, reads_active: bool) -> float:
+    """What the lane's floor may rise to: its share while reads are active (its ``limit`` and
+    ``limit_while_reads_active``); without reads only its ``limit`` holds it."""
+    if not reads_active:
+        return max(spec.limit if spec.limit is not None else 1.0, spec.floor)
     cap = 1.0
     for lim in (spec.limit, spec.limit_while_reads_active):
         if lim is not None:
@@ -113,7 +116,7 @@ class DeadlineKeeper:
                     deadline_s=deadline,
                     capacity_bps=capacity,
                     min_fraction=spec.floor,
-                    cap_fraction=_cap(spec),
+                    cap_fraction=_cap(spec, sched.reads_active),
                 )
                 sched.set_floor(spec.name, p.floor_fraction if p.floor_fraction > spec.floor else 0.0, now)
                 if first is None:

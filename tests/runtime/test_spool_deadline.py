@@ -58,30 +58,37 @@ def setup(max_age_s: float = 3600.0) -> tuple[FakeClock, _Spool, Scheduler, Dead
     return clock, spool, sched, keeper
 
 
-def checkpoint(clock: FakeClock, spool: _Spool, keeper: DeadlineKeeper) -> None:
+def tick(clock: FakeClock, sched: Scheduler, keeper: DeadlineKeeper, *, reads: bool = True) -> None:
+    """A keeper tick while dataset reads are active (they asked for 1 MiB just now)."""
+    if reads:
+        sched.submit("dataset", MiB, clock.monotonic())
+    keeper.tick()
+
+
+def checkpoint(clock: FakeClock, spool: _Spool, sched: Scheduler, keeper: DeadlineKeeper) -> None:
     """4 ranks x 64 MiB acknowledged within a second."""
     for _ in range(4):
         spool.ack(64 * MiB, clock.wall())
-        keeper.tick()
+        tick(clock, sched, keeper)
         clock.advance(0.25)
 
 
 async def test_the_floor_rises_toward_the_cap_as_the_learnt_deadline_nears() -> None:
     clock, spool, sched, keeper = setup()
-    keeper.tick()
+    tick(clock, sched, keeper)
     assert keeper.status()["status"] == "ok: nothing pending"
     # First checkpoint: no cadence yet, the deadline is max_age_s (an hour): the configured floor.
-    checkpoint(clock, spool, keeper)
+    checkpoint(clock, spool, sched, keeper)
     assert keeper.status()["deadline_s"] == 3600.0
     assert sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction == pytest.approx(0.02)
     spool.drain_all()
     clock.advance(31.0)
-    checkpoint(clock, spool, keeper)  # 32 s later: the cadence is learnt, the deadline is 32 s
+    checkpoint(clock, spool, sched, keeper)  # 32 s later: the cadence is learnt, the deadline is 32 s
     assert keeper.status()["deadline_s"] == pytest.approx(32.0)
     assert keeper.status()["checkpoint_interval_s"] == pytest.approx(32.0)
     floors, risk = [], []
     for _ in range(6):  # nothing drains (the stand-in spool keeps its entries)
-        keeper.tick()
+        tick(clock, sched, keeper)
         floors.append(sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction)
         risk.append(keeper.status()["at_risk"])
         clock.advance(3.0)
@@ -92,7 +99,7 @@ async def test_the_floor_rises_toward_the_cap_as_the_learnt_deadline_nears() -> 
     assert risk == [False, False, False, True, True, True]
     # Drained: back to the configured floor.
     spool.drain_all()
-    keeper.tick()
+    tick(clock, sched, keeper)
     assert sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction == pytest.approx(0.02)
 
 
@@ -103,7 +110,7 @@ async def test_a_deadline_that_cannot_be_met_is_reported_and_warned_about_at_a_l
     caplog.set_level(logging.WARNING, logger="s3lanes.spool")
     for _ in range(4):  # 1 GiB at once: 89 s at the 30 % cap, 20 s deadline
         spool.ack(256 * MiB, clock.wall())
-    keeper.tick()
+    tick(clock, sched, keeper)
     st = keeper.status()
     assert st["at_risk"] is True
     assert str(st["status"]).startswith("AT RISK")
@@ -116,21 +123,35 @@ async def test_a_deadline_that_cannot_be_met_is_reported_and_warned_about_at_a_l
     assert sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction == pytest.approx(0.30)
     for _ in range(10):
         clock.advance(1.0)
-        keeper.tick()
+        tick(clock, sched, keeper)
     assert keeper.warnings == 1
     warned = [r.getMessage() for r in caplog.records if "deadline at risk" in r.getMessage()]
     assert len(warned) == 1
     assert warned[0].startswith("spool: durability deadline at risk: 1073741824 bytes pending")
     clock.advance(WARNING_INTERVAL_S)
-    keeper.tick()
+    tick(clock, sched, keeper)
     assert keeper.warnings == 2
 
 
 async def test_a_backlog_that_fits_is_not_at_risk() -> None:
-    clock, spool, _sched, keeper = setup(max_age_s=60.0)
+    clock, spool, sched, keeper = setup(max_age_s=60.0)
     spool.ack(64 * MiB, clock.wall())
-    keeper.tick()
+    tick(clock, sched, keeper)
     metrics = {m.name: m.samples[0].value for m in keeper.collector()()}
     assert metrics["s3lanes_spool_deadline_at_risk"] == 0.0
     assert keeper.warnings == 0
     assert str(keeper.status()["status"]).startswith("ok: ")
+
+
+async def test_without_reads_the_lane_is_not_capped_and_neither_is_the_plan() -> None:
+    # 256 MiB, 20 s deadline, 19 s left: 7 s at the whole store while nobody reads (the lane is not
+    # capped), 22 s at the 30 % cap once readers arrive.
+    clock, spool, sched, keeper = setup(max_age_s=20.0)
+    spool.ack(256 * MiB, clock.wall())
+    clock.advance(1.0)
+    tick(clock, sched, keeper, reads=False)
+    assert not keeper.status()["at_risk"]
+    assert keeper.status()["best_case_durable_s"] == pytest.approx(256 * MiB / C)
+    tick(clock, sched, keeper)  # readers arrive: the cap is in force
+    assert keeper.status()["best_case_durable_s"] == pytest.approx(256 * MiB / (0.3 * C))
+    assert keeper.status()["at_risk"]
