@@ -302,8 +302,11 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
             ),
         }
     ckpts = trainer["checkpoints"]
+    progress = progress_and_backlog(seg, trainer, samples)
+    every = lat["outside"] + lat["during"]
+    progress["probe_p50_ms"], progress["probe_p99_ms"] = percentile(every, 50), percentile(every, 99)
     return {
-        "progress": progress_and_backlog(seg, trainer, samples),
+        "progress": progress,
         "name": seg["name"],
         "round": seg["round"],
         "scenario": seg["scenario"],
@@ -420,8 +423,7 @@ def progress_markdown(summary: dict[str, Any]) -> list[str]:
     ]
     for s in rows:
         p = s["progress"]
-        both = sorted(s["latencies_ms"]["outside"] + s["latencies_ms"]["during"])
-        p50, p99 = percentile(both, 50), percentile(both, 99)
+        p50, p99 = p.get("probe_p50_ms"), p.get("probe_p99_ms")
         before = ", ".join("-" if b is None else f"{b:.0f}" for b in p["backlog_before_ckpt_MB"])
         durable = ", ".join("-" if d is None else f"{d:.0f}" for d in p["durable_s"])
         out.append(

@@ -156,8 +156,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument(
         "--saturating",
         action="store_true",
-        help="the saturating-reader case: the loader reads as fast as the link allows (1000 steps/s) while "
-        "checkpoints of 4 x 64 MiB come every 32 s, 10 of them, one round (each default can still be set)",
+        help="the saturating-reader case: the loader reads as fast as the link allows (1000 steps/s, 16 "
+        "workers, 1 MiB samples) while checkpoints of 4 x 64 MiB come every 32 s, 10 of them, one round "
+        "(each default can still be set)",
     )
     p.add_argument(
         "--testbed",
@@ -195,9 +196,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--ckpt-writers", type=int, help="concurrent checkpoint writers (default 4; quick 2)")
     p.add_argument("--probe-rate", type=float, default=20.0, help="probe range GETs per second (default 20)")
     p.add_argument("--range-kib", type=int, default=256, help="probe range size, KiB (default 256)")
-    p.add_argument("--steps-per-s", type=float, default=10.0, help="trainer steps per second (default 10)")
+    p.add_argument("--steps-per-s", type=float, help="trainer steps per second (default 10; saturating 1000)")
     p.add_argument("--samples-per-step", type=int, help="samples per trainer step (default 4; quick 2)")
-    p.add_argument("--sample-kib", type=int, default=256, help="sample size, KiB (default 256)")
+    p.add_argument("--sample-kib", type=int, help="sample size, KiB (default 256; saturating 1024)")
     p.add_argument("--workers", type=int, help="data loader workers (concurrent GETs; default 8; quick 4)")
     p.add_argument("--prefetch", type=int, help="samples the loader may hold ready (default 16; quick 8)")
     p.add_argument("--dataset-objects", type=int, help="dataset objects (default 8; quick 2)")
@@ -265,8 +266,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         range_kib=pick(a.range_kib, 256, 256),
         steps_per_s=pick(a.steps_per_s, 10.0, 10.0, 1000.0),
         samples_per_step=pick(a.samples_per_step, 4, 2),
-        sample_kib=pick(a.sample_kib, 256, 256),
-        workers=pick(a.workers, 8, 4),
+        sample_kib=pick(a.sample_kib, 256, 256, 1024),
+        workers=pick(a.workers, 8, 4, 16),
         prefetch=pick(a.prefetch, 16, 8, 32),
         dataset_objects=pick(a.dataset_objects, 8, 2),
         dataset_mib=pick(a.dataset_mib, 32, 8),

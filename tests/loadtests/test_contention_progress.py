@@ -58,10 +58,7 @@ def test_backlog_before_each_checkpoint_time_to_durable_and_deadline_are_reporte
     assert p["deadline_s_last"] == 32.0
     assert p["deadline_floor_max"] == pytest.approx(0.26)
     assert p["deadline_at_risk_s"] == pytest.approx(1.0)
-    seg_summary = {
-        "name": "c1",
-        "progress": p,
-        "latencies_ms": {"outside": [1.0, 2.0], "during": [3.0]},
-    }
+    p["probe_p50_ms"], p["probe_p99_ms"] = 2.0, 3.0
+    seg_summary = {"name": "c1", "progress": p}
     text = "\n".join(progress_markdown({"segments": [seg_summary]}))
-    assert "| c1 | 0.75 | 0.75 | 0 of 60 | 256 | 0, 0 | 25, 28 | 32 | 26% | 1 |" in text
+    assert "| c1 | 0.75 | 0.75 | 0 of 60 | 256 | 0, 0 | 25, 28 | 32 | 26% | 1 | 2.0 / 3.0 |" in text
