@@ -715,6 +715,10 @@ class Scheduler:
     def config(self) -> SchedulerConfig:
         return self._cfg
 
+    def delivered_bytes(self, lane: str) -> int:
+        """Bytes :meth:`observe_delivered` reported on ``lane`` so far. ``KeyError`` for an unknown lane."""
+        return self._by_name[lane].delivered_total
+
     @property
     def reads_active(self) -> bool:
         """Whether the read-protected lanes are active (their caps in force) as of the last call."""

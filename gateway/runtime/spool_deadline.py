@@ -1,7 +1,9 @@
 """The shell around the spool's durability deadline (:mod:`gateway.core.spool_deadline`).
 
 Twice a second :meth:`DeadlineKeeper.tick` reads the spool (backlog bytes, the acknowledgement time of its
-oldest entry, whether new writes were acknowledged), asks :func:`~gateway.core.spool_deadline.plan` for the
+oldest entry, whether new writes were acknowledged), subtracts what the drains have already sent of the
+objects still uploading (the spool counts an object as pending until its upload completes: a 64 MiB object
+half sent is 32 MiB of work left, not 64), asks :func:`~gateway.core.spool_deadline.plan` for the
 drain lane's floor and hands it to every scheduler with ``Scheduler.set_floor``: the lane's existing floor
 parameter, which the latency guard and the caps already respect. When the plan says the deadline cannot be
 met even at the lane's cap, it logs a warning (at most every :data:`WARNING_INTERVAL_S`); the metrics
@@ -51,6 +53,9 @@ class SpoolView(Protocol):
     @property
     def acked_bytes(self) -> int: ...
 
+    @property
+    def drained_bytes(self) -> int: ...
+
 
 def _cap(spec: LaneSpec, reads_active: bool) -> float:
     """What the lane's floor may rise to: its share while reads are active (its ``limit`` and
@@ -85,6 +90,10 @@ class DeadlineKeeper:
         )
         self.cadence = CheckpointCadence()
         self._acked = spool.acked_bytes
+        # Bytes the drain lanes delivered minus bytes the spool confirmed drained, when it was last empty:
+        # what is sent beyond that belongs to objects still uploading.
+        self._sent_offset = self._sent() - spool.drained_bytes
+        self.remaining_bytes = 0
         self._last_warning = -math.inf
         self.last: DeadlinePlan | None = None
         self.backlog_bytes = 0
@@ -101,6 +110,13 @@ class DeadlineKeeper:
             self._acked = acked
         state = self._spool.state
         backlog = sum(e.size for e in state.entries.values())
+        in_flight = self._sent() - self._spool.drained_bytes
+        if backlog == 0:
+            self._sent_offset = in_flight
+        # Clamped: a retried upload sends its bytes twice, a write that bypassed the spool is delivered in the
+        # same lane; both only make this an underestimate until the spool is next empty.
+        remaining = backlog - min(backlog, max(0, in_flight - self._sent_offset))
+        self.remaining_bytes = remaining
         oldest = state.oldest_acked_at()
         age = 0.0 if oldest is None or backlog == 0 else max(0.0, self._clock.wall() - oldest)
         deadline = self.cadence.deadline_s(self._max_age_s)
@@ -111,7 +127,7 @@ class DeadlineKeeper:
             capacity = sched.capacity_bps
             for spec in self._lanes:
                 p = plan(
-                    backlog_bytes=backlog,
+                    backlog_bytes=remaining,
                     oldest_age_s=age,
                     deadline_s=deadline,
                     capacity_bps=capacity,
@@ -127,12 +143,12 @@ class DeadlineKeeper:
             self._last_warning = now
             self.warnings += 1
             log.warning(
-                "spool: durability deadline at risk: %d bytes pending, the oldest acknowledged %.0f s ago;"
-                " the deadline is %.0f s and at the %s lane's cap that backlog takes %.0f s more (%.0f s"
+                "spool: durability deadline at risk: %d bytes still to upload, the oldest acknowledged %.0f s"
+                " ago; the deadline is %.0f s and at the %s lane's cap that backlog takes %.0f s more (%.0f s"
                 " left): checkpoints arrive faster than the lane's cap drains them, and the spool fills if"
                 " this lasts (raise the lane's limit_while_reads_active or [spool].max_age_s, or checkpoint"
                 " less often)",
-                backlog,
+                remaining,
                 age,
                 first.deadline_s,
                 self._lanes[0].name,
@@ -140,6 +156,9 @@ class DeadlineKeeper:
                 max(0.0, first.time_left_s),
             )
         return first
+
+    def _sent(self) -> int:
+        return sum(d.scheduler.delivered_bytes(s.name) for d in self._dispatchers for s in self._lanes)
 
     async def run(self) -> None:
         while True:
@@ -154,6 +173,7 @@ class DeadlineKeeper:
             "checkpoint_interval_s": self.cadence.interval_s,
             "lanes": [s.name for s in self._lanes],
             "backlog_bytes": self.backlog_bytes,
+            "remaining_bytes": self.remaining_bytes,
             "oldest_pending_age_s": self.oldest_age_s,
             "floor_fraction": None if p is None else p.floor_fraction,
             "projected_durable_s": None if p is None else _finite(p.projected_s),

@@ -37,6 +37,7 @@ class _State:
 class _Spool:
     state: _State = field(default_factory=_State)
     acked_bytes: int = 0
+    drained_bytes: int = 0
     seq: int = 0
 
     def ack(self, size: int, wall: float) -> None:
@@ -46,6 +47,7 @@ class _Spool:
         self.acked_bytes += size
 
     def drain_all(self) -> None:
+        self.drained_bytes += sum(e.size for e in self.state.entries.values())
         self.state.entries.clear()
         self.state.acked_at.clear()
 
@@ -127,7 +129,7 @@ async def test_a_deadline_that_cannot_be_met_is_reported_and_warned_about_at_a_l
     assert keeper.warnings == 1
     warned = [r.getMessage() for r in caplog.records if "deadline at risk" in r.getMessage()]
     assert len(warned) == 1
-    assert warned[0].startswith("spool: durability deadline at risk: 1073741824 bytes pending")
+    assert warned[0].startswith("spool: durability deadline at risk: 1073741824 bytes still to upload")
     clock.advance(WARNING_INTERVAL_S)
     tick(clock, sched, keeper)
     assert keeper.warnings == 2
@@ -155,3 +157,24 @@ async def test_without_reads_the_lane_is_not_capped_and_neither_is_the_plan() ->
     tick(clock, sched, keeper)  # readers arrive: the cap is in force
     assert keeper.status()["best_case_durable_s"] == pytest.approx(256 * MiB / (0.3 * C))
     assert keeper.status()["at_risk"]
+
+
+async def test_what_the_drains_already_sent_of_objects_still_uploading_is_not_work_left() -> None:
+    clock, spool, sched, keeper = setup(max_age_s=40.0)
+    spool.ack(64 * MiB, clock.wall())
+    sched.observe_delivered("checkpoint", 8 * MiB, clock.monotonic())  # an earlier object, now drained
+    spool.drain_all()
+    tick(clock, sched, keeper)  # empty: the offset is taken
+    checkpoint(clock, spool, sched, keeper)
+    full = keeper.last
+    assert full is not None and keeper.remaining_bytes == 256 * MiB
+    sched.observe_delivered("checkpoint", 192 * MiB, clock.monotonic())  # three quarters sent, none complete
+    tick(clock, sched, keeper)
+    assert keeper.status()["backlog_bytes"] == 256 * MiB
+    assert keeper.remaining_bytes == 64 * MiB
+    part = keeper.last
+    assert part is not None and part.floor_fraction < full.floor_fraction
+    # More delivered than pending (a write that bypassed the spool): never below nothing left.
+    sched.observe_delivered("checkpoint", 512 * MiB, clock.monotonic())
+    tick(clock, sched, keeper)
+    assert keeper.remaining_bytes == 0
