@@ -359,14 +359,16 @@ def progress_and_backlog(
     seg: dict[str, Any], trainer: dict[str, Any], samples: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """The saturating-reader case: the read share per 1 s window from the first checkpoint to the last one's
-    durability, the spool backlog over time (and just before each checkpoint: bounded if it does not grow
-    from one checkpoint to the next), time to durable per checkpoint, and the deadline as the gateway saw
-    it."""
+    durability (or the end of the trainer's reads, if that comes first), the spool backlog over time (and
+    just before each checkpoint: bounded if it does not grow from one checkpoint to the next), time to
+    durable per checkpoint, and the deadline as the gateway saw it."""
     ckpts = trainer["checkpoints"]
     t0 = float(trainer["t0"])
     start = min((float(c["save_start"]) for c in ckpts), default=t0)
     ends = [float(c["durable_at"]) for c in ckpts if c.get("durable_at") is not None]
     end = max(ends) if ends else float(trainer["end"])
+    if trainer.get("wall_s") is not None:  # the loaders stop with the training loop
+        end = min(end, t0 + float(trainer["wall_s"]))
     shares = read_shares_1s(seg, start, end)
     backlog = [
         (float(s["at"]), float(s["spool_pending_bytes"]))

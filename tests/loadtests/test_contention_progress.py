@@ -35,6 +35,7 @@ def test_backlog_before_each_checkpoint_time_to_durable_and_deadline_are_reporte
     trainer = {
         "t0": 100.0,
         "end": 180.0,
+        "wall_s": 75.0,  # reads stop at 175
         "checkpoints": [
             {"save_start": 110.0, "durable_at": 135.0, "durable_s": 25.0},
             {"save_start": 142.0, "durable_at": 170.0, "durable_s": 28.0},
@@ -51,6 +52,8 @@ def test_backlog_before_each_checkpoint_time_to_durable_and_deadline_are_reporte
     p = progress_and_backlog(seg, trainer, samples)
     assert p["read_share_1s_min"] == pytest.approx(0.75)
     assert p["read_share_1s_windows"] == 60  # first save to last durable
+    cut = progress_and_backlog(seg, {**trainer, "wall_s": 50.0}, samples)
+    assert cut["read_share_1s_windows"] == 40  # ... or to the end of the trainer's reads
     assert p["read_share_1s_below_070"] == 0
     assert p["backlog_max_MB"] == pytest.approx(256e6 / MB)
     assert p["backlog_before_ckpt_MB"] == [0.0, 0.0]
