@@ -883,7 +883,7 @@ class Scheduler:
 
     def _floor(self, ln: _Lane, *, progress: bool = True) -> float:
         """The floor in force, a fraction of ``C``: the configured ``floor``, raised (never above the lane's
-        cap while reads are active, nor into the read-protected lanes' reservations) to
+        cap while reads are active, its external limit, nor into the read-protected lanes' reservations) to
 
         - while reads are active (when the lanes are paced for them), the *progress floor*: one round of the
           lane's queue within ``progress_interval_s``. Each stream waits with one ticket at a time and a lane
@@ -904,6 +904,10 @@ class Scheduler:
         if want <= s.floor:
             return s.floor
         cap = s.limit if s.limit is not None else 1.0
+        if ln.external_bps is not None:
+            # A cluster allowance bounds what this node may raise its floor to: every node raising it to the
+            # lane's cap would take the cluster's readers' share.
+            cap = min(cap, ln.external_bps / self._capacity())
         if self._reads_active:
             if s.limit_while_reads_active is not None:
                 cap = min(cap, s.limit_while_reads_active)

@@ -193,3 +193,17 @@ def test_set_floor_checks_its_arguments() -> None:
             s.set_floor("checkpoint", bad, T0)
     with pytest.raises(ValueError):
         config(progress_interval_s=0.0)
+
+
+def test_a_cluster_allowance_bounds_the_raised_floor_but_not_the_configured_one() -> None:
+    s = Scheduler(config(progress_interval_s=None), T0)
+    cut_guard(s, T0)
+    now = T0 + 4.0
+    s.submit("dataset", MiB, now)
+    s.set_external_limit("checkpoint", 0.10 * C, now)
+    s.set_floor("checkpoint", 0.25, now)
+    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.10)
+    s.set_external_limit("checkpoint", 0.0, now)  # no allowance at all: the configured floor still holds
+    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.02)
+    s.set_external_limit("checkpoint", None, now)
+    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.25)
