@@ -166,6 +166,9 @@ class SchedulerSettings:
     window_s: float = 0.1
     inflight_bytes_max: int | None = None
     inflight_requests_max: int | None = None
+    # While reads are active, a paced lane serves one round of its queue (every stream's next piece) within
+    # this long, however hard the latency guard cuts it (up to the lane's cap). 0 = off.
+    progress_interval_s: float = 2.0
 
 
 # Commit markers: objects drained only after everything spooled before them under the same prefix is on the
@@ -198,7 +201,9 @@ class SpoolConfig:
     # "slowdown" (503 SlowDown with Retry-After, for clients that should back off instead).
     when_full: Literal["write_through", "slowdown"] = "write_through"
     retry_after_s: int = 5
-    # Acknowledged data older than this is reported (metric, log warning) as overdue.
+    # The durability deadline: acknowledged data must be on the backend within this long, or within the
+    # interval between checkpoint bursts the gateway observes if that is shorter. The checkpoint lane's floor
+    # rises toward its cap as the deadline nears; data older than this is reported as overdue.
     max_age_s: float = 3600.0
     # Lanes whose writes are spooled.
     lanes: tuple[str, ...] = ("checkpoint",)
@@ -485,6 +490,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "window_ms": "float",
         "inflight_bytes_max": "size",
         "inflight_requests_max": "int",
+        "progress_interval_s": "float",
     },
     "embedded": {"s3_port": "int", "startup_timeout_s": "float"},
     "spool": {
@@ -888,6 +894,8 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         )
     if sch.latency_target_s <= 0 or sch.window_s <= 0:
         problems.add("[scheduler]", "latency_target_ms and window_ms must be positive")
+    if not sch.progress_interval_s >= 0:
+        problems.add("[scheduler].progress_interval_s", "must be >= 0 (0 turns the progress floor off)")
     if sch.chunk_bytes < 4096 or sch.request_cost_bytes < 0 or sch.burst_bytes < sch.chunk_bytes:
         problems.add(
             "[scheduler]", "need chunk_bytes >= 4 KiB, request_cost_bytes >= 0, burst_bytes >= chunk_bytes"
@@ -897,6 +905,8 @@ def _validate(cfg: Config, problems: _Problems) -> None:
     sp = cfg.spool
     if not 0 < sp.low_water <= sp.high_water <= 1:
         problems.add("[spool]", "need 0 < low_water <= high_water <= 1")
+    if not sp.max_age_s > 0:
+        problems.add("[spool].max_age_s", "must be positive (it is the durability deadline)")
     if sp.when_full not in ("write_through", "slowdown"):
         problems.add("[spool].when_full", f"expected 'write_through' or 'slowdown', got {sp.when_full!r}")
     if sp.drain_concurrency < 1:

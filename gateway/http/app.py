@@ -40,6 +40,7 @@ from gateway.runtime.drainer import Drainer
 from gateway.runtime.lane_metrics import pool_collector, scheduler_collector
 from gateway.runtime.pools import Pools, bottleneck_of
 from gateway.runtime.spool import Spool, crash_on_failure
+from gateway.runtime.spool_deadline import DeadlineKeeper
 from gateway.runtime.spool_metrics import spool_collector
 
 log = logging.getLogger("s3lanes.app")
@@ -92,6 +93,7 @@ def scheduler_config(cfg: Config, bandwidth_bps: float | None = _DEFAULT) -> Sch
         latency_target_s=s.latency_target_s,
         inflight_bytes_max=s.inflight_bytes_max,
         inflight_requests_max=s.inflight_requests_max,
+        progress_interval_s=s.progress_interval_s if s.progress_interval_s > 0 else None,
     )
 
 
@@ -119,6 +121,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     proxy = S3Proxy(cfg, pools, clock, classifier=classifier, metrics=metrics)
     spool: Spool | None = None
     drainer: Drainer | None = None
+    keeper: DeadlineKeeper | None = None
     if cfg.spool.enabled:
         spool = Spool(cfg.spool, spool_dir(cfg), clock)
         drainer = Drainer(
@@ -138,6 +141,10 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         front = SpoolFront(spool, proxy, cfg, pools, clock, metrics, drain_uploads=drainer.open_upload_ids)
         proxy.spool_front = front
         metrics.add_snapshot_collector(spool_collector(spool, clock))
+        keeper = DeadlineKeeper(
+            spool, list(pools.dispatchers.values()), cfg.spool.lanes, cfg.spool.max_age_s, clock
+        )
+        metrics.add_snapshot_collector(keeper.collector())
         app[SPOOL_KEY] = spool
         app[DRAINER_KEY] = drainer
         app[FRONT_KEY] = front
@@ -155,7 +162,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         spool=spool,
         secrets={c.access_key: c.secret_key for c in cfg.credentials},
         max_skew_s=cfg.server.max_skew_s,
-        drainer_status=drainer.status if drainer is not None else None,
+        drainer_status=_drain_status(drainer, keeper) if drainer is not None else None,
         admin_token=cfg.server.admin_token,
         cluster_status=cluster.status if cluster is not None else None,
         pools_status=lambda: pools_status(pools, clock),
@@ -178,6 +185,10 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
                 proxy.spool_front.remember_buckets()
             drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
             drain_task.add_done_callback(crash_on_failure)
+        deadline_task: asyncio.Task[None] | None = None
+        if keeper is not None:
+            deadline_task = asyncio.create_task(keeper.run(), name="spool-deadline")
+            deadline_task.add_done_callback(crash_on_failure)
         cluster_task: asyncio.Task[None] | None = None
         if cluster is not None:
             cluster_task = asyncio.create_task(cluster.run(), name="cluster-budget")
@@ -188,6 +199,10 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             with contextlib.suppress(asyncio.CancelledError):
                 await cluster_task
             await cluster.close()
+        if deadline_task is not None:
+            deadline_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await deadline_task
         if drainer is not None and drain_task is not None:
             await drainer.close()
             drain_task.cancel()
@@ -263,6 +278,18 @@ def pools_status(pools: Pools, clock: Clock) -> dict[str, Any]:
             name: plain(d.scheduler.snapshot(now)) for name, d in sorted(pools.dispatchers.items())
         },
     }
+
+
+def _drain_status(drainer: Drainer, keeper: DeadlineKeeper | None) -> Callable[[], dict[str, object]]:
+    """The drainer's status, with the durability deadline's (``spool.drain.deadline``)."""
+
+    def status() -> dict[str, object]:
+        out = drainer.status()
+        if keeper is not None:
+            out["deadline"] = keeper.status()
+        return out
+
+    return status
 
 
 def spool_dir(cfg: Config) -> Path:

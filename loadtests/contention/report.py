@@ -302,7 +302,11 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
             ),
         }
     ckpts = trainer["checkpoints"]
+    progress = progress_and_backlog(seg, trainer, samples)
+    every = lat["outside"] + lat["during"]
+    progress["probe_p50_ms"], progress["probe_p99_ms"] = percentile(every, 50), percentile(every, 99)
     return {
+        "progress": progress,
         "name": seg["name"],
         "round": seg["round"],
         "scenario": seg["scenario"],
@@ -331,6 +335,107 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
         "gateway": gateway,
         "cpu": seg.get("cpu", {}),
     }
+
+
+def read_shares_1s(seg: dict[str, Any], t0: float, t1: float) -> list[float]:
+    """The read share of the bytes on the shared link in every whole second of [t0, t1) (seconds with
+    nothing on the link are left out)."""
+    up = [(float(w["at"]), float(w["up_bytes"])) for w in seg["wire"]]
+    down = [(float(w["at"]), float(w["down_bytes"])) for w in seg["wire"]]
+    if not up:
+        return []
+    shares = []
+    t = t0
+    while t + 1.0 <= t1:
+        r = at_time(down, t + 1.0) - at_time(down, t)
+        w = at_time(up, t + 1.0) - at_time(up, t)
+        if r + w > 0:
+            shares.append(r / (r + w))
+        t += 1.0
+    return shares
+
+
+def progress_and_backlog(
+    seg: dict[str, Any], trainer: dict[str, Any], samples: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The saturating-reader case: the read share per 1 s window from the first checkpoint to the last one's
+    durability (or the end of the trainer's reads, if that comes first), the spool backlog over time (and
+    just before each checkpoint: bounded if it does not grow from one checkpoint to the next), time to
+    durable per checkpoint, and the deadline as the gateway saw it."""
+    ckpts = trainer["checkpoints"]
+    t0 = float(trainer["t0"])
+    start = min((float(c["save_start"]) for c in ckpts), default=t0)
+    ends = [float(c["durable_at"]) for c in ckpts if c.get("durable_at") is not None]
+    end = max(ends) if ends else float(trainer["end"])
+    if trainer.get("wall_s") is not None:  # the loaders stop with the training loop
+        end = min(end, t0 + float(trainer["wall_s"]))
+    shares = read_shares_1s(seg, start, end)
+    backlog = [
+        (float(s["at"]), float(s["spool_pending_bytes"]))
+        for s in samples
+        if s.get("spool_pending_bytes") is not None
+    ]
+    before = []
+    for c in ckpts:
+        prior = [v for t, v in backlog if t <= float(c["save_start"])]
+        before.append(prior[-1] / MB if prior else None)
+    risk = [s for s in samples if (s.get("spool_deadline") or {}).get("at_risk")]
+    floors = [f for s in samples if (f := (s.get("spool_deadline") or {}).get("floor_fraction")) is not None]
+    deadlines = [d for s in samples if (d := (s.get("spool_deadline") or {}).get("deadline_s")) is not None]
+    return {
+        "read_share_1s_min": min(shares) if shares else None,
+        "read_share_1s_median": median(shares),
+        "read_share_1s_p5": percentile(shares, 5) if shares else None,
+        "read_share_1s_windows": len(shares),
+        "read_share_1s_below_070": sum(1 for x in shares if x < 0.70),
+        "backlog_max_MB": max(v for _, v in backlog) / MB if backlog else None,
+        "backlog_before_ckpt_MB": before,
+        "backlog_series": [[t - t0, v] for t, v in backlog],
+        "durable_s": [c["durable_s"] for c in ckpts],
+        "deadline_s_last": deadlines[-1] if deadlines else None,
+        "deadline_floor_max": max(floors) if floors else None,
+        "deadline_at_risk_s": len(risk) * _status_interval(samples),
+    }
+
+
+def _status_interval(samples: list[dict[str, Any]]) -> float:
+    if len(samples) < 2:
+        return 0.0
+    return (float(samples[-1]["at"]) - float(samples[0]["at"])) / (len(samples) - 1)
+
+
+def progress_markdown(summary: dict[str, Any]) -> list[str]:
+    """The saturating-reader table: one row per segment through a gateway with a spool."""
+    rows = [
+        s for s in summary.get("segments", []) if (s.get("progress") or {}).get("backlog_max_MB") is not None
+    ]
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Saturating reader with periodic checkpoints",
+        "",
+        "Read share of the link per 1 s window, from the first checkpoint until the last one is durable; the "
+        "spool's backlog (pending bytes) just before each checkpoint (bounded: it does not grow from one "
+        "checkpoint to the next); time from the start of each save until it is durable on the store.",
+        "",
+        "| segment | read share 1 s min | median | windows < 0.70 | backlog max MB | backlog before each "
+        "checkpoint, MB | durable s (each) | deadline s | floor max | at risk s | probe p50 / p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in rows:
+        p = s["progress"]
+        p50, p99 = p.get("probe_p50_ms"), p.get("probe_p99_ms")
+        before = ", ".join("-" if b is None else f"{b:.0f}" for b in p["backlog_before_ckpt_MB"])
+        durable = ", ".join("-" if d is None else f"{d:.0f}" for d in p["durable_s"])
+        out.append(
+            f"| {s['name']} | {_f(p['read_share_1s_min'], '.2f')} | {_f(p['read_share_1s_median'], '.2f')}"
+            f" | {p['read_share_1s_below_070']} of {p['read_share_1s_windows']}"
+            f" | {_f(p['backlog_max_MB'], '.0f')} | {before} | {durable}"
+            f" | {_f(p['deadline_s_last'], '.0f')} | {_pct(p['deadline_floor_max'], 0)}"
+            f" | {_f(p['deadline_at_risk_s'], '.0f')} | {_f(p50)} / {_f(p99)} |"
+        )
+    return out
 
 
 def quiet_band(segs: list[dict[str, Any]], seed: int = BOOTSTRAP_SEED) -> float | None:
@@ -639,6 +744,7 @@ def markdown(doc: dict[str, Any]) -> str:
             f"s3lanes / direct = {_f(with_warmup, '.4g')}.",
         ]
     lines += pools_markdown(s)
+    lines += progress_markdown(s)
     lines += ["", "### Run", ""]
     noise = {k: x["other_cores_median"] for k, x in sc.items()}
     lines.append(

@@ -109,6 +109,7 @@ class BenchError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class Options:
     quick: bool
+    saturating: bool
     testbed: str
     out: Path
     scenarios: tuple[str, ...]
@@ -153,6 +154,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     )
     p.add_argument("--quick", action="store_true", help="a small run (under a minute): harness check only")
     p.add_argument(
+        "--saturating",
+        action="store_true",
+        help="the saturating-reader case: the loader reads as fast as the link allows (1000 steps/s, 16 "
+        "workers, 1 MiB samples) while checkpoints of 4 x 64 MiB come every 32 s, 10 of them, one round "
+        "(each default can still be set)",
+    )
+    p.add_argument(
         "--testbed",
         choices=("netns", "model"),
         default="netns",
@@ -188,9 +196,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--ckpt-writers", type=int, help="concurrent checkpoint writers (default 4; quick 2)")
     p.add_argument("--probe-rate", type=float, default=20.0, help="probe range GETs per second (default 20)")
     p.add_argument("--range-kib", type=int, default=256, help="probe range size, KiB (default 256)")
-    p.add_argument("--steps-per-s", type=float, default=10.0, help="trainer steps per second (default 10)")
+    p.add_argument("--steps-per-s", type=float, help="trainer steps per second (default 10; saturating 1000)")
     p.add_argument("--samples-per-step", type=int, help="samples per trainer step (default 4; quick 2)")
-    p.add_argument("--sample-kib", type=int, default=256, help="sample size, KiB (default 256)")
+    p.add_argument("--sample-kib", type=int, help="sample size, KiB (default 256; saturating 1024)")
     p.add_argument("--workers", type=int, help="data loader workers (concurrent GETs; default 8; quick 4)")
     p.add_argument("--prefetch", type=int, help="samples the loader may hold ready (default 16; quick 8)")
     p.add_argument("--dataset-objects", type=int, help="dataset objects (default 8; quick 2)")
@@ -222,8 +230,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                    help="show a progress bar (default: when stderr is a terminal)")  # fmt: skip
     a = p.parse_args(argv)
     q = a.quick
+    sat = a.saturating and not q
 
-    def pick(value: Any, full: Any, quick: Any) -> Any:
+    def pick(value: Any, full: Any, quick: Any, saturating: Any = None) -> Any:
+        if sat and saturating is not None and value is None:
+            value = saturating
         chosen = value if value is not None else (quick if q else full)
         if chosen <= 0:
             p.error("sizes, counts, rates and times must be positive")
@@ -235,28 +246,29 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     out = a.out or Path("results") / f"contention-{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}"
     return Options(
         quick=q,
+        saturating=a.saturating,
         testbed=a.testbed,
         out=out,
         scenarios=scenarios,
         rate_mbs=pick(a.rate_mbs, 40.0, 40.0),
         fifo_mib=pick(a.fifo_mib, 16.0, 16.0),
-        rounds=pick(a.rounds, 2, 1),
-        checkpoints=pick(a.checkpoints, 1, 1),
+        rounds=pick(a.rounds, 2, 1, 1),
+        checkpoints=pick(a.checkpoints, 1, 1, 10),
         lead_s=pick(a.lead_s, 8.0, 2.0),
-        interval_s=pick(a.interval_s, 25.0, 4.0),
+        interval_s=pick(a.interval_s, 25.0, 4.0, 32.0),
         tail_s=pick(a.tail_s, 3.0, 0.5),
         settle_s=a.settle_s,
-        ckpt_mib=pick(a.ckpt_mib, 64, 8),
+        ckpt_mib=pick(a.ckpt_mib, 64, 8, 256),
         ckpt_shards=pick(a.ckpt_shards, 4, 2),
         part_mib=pick(a.part_mib, 8, 8),
         ckpt_writers=pick(a.ckpt_writers, 4, 2),
         probe_rate=pick(a.probe_rate, 20.0, 20.0),
         range_kib=pick(a.range_kib, 256, 256),
-        steps_per_s=pick(a.steps_per_s, 10.0, 10.0),
+        steps_per_s=pick(a.steps_per_s, 10.0, 10.0, 1000.0),
         samples_per_step=pick(a.samples_per_step, 4, 2),
-        sample_kib=pick(a.sample_kib, 256, 256),
-        workers=pick(a.workers, 8, 4),
-        prefetch=pick(a.prefetch, 16, 8),
+        sample_kib=pick(a.sample_kib, 256, 256, 1024),
+        workers=pick(a.workers, 8, 4, 16),
+        prefetch=pick(a.prefetch, 16, 8, 32),
         dataset_objects=pick(a.dataset_objects, 8, 2),
         dataset_mib=pick(a.dataset_mib, 32, 8),
         segment_timeout_s=pick(a.segment_timeout_s, 600.0, 600.0),

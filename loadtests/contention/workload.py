@@ -581,6 +581,10 @@ class Trainer:
                         "lanes": _sum_lanes(p["lanes"] for p in pools.values()),
                         "pools": pools,
                         "spool_pending_bytes": spool.get("pending_bytes"),
+                        "spool_deadline": {
+                            k: ((spool.get("drain") or {}).get("deadline") or {}).get(k)
+                            for k in ("deadline_s", "floor_fraction", "at_risk", "projected_durable_s")
+                        },
                     }
                 )
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError):

@@ -326,3 +326,24 @@ def hidden_queue(*, window: bool) -> Scenario:
             ClientSpec("checkpoint", "write", "closed", 64 * MiB, 2.0, 8.0, streams=16),
         ),
     )
+
+
+C_SLOW = 40 * MB
+SLOW_PIECE_BYTES = 192 * 1024  # Scheduler.piece_bytes for a paced lane at 40 MB/s and a 5 ms target
+
+
+def many_writers(progress_interval_s: float | None = 2.0) -> Scenario:
+    """16 writer connections against 2 saturating readers on a 40 MB/s store: the latency guard holds the
+    checkpoint lane low, and every writer must still get a piece every few seconds."""
+    return Scenario(
+        name="many_writers",
+        duration_s=30.0,
+        backend=BackendParams(capacity_steps=((0.0, C_SLOW),)),
+        cfg=base_config(capacity_bps=C_SLOW, progress_interval_s=progress_interval_s),
+        clients=(
+            ClientSpec("dataset", "read", "closed", 64 * MiB, 0.0, 30.0, streams=2),
+            ClientSpec(
+                "checkpoint", "write", "closed", 64 * MiB, 2.0, 30.0, streams=16, chunk_bytes=SLOW_PIECE_BYTES
+            ),
+        ),
+    )

@@ -144,12 +144,16 @@ class Context:
         self.slowdown_retries = 0
         self.active_streams = 0
         self.rng = sim.rng("streams")
+        # Progress: per lane, the longest time a stream waited between two of its grants (or from its start
+        # to its first), over streams still running at the time.
+        self.max_gap_s: dict[str, float] = {}
 
 
 class Stream:
     """One S3 request moving ``nbytes`` on ``lane`` chunk by chunk (``meta``: no body, request cost only)."""
 
     __slots__ = (
+        "chunk",
         "ctx",
         "cur_cost",
         "cur_data",
@@ -162,6 +166,7 @@ class Stream:
         "prefix",
         "remaining",
         "state",
+        "t_progress",
         "t_submit",
         "ticket",
     )
@@ -174,8 +179,11 @@ class Stream:
         nbytes: int,
         prefix: str,
         on_end: Callable[[Stream, bool], None] | None,
+        chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self.ctx = ctx
+        self.chunk = chunk_bytes
+        self.t_progress = 0.0
         self.lane = lane
         self.kind = kind
         self.remaining = nbytes if kind != "meta" else 0
@@ -193,12 +201,13 @@ class Stream:
     def start(self) -> None:
         self.ctx.streams_started += 1
         self.ctx.active_streams += 1
+        self.t_progress = self.ctx.sim.now
         self._next()
 
     def _next(self) -> None:
         if self.state in ("cancelled", "done"):
             return
-        data = min(CHUNK_BYTES, self.remaining)
+        data = min(self.chunk, self.remaining)
         self.cur_data = data
         self.cur_cost = data + (self.ctx.request_cost_bytes if self.first else 0)
         self.t_submit = self.ctx.sim.now
@@ -210,6 +219,9 @@ class Stream:
             return
         now = self.ctx.sim.now
         self.state = "inflight"
+        gaps = self.ctx.max_gap_s
+        gaps[self.lane] = max(gaps.get(self.lane, 0.0), now - self.t_progress)
+        self.t_progress = now
         if self.first:
             self.first_wait_s = now - self.t_submit
         fb = self._first_byte if (self.first and self.kind == "read") else None
@@ -319,6 +331,7 @@ class ClientSpec:
     # 400 MB/s it holds ~24, and Poisson arrivals would make it vary by 20%, a burstiness the real
     # aggregate does not have. "smooth" restores the relative smoothness of the full-scale system.
     arrival: Literal["poisson", "smooth"] = "smooth"
+    chunk_bytes: int = CHUNK_BYTES  # budget asked for (and moved) at a time: a paced lane's piece
 
 
 class Population:
@@ -351,7 +364,7 @@ class Population:
     def _spawn(self) -> None:
         s = self.spec
         on_end = self._closed_next if s.mode == "closed" else None
-        st = Stream(self.ctx, s.lane, s.kind, s.object_bytes, s.prefix, on_end)
+        st = Stream(self.ctx, s.lane, s.kind, s.object_bytes, s.prefix, on_end, s.chunk_bytes)
         st.start()
         if s.cancel_prob > 0 and self.rng.random() < s.cancel_prob:
             # Abandon it somewhere in its expected life (a chunk at ~per-flow speed, plus queueing).

@@ -1,0 +1,209 @@
+"""Progress within a lane and floors set at run time, with explicit times (no event loop).
+
+Every stream of a lane waits with one ticket at a time and the lane serves its tickets first in, first out;
+the progress floor keeps one round of the queue within ``progress_interval_s`` however hard the latency
+guard cuts; ``set_floor`` (the spool's durability deadline) raises the floor within the lane's cap."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from gateway.core.scheduler import (
+    PROGRESS_HEADROOM,
+    Grant,
+    Scheduler,
+    SchedulerConfig,
+    WaitUntil,
+    default_lanes,
+)
+
+KiB = 1024
+MiB = 1024 * 1024
+C = 40_000_000.0  # a 40 MB/s store
+T0 = 1000.0
+PIECE = 192 * KiB  # Scheduler.piece_bytes for the checkpoint lane at 40 MB/s
+
+
+def config(**kw: object) -> SchedulerConfig:
+    cfg = SchedulerConfig(lanes=default_lanes(), capacity_bps=C, burst_bytes=MiB)
+    return replace(cfg, **kw)  # type: ignore[arg-type]
+
+
+def cut_guard(s: Scheduler, now: float) -> None:
+    """Reads missing their latency target badly, window after window: the guard cuts the paced lanes to
+    its minimum (1/32), so the checkpoint lane sits at its floor."""
+    for i in range(8):
+        t = now + i * 0.1
+        g = s.submit("dataset", 2_000_000, t)
+        d = s.pull(t)
+        assert isinstance(d, Grant) and d.ticket == g
+        s.complete(g, t)
+        s.observe_read("dataset", 0.0, 0.001, t)  # the idle baseline: 1 ms to first byte
+        s.observe_read("dataset", 0.020, 0.001, t)  # waited 20 ms: a miss
+    assert s.snapshot(now + 0.8 + 1e-6).guard_multiplier < 0.1
+
+
+def slow_reads(s: Scheduler, now: float) -> None:
+    """The store keeps missing the read target (50 ms to first byte over a 1 ms baseline)."""
+    s.observe_read("dataset", 0.0, 0.001, now)
+    s.observe_read("dataset", 0.0, 0.050, now)
+
+
+def run_writers(s: Scheduler, *, writers: int, seconds: float, now: float = T0) -> dict[int, float]:
+    """Saturating reads (four 1 MiB tickets always queued, re-reading a slow store: the guard stays cut)
+    against ``writers`` streams of the checkpoint lane, each holding one ticket of :data:`PIECE` at a
+    time and asking for the next once its piece is granted. Returns each writer's longest gap between
+    two of its grants."""
+    stream_of: dict[int, int] = {}
+    last: dict[int, float] = {}
+    gap: dict[int, float] = {}
+    for _ in range(4):
+        s.submit("dataset", MiB, now)
+    for w in range(writers):
+        stream_of[s.submit("checkpoint", PIECE, now)] = w
+        last[w] = now
+        gap[w] = 0.0
+    end = now + seconds
+    next_miss = now
+    while now < end:
+        if now >= next_miss:
+            slow_reads(s, now)
+            next_miss = now + 0.05
+        d = s.pull(now)
+        if isinstance(d, Grant):
+            s.complete(d.ticket, now)
+            if d.lane == "dataset":
+                s.submit("dataset", MiB, now)
+            else:
+                w = stream_of.pop(d.ticket)
+                gap[w] = max(gap[w], now - last[w])
+                last[w] = now
+                stream_of[s.submit("checkpoint", PIECE, now)] = w
+        elif isinstance(d, WaitUntil):
+            now = min(d.at, next_miss) if next_miss > now else d.at
+        else:
+            raise AssertionError(f"Idle with backlogged lanes at {now}")
+    for w in gap:
+        gap[w] = max(gap[w], end - last[w])  # a writer never served again counts to the end
+    return gap
+
+
+def test_every_writer_gets_a_piece_within_the_progress_interval_while_the_guard_cuts() -> None:
+    s = Scheduler(config(), T0)
+    cut_guard(s, T0)
+    gaps = run_writers(s, writers=16, seconds=30.0, now=T0 + 4.0)
+    assert s.snapshot(T0 + 34.0).guard_multiplier < 0.1  # the guard really cut
+    assert max(gaps.values()) <= 2.0
+    assert min(gaps.values()) > 1.0  # the lane is not simply given more than that
+
+
+def test_without_the_progress_floor_the_writers_wait_one_round_at_the_floor() -> None:
+    # 16 pieces of 192 KiB at 2 % of 40 MB/s: ~3.9 s between two pieces of one writer.
+    s = Scheduler(config(progress_interval_s=None), T0)
+    cut_guard(s, T0)
+    gaps = run_writers(s, writers=16, seconds=30.0, now=T0 + 4.0)
+    assert max(gaps.values()) > 3.5
+
+
+def test_the_progress_floor_follows_the_queue_and_stays_within_the_cap() -> None:
+    s = Scheduler(config(), T0)
+    cut_guard(s, T0)
+    now = T0 + 4.0
+    for _ in range(4):
+        s.submit("dataset", MiB, now)
+    tickets = [s.submit("checkpoint", PIECE, now) for _ in range(16)]
+    snap = s.snapshot(now + 0.11)  # rates follow at the next window
+    want = 16 * PIECE * PROGRESS_HEADROOM / 2.0 / C
+    assert snap.lane("checkpoint").floor_fraction == pytest.approx(want, rel=0.01)
+    assert snap.lane("checkpoint").limit_bps == pytest.approx(want * C, rel=0.01)
+    # Many more streams: the floor stops at the lane's cap while reads are active.
+    tickets += [s.submit("checkpoint", PIECE, now + 0.11) for _ in range(400)]
+    snap = s.snapshot(now + 0.22)
+    assert snap.lane("checkpoint").floor_fraction == pytest.approx(0.30)
+    # Queue gone: back to the configured floor.
+    for t in tickets:
+        s.cancel(t, now + 0.22)
+    assert s.snapshot(now + 0.33).lane("checkpoint").floor_fraction == pytest.approx(0.02)
+
+
+def test_set_floor_raises_the_ceiling_and_the_guarantee_within_the_cap() -> None:
+    s = Scheduler(config(progress_interval_s=None), T0)
+    cut_guard(s, T0)
+    now = T0 + 4.0
+    s.submit("dataset", MiB, now)
+    snap = s.snapshot(now)
+    assert snap.reads_active
+    assert snap.lane("checkpoint").limit_bps == pytest.approx(0.02 * C)
+    s.set_floor("checkpoint", 0.2, now)
+    snap = s.snapshot(now)
+    ck = snap.lane("checkpoint")
+    assert ck.floor_fraction == pytest.approx(0.2)
+    assert ck.limit_bps == pytest.approx(0.2 * C)  # the guard paces it no lower
+    # Its guarantee rises as far as the other guarantees leave room: 1 - 0.70 - 0.02 - 0.02.
+    assert ck.reservation_bps == pytest.approx(0.2 * C)
+    assert sum(ln.reservation_bps for ln in snap.lanes) <= C * (1 + 1e-9)
+    s.set_floor("checkpoint", 0.9, now)
+    ck = s.snapshot(now).lane("checkpoint")
+    assert ck.floor_fraction == pytest.approx(0.30)  # never above the cap while reads are active
+    assert ck.reservation_bps == pytest.approx(0.26 * C)
+    assert sum(ln.reservation_bps for ln in s.snapshot(now).lanes) == pytest.approx(C)
+    s.set_floor("checkpoint", 0.0, now)
+    ck = s.snapshot(now).lane("checkpoint")
+    assert ck.floor_fraction == pytest.approx(0.02)
+    assert ck.limit_bps == pytest.approx(0.02 * C)
+
+
+def test_a_set_floor_is_served_against_saturating_reads() -> None:
+    s = Scheduler(config(progress_interval_s=None), T0)
+    cut_guard(s, T0)
+    now = T0 + 4.0
+    s.set_floor("checkpoint", 0.25, now)
+    granted = {"dataset": 0, "checkpoint": 0}
+    for _ in range(4):
+        s.submit("dataset", MiB, now)
+        s.submit("checkpoint", PIECE, now)
+    start, end = now + 1.0, now + 11.0
+    next_miss = now
+    while now < end:
+        if now >= next_miss:
+            slow_reads(s, now)
+            next_miss = now + 0.05
+        d = s.pull(now)
+        if isinstance(d, Grant):
+            s.complete(d.ticket, now)
+            if now >= start:
+                granted[d.lane] += d.cost_bytes
+            s.submit(d.lane, MiB if d.lane == "dataset" else PIECE, now)
+        elif isinstance(d, WaitUntil):
+            now = min(d.at, next_miss) if next_miss > now else d.at
+    total = granted["dataset"] + granted["checkpoint"]
+    assert granted["checkpoint"] / total == pytest.approx(0.25, abs=0.02)
+    assert granted["dataset"] / total >= 0.70
+
+
+def test_set_floor_checks_its_arguments() -> None:
+    s = Scheduler(config(), T0)
+    with pytest.raises(KeyError):
+        s.set_floor("nope", 0.1, T0)
+    for bad in (-0.1, 1.5, math.nan):
+        with pytest.raises(ValueError):
+            s.set_floor("checkpoint", bad, T0)
+    with pytest.raises(ValueError):
+        config(progress_interval_s=0.0)
+
+
+def test_a_cluster_allowance_bounds_the_raised_floor_but_not_the_configured_one() -> None:
+    s = Scheduler(config(progress_interval_s=None), T0)
+    cut_guard(s, T0)
+    now = T0 + 4.0
+    s.submit("dataset", MiB, now)
+    s.set_external_limit("checkpoint", 0.10 * C, now)
+    s.set_floor("checkpoint", 0.25, now)
+    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.10)
+    s.set_external_limit("checkpoint", 0.0, now)  # no allowance at all: the configured floor still holds
+    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.02)
+    s.set_external_limit("checkpoint", None, now)
+    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.25)
