@@ -305,7 +305,9 @@ class Drainer:
                 if not self._settled(upload_id):
                     continue  # aborted; aborted again after the fence interval, in case it came back
                 with contextlib.suppress(SpoolWriteFailed):
-                    await self._spool.commit([self._spool.state.backend_upload_end_record(upload_id)])
+                    await self._spool.commit_bookkeeping(
+                        [self._spool.state.backend_upload_end_record(upload_id)]
+                    )
             else:
                 log.warning("abort of stale backend upload %s answered %d: %r", upload_id, status, data[:200])
 
@@ -376,7 +378,7 @@ class Drainer:
         if not self._settled(token):
             return
         with contextlib.suppress(SpoolWriteFailed):
-            await self._spool.commit([state.backend_intent_end_record(token)])
+            await self._spool.commit_bookkeeping([state.backend_intent_end_record(token)])
 
     def _next_timeout(self) -> float:
         now = self._clock.monotonic()
@@ -802,13 +804,13 @@ class Drainer:
                 records = [state.backend_upload_record(upload_id, entry)]
                 if journaled:
                     records.append(state.backend_intent_end_record(token))
-                await self._spool.commit(records)
-            except SpoolWriteFailed:
-                if self._spool.degraded is None:
-                    self._owned_uploads.discard(upload_id)  # the open intent covers it
-                    raise
+                await self._spool.commit_bookkeeping(records)
+            except SpoolWriteFailed:  # (out of service, they are kept in memory and this does not raise)
+                self._owned_uploads.discard(upload_id)  # the open intent covers it
+                raise
+            if self._spool.degraded is not None:
                 log.warning(
-                    "drain of %s/%s: journal out of service, upload %s not recorded",
+                    "drain of %s/%s: journal out of service, upload %s recorded in memory only",
                     entry.bucket,
                     entry.key,
                     upload_id,
@@ -880,7 +882,9 @@ class Drainer:
             self._owned_uploads.discard(upload_id)
             if finished:
                 with contextlib.suppress(SpoolWriteFailed):
-                    await asyncio.shield(self._spool.commit([state.backend_upload_end_record(upload_id)]))
+                    await asyncio.shield(
+                        self._spool.commit_bookkeeping([state.backend_upload_end_record(upload_id)])
+                    )
 
     async def _abort(self, entry: Entry, qid: str) -> None:
         status, data, _ = await self._request(entry, "DELETE", f"uploadId={qid}", {})

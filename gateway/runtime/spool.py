@@ -420,6 +420,20 @@ class Spool:
             self.space.set_used(self.state.bytes_on_disk)
             self._wake_waiters()
 
+    async def commit_bookkeeping(self, records: list[dict[str, Any]]) -> None:
+        """Journal the drain's own bookkeeping (its uploads and intents on the store, opened or closed). With
+        the journal out of service they are applied in memory only: a restart replays the older journal, whose
+        open uploads and intents recovery resolves against the store, while this process must not count
+        them as pending (flush would wait for a journal write that cannot happen until the disk heals)."""
+        assert all(str(rec["t"]).startswith("bmp") for rec in records), records
+        try:
+            await self.commit(records)
+        except SpoolWriteFailed:
+            if self.degraded is None:
+                raise
+            for rec in records:
+                self._apply(rec)
+
     def forget_unjournaled(self, bucket: str, key: str, garbage: tuple[str, ...], nbytes: int) -> None:
         """A drained entry whose ``done`` could not be journaled: forgotten in memory, its files kept (a
         restart replays the old journal and needs them), its key closed to other writes until the journal
