@@ -55,6 +55,7 @@ from gateway.core.listing import (
     ListEntry,
     NotOurToken,
     VersionEntry,
+    add_listed_uploads,
     decode_token,
     drop_listed_uploads,
     iso8601,
@@ -1067,19 +1068,23 @@ class SpoolFront:
             return out
         prefix = q.get("prefix", "")
         encode = q.get("encoding-type") == "url"
-        extra = ""
-        for upload in self.spool.state.uploads.values():
+        extra: list[tuple[str, bytes]] = []
+        for upload in sorted(self.spool.state.uploads.values(), key=lambda u: (u.key, u.created_at)):
             if upload.bucket != bucket or not upload.key.startswith(prefix):
                 continue
             key = s3_quote(upload.key, safe="/") if encode else escape(upload.key)
-            extra += (
+            element = (
                 f"<Upload><Key>{key}</Key><UploadId>{upload.upload_id}</UploadId>"
                 f"<Initiated>{iso8601(upload.created_at)}</Initiated><StorageClass>STANDARD</StorageClass></Upload>"
             )
-        end = data.rfind(b"</ListMultipartUploadsResult>")
-        if end < 0:
-            raise ServiceUnavailable("The backend's ListMultipartUploads answer could not be parsed.")
-        return self._response(ctx, decision, body=data[:end] + extra.encode() + data[end:])
+            extra.append((upload.key, element.encode()))
+        try:
+            body = add_listed_uploads(data, extra)
+        except ValueError as exc:
+            raise ServiceUnavailable(
+                "The backend's ListMultipartUploads answer could not be parsed."
+            ) from exc
+        return self._response(ctx, decision, body=body)
 
     # -- deletes ---------------------------------------------------------------------------------------------
 
