@@ -255,6 +255,18 @@ def _our_token(q: Mapping[str, str]) -> bool:
     return True
 
 
+def tagging_xml(tagging: str) -> bytes:
+    """GetObjectTagging's answer for an object stored with ``x-amz-tagging`` (a URL query: k=v&k2=v2)."""
+    tags = "".join(
+        f"<Tag><Key>{escape(k)}</Key><Value>{escape(v)}</Value></Tag>"
+        for k, v in parse_qsl(tagging, keep_blank_values=True)
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Tagging xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        f"<TagSet>{tags}</TagSet></Tagging>"
+    ).encode()
+
+
 def _odd_path_segments(key: str) -> bool:
     """Empty, "." or ".." path segments (backslashes count as separators: some stores map them to "/")."""
     segments = key.replace("\\", "/").split("/")
@@ -499,6 +511,12 @@ class SpoolFront:
             if state.has_key(bucket, key):
                 return await self._tombstone(request, ctx, decision, bucket, key)
             return None
+        if op == "GetObjectTagging" and (entry := state.lookup(bucket, key)) is not None:
+            # Answered from the spool (the tags a spooled object will be stored with), not after its drain.
+            if entry.kind == "del":
+                raise NoSuchKey(Key=key)
+            await self._authorize_read(ctx, bucket, entry.access_key)
+            return self._response(ctx, decision, body=tagging_xml(dict(entry.meta).get("x-amz-tagging", "")))
         if op in ("GetObjectTagging", "GetObjectAcl", "GetObjectAttributes") or op.startswith(
             ("Put", "Delete", "Complete", "Restore", "Select", "UploadPart")
         ):

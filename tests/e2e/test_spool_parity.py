@@ -718,3 +718,28 @@ def test_list_multipart_uploads_lists_spooled_and_store_uploads_together_in_key_
         ]
     for key, upload_id in ids.items():
         s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+
+
+# --- GetObjectTagging ------------------------------------------------------------------------------------
+
+
+def test_get_object_tagging_of_a_spooled_object_answers_at_once_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    for key, tagging in ((f"{HELD}t1", "k=v&a%20b=c%26d&empty="), (f"{HELD}t2", None)):
+        extra = {"Tagging": tagging} if tagging is not None else {}
+        assert source(s3.put_object(Bucket=bucket, Key=key, Body=b"x", **extra)) == "spool"
+        backend.put_object(Bucket=store_bucket, Key=key, Body=b"x", **extra)
+        started = time.monotonic()
+        got = s3.get_object_tagging(Bucket=bucket, Key=key)
+        assert time.monotonic() - started < 5, "waited for the drain"
+        want = backend.get_object_tagging(Bucket=store_bucket, Key=key)
+        assert sorted((t["Key"], t["Value"]) for t in got["TagSet"]) == sorted(
+            (t["Key"], t["Value"]) for t in want["TagSet"]
+        )
+        assert_spooled(held.gw, backend, bucket, key)
+    s3.delete_object(Bucket=bucket, Key=f"{HELD}t2")
+    backend.delete_object(Bucket=store_bucket, Key=f"{HELD}t2")
+    got_gone = outcome(s3.get_object_tagging, Bucket=bucket, Key=f"{HELD}t2")
+    assert got_gone == outcome(backend.get_object_tagging, Bucket=store_bucket, Key=f"{HELD}t2")
