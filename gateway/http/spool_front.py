@@ -77,6 +77,7 @@ from gateway.core.objectread import (
     check_write_preconditions,
     copy_range_span,
     has_write_preconditions,
+    object_attributes_xml,
     parse_copy_range,
     plan_read,
 )
@@ -517,6 +518,15 @@ class SpoolFront:
                 raise NoSuchKey(Key=key)
             await self._authorize_read(ctx, bucket, entry.access_key)
             return self._response(ctx, decision, body=tagging_xml(dict(entry.meta).get("x-amz-tagging", "")))
+        if op == "GetObjectAttributes" and (entry := state.lookup(bucket, key)) is not None:
+            if entry.kind == "del":
+                raise NoSuchKey(Key=key)
+            await self._authorize_read(ctx, bucket, entry.access_key)
+            storage_class = dict(entry.meta).get("x-amz-storage-class", "STANDARD")
+            xml = object_attributes_xml(stored_object(entry), ctx.view.headers, storage_class)
+            resp = self._response(ctx, decision, body=xml)
+            resp.headers["Last-Modified"] = email.utils.formatdate(int(entry.acked_at), usegmt=True)
+            return resp
         if op in ("GetObjectTagging", "GetObjectAcl", "GetObjectAttributes") or op.startswith(
             ("Put", "Delete", "Complete", "Restore", "Select", "UploadPart")
         ):

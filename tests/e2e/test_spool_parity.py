@@ -743,3 +743,44 @@ def test_get_object_tagging_of_a_spooled_object_answers_at_once_as_the_store(
     backend.delete_object(Bucket=store_bucket, Key=f"{HELD}t2")
     got_gone = outcome(s3.get_object_tagging, Bucket=bucket, Key=f"{HELD}t2")
     assert got_gone == outcome(backend.get_object_tagging, Bucket=store_bucket, Key=f"{HELD}t2")
+
+
+def test_get_object_attributes_of_a_spooled_object_answers_at_once_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    s3 = held.gw.client()
+    single = f"{HELD}attr"
+    assert source(s3.put_object(Bucket=bucket, Key=single, Body=b"hello")) == "spool"
+    backend.put_object(Bucket=store_bucket, Key=single, Body=b"hello")
+    multi = f"{HELD}mattr"
+    bodies = [os.urandom(5 * MiB), b"tail"]
+    for client, name in ((s3, bucket), (backend, store_bucket)):
+        upload_id = client.create_multipart_upload(Bucket=name, Key=multi)["UploadId"]
+        parts = [
+            {
+                "PartNumber": n,
+                "ETag": client.upload_part(Bucket=name, Key=multi, UploadId=upload_id, PartNumber=n, Body=b)[
+                    "ETag"
+                ],
+            }
+            for n, b in enumerate(bodies, start=1)
+        ]
+        client.complete_multipart_upload(
+            Bucket=name, Key=multi, UploadId=upload_id, MultipartUpload={"Parts": parts}
+        )
+    attributes = ["ETag", "ObjectParts", "StorageClass", "ObjectSize"]
+
+    def view(resp: dict[str, Any]) -> Any:
+        return {k: v for k, v in resp.items() if k not in ("ResponseMetadata", "LastModified")}
+
+    for key, extra in ((single, {}), (multi, {}), (multi, {"MaxParts": 1}), (multi, {"PartNumberMarker": 1})):
+        started = time.monotonic()
+        got = s3.get_object_attributes(Bucket=bucket, Key=key, ObjectAttributes=attributes, **extra)
+        assert time.monotonic() - started < 5, "waited for the drain"
+        want = backend.get_object_attributes(
+            Bucket=store_bucket, Key=key, ObjectAttributes=attributes, **extra
+        )
+        assert view(got) == view(want), (key, extra)
+        assert source(got) == "spool"
+    assert got["LastModified"] == s3.head_object(Bucket=bucket, Key=multi)["LastModified"]
+    assert_spooled(held.gw, backend, bucket, single)
