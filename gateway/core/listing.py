@@ -38,6 +38,7 @@ from __future__ import annotations
 import base64
 import binascii
 import heapq
+import html
 import math
 import re
 import time
@@ -831,3 +832,36 @@ def drop_listed_uploads(xml: bytes, upload_ids: Collection[str]) -> bytes:
         return b"" if found is not None and found.group(1).strip() in wanted else match.group(0)
 
     return _UPLOAD_ELEMENT.sub(keep, xml)
+
+
+def add_listed_uploads(xml: bytes, extra: Iterable[tuple[str, bytes]]) -> bytes:
+    """A backend ListMultipartUploadsResult page with ``extra`` uploads (``(key, <Upload> element)``) merged
+    in among the page's own, in key order (S3's order; a stable merge keeps the backend's order of one key's
+    uploads, the extra ones after them). Everything outside the uploads is kept byte for byte. Raises
+    ValueError for a body that is not a ListMultipartUploadsResult."""
+    end = xml.rfind(b"</ListMultipartUploadsResult>")
+    if end < 0:
+        raise ValueError("not a ListMultipartUploadsResult")
+    added = list(extra)
+    if not added:
+        return xml
+    url = b"<EncodingType>url</EncodingType>" in xml
+    blocks = list(_UPLOAD_ELEMENT.finditer(xml))
+    items: list[tuple[str, int, bytes]] = []
+    for n, match in enumerate(blocks):
+        found = _KEY_ELEMENT.search(match.group(0))
+        raw = html.unescape(found.group(1).decode()) if found is not None else ""
+        items.append((unquote_plus(raw) if url else raw, n, match.group(0)))
+    items += [(key, len(blocks) + n, element) for n, (key, element) in enumerate(added)]
+    merged = b"".join(element for _, _, element in sorted(items, key=lambda item: (item[0], item[1])))
+    if blocks:
+        start, stop = blocks[0].start(), blocks[-1].end()
+        if xml[start:stop].count(b"<Upload>") != len(blocks):
+            raise ValueError("backend uploads are not contiguous")
+    else:
+        prefixes = xml.find(b"<CommonPrefixes>")
+        start = stop = prefixes if 0 <= prefixes < end else end
+    return xml[:start] + merged + xml[stop:]
+
+
+_KEY_ELEMENT = re.compile(rb"<Key>(.*?)</Key>", re.DOTALL)

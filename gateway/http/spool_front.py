@@ -55,6 +55,7 @@ from gateway.core.listing import (
     ListEntry,
     NotOurToken,
     VersionEntry,
+    add_listed_uploads,
     decode_token,
     drop_listed_uploads,
     iso8601,
@@ -76,6 +77,7 @@ from gateway.core.objectread import (
     check_write_preconditions,
     copy_range_span,
     has_write_preconditions,
+    object_attributes_xml,
     parse_copy_range,
     plan_read,
 )
@@ -252,6 +254,18 @@ def _our_token(q: Mapping[str, str]) -> bool:
     except NotOurToken:
         return False
     return True
+
+
+def tagging_xml(tagging: str) -> bytes:
+    """GetObjectTagging's answer for an object stored with ``x-amz-tagging`` (a URL query: k=v&k2=v2)."""
+    tags = "".join(
+        f"<Tag><Key>{escape(k)}</Key><Value>{escape(v)}</Value></Tag>"
+        for k, v in parse_qsl(tagging, keep_blank_values=True)
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Tagging xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+        f"<TagSet>{tags}</TagSet></Tagging>"
+    ).encode()
 
 
 def _odd_path_segments(key: str) -> bool:
@@ -498,6 +512,21 @@ class SpoolFront:
             if state.has_key(bucket, key):
                 return await self._tombstone(request, ctx, decision, bucket, key)
             return None
+        if op == "GetObjectTagging" and (entry := state.lookup(bucket, key)) is not None:
+            # Answered from the spool (the tags a spooled object will be stored with), not after its drain.
+            if entry.kind == "del":
+                raise NoSuchKey(Key=key)
+            await self._authorize_read(ctx, bucket, entry.access_key)
+            return self._response(ctx, decision, body=tagging_xml(dict(entry.meta).get("x-amz-tagging", "")))
+        if op == "GetObjectAttributes" and (entry := state.lookup(bucket, key)) is not None:
+            if entry.kind == "del":
+                raise NoSuchKey(Key=key)
+            await self._authorize_read(ctx, bucket, entry.access_key)
+            storage_class = dict(entry.meta).get("x-amz-storage-class", "STANDARD")
+            xml = object_attributes_xml(stored_object(entry), ctx.view.headers, storage_class)
+            resp = self._response(ctx, decision, body=xml)
+            resp.headers["Last-Modified"] = email.utils.formatdate(int(entry.acked_at), usegmt=True)
+            return resp
         if op in ("GetObjectTagging", "GetObjectAcl", "GetObjectAttributes") or op.startswith(
             ("Put", "Delete", "Complete", "Restore", "Select", "UploadPart")
         ):
@@ -1067,19 +1096,23 @@ class SpoolFront:
             return out
         prefix = q.get("prefix", "")
         encode = q.get("encoding-type") == "url"
-        extra = ""
-        for upload in self.spool.state.uploads.values():
+        extra: list[tuple[str, bytes]] = []
+        for upload in sorted(self.spool.state.uploads.values(), key=lambda u: (u.key, u.created_at)):
             if upload.bucket != bucket or not upload.key.startswith(prefix):
                 continue
             key = s3_quote(upload.key, safe="/") if encode else escape(upload.key)
-            extra += (
+            element = (
                 f"<Upload><Key>{key}</Key><UploadId>{upload.upload_id}</UploadId>"
                 f"<Initiated>{iso8601(upload.created_at)}</Initiated><StorageClass>STANDARD</StorageClass></Upload>"
             )
-        end = data.rfind(b"</ListMultipartUploadsResult>")
-        if end < 0:
-            raise ServiceUnavailable("The backend's ListMultipartUploads answer could not be parsed.")
-        return self._response(ctx, decision, body=data[:end] + extra.encode() + data[end:])
+            extra.append((upload.key, element.encode()))
+        try:
+            body = add_listed_uploads(data, extra)
+        except ValueError as exc:
+            raise ServiceUnavailable(
+                "The backend's ListMultipartUploads answer could not be parsed."
+            ) from exc
+        return self._response(ctx, decision, body=body)
 
     # -- deletes ---------------------------------------------------------------------------------------------
 

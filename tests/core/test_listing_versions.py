@@ -8,6 +8,7 @@ from gateway.core.listing import (
     NULL_VERSION,
     VersionEntry,
     VersionsRequest,
+    add_listed_uploads,
     drop_listed_uploads,
     merge_versions_page,
     parse_backend_versions,
@@ -151,3 +152,26 @@ def test_drain_uploads_are_dropped_from_a_backend_uploads_listing_and_the_rest_k
     assert drop_listed_uploads(body, {"drain-2"}) == head + up1 + b"</ListMultipartUploadsResult>"
     assert drop_listed_uploads(body, set()) == body
     assert drop_listed_uploads(body, {"other"}) == body
+
+
+def test_spooled_uploads_are_merged_into_a_backend_page_in_key_order() -> None:
+    head = b'<?xml version="1.0"?>\n<ListMultipartUploadsResult><Bucket>b</Bucket>'
+    b_up = b"<Upload><Key>b</Key><UploadId>1</UploadId></Upload>"
+    d_up = b"<Upload><Key>d&amp;e</Key><UploadId>2</UploadId></Upload>"
+    tail = b"<CommonPrefixes><Prefix>p/</Prefix></CommonPrefixes></ListMultipartUploadsResult>"
+    a_up = b"<Upload><Key>a</Key><UploadId>s3lanes-a</UploadId></Upload>"
+    c_up = b"<Upload><Key>c</Key><UploadId>s3lanes-c</UploadId></Upload>"
+    e_up = b"<Upload><Key>d&amp;e</Key><UploadId>s3lanes-d</UploadId></Upload>"
+    body = head + b_up + d_up + tail
+    merged = add_listed_uploads(body, [("a", a_up), ("c", c_up), ("d&e", e_up)])
+    assert merged == head + a_up + b_up + c_up + d_up + e_up + tail
+    assert add_listed_uploads(head + tail, [("a", a_up)]) == head + a_up + tail
+    assert add_listed_uploads(body, []) == body
+    url = (
+        head
+        + b"<EncodingType>url</EncodingType><Upload><Key>x%2By</Key><UploadId>1</UploadId></Upload>"
+        + tail
+    )
+    assert add_listed_uploads(url, [("x", a_up)]).index(a_up) < url.index(b"<Upload>") + len(a_up)
+    with pytest.raises(ValueError):
+        add_listed_uploads(b"<Error/>", [("a", a_up)])

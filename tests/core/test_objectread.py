@@ -17,6 +17,7 @@ from gateway.core.objectread import (
     check_write_preconditions,
     copy_range_span,
     has_write_preconditions,
+    object_attributes_xml,
     plan_read,
 )
 from gateway.errors import InvalidArgument, InvalidRange, InvalidRequest, PreconditionFailed, S3Error
@@ -670,3 +671,21 @@ def test_copy_range_within_the_source_is_its_span(header: str, size: int, span: 
 def test_copy_range_out_of_the_source_or_not_first_last_is_invalid_range_not_clamped(header: str) -> None:
     with pytest.raises(InvalidRange):
         copy_range_span(header, 10)
+
+
+def test_object_attributes_of_a_multipart_object_page_its_parts_and_unquote_the_etag() -> None:
+    obj = StoredObject(
+        size=7, etag='"abc-2"', last_modified=0.0, content_type="x", headers=(), part_sizes=(5, 2)
+    )
+    xml = object_attributes_xml(
+        obj, {"x-amz-object-attributes": "ETag,ObjectParts", "x-amz-max-parts": "1"}, "STANDARD"
+    )
+    assert b"<ETag>abc-2</ETag>" in xml
+    assert b"<IsTruncated>true</IsTruncated>" in xml and b"<PartsCount>2</PartsCount>" in xml
+    assert b"<Part><PartNumber>1</PartNumber><Size>5</Size></Part>" in xml and b"<PartNumber>2<" not in xml
+    single = StoredObject(size=3, etag='"e"', last_modified=0.0, content_type="x", headers=())
+    xml = object_attributes_xml(single, {"x-amz-object-attributes": "ObjectParts, ObjectSize"}, "STANDARD")
+    assert b"ObjectParts" not in xml and b"<ObjectSize>3</ObjectSize>" in xml
+    for bad in ("", "Size", "ETag,Bogus"):
+        with pytest.raises(InvalidArgument):
+            object_attributes_xml(single, {"x-amz-object-attributes": bad}, "STANDARD")
