@@ -69,3 +69,11 @@ bench-contention: $(STAMP)
 .PHONY: soak
 soak: $(STAMP)
 	$(BIN)/python -m loadtests.soak $(SOAK_ARGS)
+
+## The differential S3 conformance run (docs/compatibility.md): the whole corpus against SeaweedFS directly
+## and the gateway (spool off, spool held, draining, flushed); writes conformance-report.md. The normal test
+## suite runs a fast subset of the same corpus.
+.PHONY: conformance
+conformance: $(STAMP)
+	S3LANES_CONFORMANCE=full S3LANES_CONFORMANCE_REPORT=$(or $(CONFORMANCE_REPORT),conformance-report.md) \
+		$(BIN)/pytest tests/conformance $(PYTEST_ARGS)
