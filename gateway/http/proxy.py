@@ -359,6 +359,11 @@ class S3Proxy:
         body = b"" if request.method == "HEAD" else error_xml(err, resource=resource, request_id=rid)
         resp = web.Response(status=err.status, body=body, content_type="application/xml")
         resp.headers["x-amz-request-id"] = rid
+        size = err.extra.get("ActualObjectSize")
+        if err.status == 416 and size is not None and request.method in ("GET", "HEAD"):
+            # An unsatisfiable Range of a GET/HEAD names the object's size, as the store (and RFC 9110,
+            # section 15.5.17) answers it: ``bytes */size``, also for an empty object.
+            resp.headers["Content-Range"] = f"bytes */{size}"
         if err.retry_after_s is not None:
             resp.headers["Retry-After"] = str(err.retry_after_s)
         if request.body_exists and not request.content.is_eof():

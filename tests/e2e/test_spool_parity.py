@@ -784,3 +784,30 @@ def test_get_object_attributes_of_a_spooled_object_answers_at_once_as_the_store(
         assert source(got) == "spool"
     assert got["LastModified"] == s3.head_object(Bucket=bucket, Key=multi)["LastModified"]
     assert_spooled(held.gw, backend, bucket, single)
+
+
+def test_an_unsatisfiable_range_of_a_spooled_object_names_its_size_as_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    """A 416 of GET with a Range beyond the object carries ``Content-Range: bytes */size`` (also for an empty
+    object), as the store answers it for the same object."""
+    s3 = held.gw.client()
+    for n, body in enumerate((b"", b"x" * 1000)):
+        key = f"{HELD}r{n}"
+        s3.put_object(Bucket=bucket, Key=key, Body=body)
+        backend.put_object(Bucket=store_bucket, Key=key, Body=body)
+        assert_spooled(held.gw, backend, bucket, key)
+        for rng in ("bytes=1000-", "bytes=5000-6000", "bytes=-0"):
+            seen = []
+            for client, name in ((s3, bucket), (backend, store_bucket)):
+                with pytest.raises(ClientError) as exc:
+                    client.get_object(Bucket=name, Key=key, Range=rng)
+                resp = exc.value.response
+                seen.append(
+                    (
+                        resp["ResponseMetadata"]["HTTPStatusCode"],
+                        resp["Error"]["Code"],
+                        resp["ResponseMetadata"]["HTTPHeaders"].get("content-range"),
+                    )
+                )
+            assert seen[0] == seen[1] == (416, "InvalidRange", f"bytes */{len(body)}"), (rng, seen)
