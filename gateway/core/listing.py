@@ -217,6 +217,23 @@ def decode_token(token: str) -> str:
 # -- backend --------------------------------------------------------------------------------------------
 
 
+def _backend_root(xml: bytes, root_tag: str, what: str) -> tuple[ET.Element, Callable[[str], str]]:
+    """The root element of a backend listing body, checked to be ``root_tag``, and the decoder of its
+    values (url-decoding if it says EncodingType url). Malformed bodies raise ValueError."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as exc:
+        raise ValueError(f"backend {what} is not XML: {exc}") from None
+    if _local(root.tag) != root_tag:
+        raise ValueError(f"backend {what} has root <{_local(root.tag)}>, not <{root_tag}>")
+    url = (_child_text(root, "EncodingType") or "") == "url"
+
+    def decode(value: str) -> str:
+        return unquote_plus(value, errors="strict") if url else value
+
+    return root, decode
+
+
 def parse_backend_listing(xml: bytes) -> BackendListing:
     """Parse one backend ListObjectsV2 (or V1) result body. Malformed bodies raise ValueError.
 
@@ -226,17 +243,7 @@ def parse_backend_listing(xml: bytes) -> BackendListing:
     sends a literal ``+`` as ``%2B``. botocore decodes these values with ``unquote_plus`` for the same
     reason. V1's NextMarker is not read: the shell pages the backend with V2 tokens.
     """
-    try:
-        root = ET.fromstring(xml)
-    except ET.ParseError as exc:
-        raise ValueError(f"backend listing is not XML: {exc}") from None
-    if _local(root.tag) != "ListBucketResult":
-        raise ValueError(f"backend listing has root <{_local(root.tag)}>, not <ListBucketResult>")
-    url = (_child_text(root, "EncodingType") or "") == "url"
-
-    def decode(value: str) -> str:
-        return unquote_plus(value, errors="strict") if url else value
-
+    root, decode = _backend_root(xml, "ListBucketResult", "listing")
     entries: list[ListEntry] = []
     prefixes: list[str] = []
     for child in root:
@@ -577,17 +584,7 @@ def parse_backend_versions(xml: bytes) -> BackendVersions:
     """Parse one backend ListVersionsResult body (values url-decoded if it says EncodingType url).
 
     Malformed bodies raise ValueError."""
-    try:
-        root = ET.fromstring(xml)
-    except ET.ParseError as exc:
-        raise ValueError(f"backend version listing is not XML: {exc}") from None
-    if _local(root.tag) != "ListVersionsResult":
-        raise ValueError(f"backend version listing has root <{_local(root.tag)}>, not <ListVersionsResult>")
-    url = (_child_text(root, "EncodingType") or "") == "url"
-
-    def decode(value: str) -> str:
-        return unquote_plus(value, errors="strict") if url else value
-
+    root, decode = _backend_root(xml, "ListVersionsResult", "version listing")
     versions: list[VersionEntry] = []
     prefixes: list[str] = []
     for child in root:
