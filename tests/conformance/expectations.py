@@ -355,6 +355,14 @@ EXPECTED_TO_DIFFER: tuple[KnownBug, ...] = (
         frozenset({HELD}),
         WHY["dates."],
     ),
+    # On spool-flushed the drain runs freely before the scenario's own drain step: whether its first HEAD
+    # meets the object in the spool (the ack time) or already on the store decides whether it differs.
+    KnownBug(
+        ("dates.last_modified_before_and_after_drain",),
+        frozenset({FLUSHED}),
+        WHY["dates."],
+        strict=False,
+    ),
     KnownBug(
         (
             "list.marker",
