@@ -6,12 +6,14 @@ spool), ``spool-draining`` (spool on, the drain runs as it likes), ``spool-flush
 scenario's ``settle()`` flushes after its writes). One gateway process per spool setting for the module,
 a fresh bucket per scenario and target. The normal suite runs the ``fast`` subset; ``make conformance``
 (``S3LANES_CONFORMANCE=full``) runs the whole corpus and writes the report
-(``S3LANES_CONFORMANCE_REPORT``).
+(``S3LANES_CONFORMANCE_REPORT``); ``S3LANES_CONFORMANCE_ONLY`` (comma-separated fnmatch patterns over scenario
+names) narrows either to some families.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import os
 import secrets
@@ -35,7 +37,12 @@ pytestmark = pytest.mark.e2e
 
 FULL = os.environ.get("S3LANES_CONFORMANCE", "") == "full"
 REPORT = os.environ.get("S3LANES_CONFORMANCE_REPORT", "")
-SELECTED = [s for s in SCENARIOS.values() if FULL or s.fast]
+ONLY = [p for p in os.environ.get("S3LANES_CONFORMANCE_ONLY", "").split(",") if p]
+SELECTED = [
+    s
+    for s in SCENARIOS.values()
+    if (FULL or s.fast) and (not ONLY or any(fnmatch.fnmatchcase(s.name, p) for p in ONLY))
+]
 TARGETS = (ex.OFF, ex.HELD, ex.DRAINING, ex.FLUSHED)
 FLUSH_TIMEOUT_S = 60.0
 
