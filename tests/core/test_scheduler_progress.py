@@ -207,3 +207,52 @@ def test_a_cluster_allowance_bounds_the_raised_floor_but_not_the_configured_one(
     assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.02)
     s.set_external_limit("checkpoint", None, now)
     assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.25)
+
+
+def drain_streams(
+    s: Scheduler, *, streams: int, seconds: float, now: float, floor: float, readers: int = 0
+) -> int:
+    """``streams`` drains of the checkpoint lane, each holding one ticket of ``PIECE`` and asking for the
+    next the moment its piece is granted (a store that takes it at once), against ``readers`` streams of
+    1 MiB reads doing the same, while ``set_floor`` is refreshed every 0.5 s as the deadline keeper does.
+    Returns the bytes granted to the drains over ``seconds``."""
+    for _ in range(streams):
+        s.submit("checkpoint", PIECE, now)
+    for _ in range(readers):
+        s.submit("dataset", MiB, now)
+    granted, end, next_floor = 0, now + seconds, now
+    while now < end:
+        if now >= next_floor:
+            s.set_floor("checkpoint", floor, now)
+            next_floor = now + 0.5
+        d = s.pull(now)
+        if isinstance(d, Grant):
+            s.complete(d.ticket, now)
+            if d.lane == "dataset":
+                s.submit("dataset", MiB, now)
+            else:
+                granted += d.cost_bytes
+                s.submit("checkpoint", PIECE, now)
+        elif isinstance(d, WaitUntil):
+            now = min(d.at, next_floor)
+        else:
+            raise AssertionError(f"Idle with a backlogged lane at {now}")
+    return granted
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.3, 1.0])
+def test_a_raised_floor_never_drains_faster_than_the_configured_bandwidth(floor: float) -> None:
+    # A floor is a share of the configured bandwidth, never more: with the store to itself the lane moves
+    # C plus the buckets' credit (its own guarantee's and the server's, one burst each), whatever the
+    # floor; while reads are active, its cap (30 %) plus that credit.
+    seconds = 10.0
+    s = Scheduler(config(), T0)
+    granted = drain_streams(s, streams=2, seconds=seconds, now=T0, floor=floor)
+    assert granted <= C * seconds + 2 * MiB
+    assert granted >= 0.98 * C * seconds  # work-conserving: the whole store when nothing else runs
+    s = Scheduler(config(), T0)
+    cut_guard(s, T0)
+    now = T0 + 4.0
+    granted = drain_streams(s, streams=16, seconds=seconds, now=now, floor=floor, readers=2)
+    assert s.snapshot(now + seconds).reads_active
+    assert granted <= 0.30 * C * seconds + 2 * MiB
