@@ -77,7 +77,7 @@ class DeadlineKeeper:
         spool: SpoolView,
         dispatchers: Sequence[LaneDispatcher],
         lanes: Iterable[str],
-        max_age_s: float,
+        max_age_s: float | None,
         clock: Clock,
     ) -> None:
         self._spool = spool
@@ -106,7 +106,8 @@ class DeadlineKeeper:
         now = self._clock.monotonic()
         acked = self._spool.acked_bytes
         if acked != self._acked:
-            self.cadence.observe_ack(now)
+            # Bytes, not acknowledgements: a commit marker or a small file between checkpoints is no burst.
+            self.cadence.observe_ack(now, acked - self._acked)
             self._acked = acked
         state = self._spool.state
         backlog = sum(e.size for e in state.entries.values())
@@ -203,7 +204,7 @@ class DeadlineKeeper:
             p = self.last
             yield GaugeMetricFamily(
                 "s3lanes_spool_deadline_seconds",
-                "The durability deadline in force: [spool].max_age_s or the observed checkpoint interval.",
+                "The durability deadline in force: [spool].max_age_s, or (unset) the checkpoint interval.",
                 value=self.cadence.deadline_s(self._max_age_s),
             )
             yield GaugeMetricFamily(
