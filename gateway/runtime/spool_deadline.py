@@ -147,8 +147,7 @@ class DeadlineKeeper:
                 "spool: durability deadline at risk: %d bytes still to upload, the oldest acknowledged %.0f s"
                 " ago; the deadline is %.0f s and at the %s lane's cap that backlog takes %.0f s more (%.0f s"
                 " left): checkpoints arrive faster than the lane's cap drains them, and the spool fills if"
-                " this lasts (raise the lane's limit_while_reads_active or [spool].max_age_s, or checkpoint"
-                " less often)",
+                " this lasts (raise the lane's limit_while_reads_active, or checkpoint less often or less)",
                 remaining,
                 age,
                 first.deadline_s,
