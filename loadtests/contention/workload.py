@@ -28,7 +28,7 @@ Theory of operation
   Through a gateway with a spool, a background task then calls ``POST /_s3lanes/flush`` for the checkpoint's
   prefix, which answers once it is durable on the store; without one, acknowledged means durable.
 - **Checkpoint clients** (``ckpt_client``): ``aiohttp`` (the signed client above, with retries on 5xx and
-  transport errors, as training clients do) or ``botocore``: a botocore S3 client per writer thread, its
+  transport errors, as training clients do) or ``botocore``: a botocore S3 client per writer process, its
   timeouts botocore's defaults (60 s connect, 60 s read) unless the spec sets them, and *no retries*, so a
   connection the gateway holds without progress for longer than a timeout is a client error, counted and
   reported, instead of a retry. Each part's body notes when http.client reads its next block (it does so
@@ -53,10 +53,8 @@ import random
 import re
 import signal
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -311,81 +309,123 @@ class TimedBody(io.BytesIO):
         return max((b - a for a, b in itertools.pairwise(r)), default=0.0)
 
 
-class BotoWriters:
-    """botocore S3 clients for the checkpoint writers, on threads of their own (botocore blocks). No
-    retries: every failed request is a client error, counted with its text."""
+_BOTO_CLIENT: Any = None  # one per writer process (module state of the worker processes only)
 
-    def __init__(self, spec: dict[str, Any], endpoint_url: str) -> None:
+
+def _boto_client(cfg: dict[str, Any]) -> Any:
+    global _BOTO_CLIENT
+    if _BOTO_CLIENT is None:
         import botocore.session
         from botocore.config import Config
 
-        writers = int(spec["ckpt_writers"])
-        cfg = Config(
-            connect_timeout=float(spec.get("boto_connect_timeout_s") or 60.0),
-            read_timeout=float(spec.get("boto_read_timeout_s") or 60.0),
-            retries={"max_attempts": 1, "mode": "standard"},
-            max_pool_connections=max(10, writers),
-            s3={"addressing_style": "path"},
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-        )
-        self.client = botocore.session.get_session().create_client(
+        _BOTO_CLIENT = botocore.session.get_session().create_client(
             "s3",
-            endpoint_url=endpoint_url,
+            endpoint_url=cfg["endpoint_url"],
             region_name=REGION,
             aws_access_key_id=ACCESS_KEY,
             aws_secret_access_key=SECRET_KEY,
-            config=cfg,
+            config=Config(
+                connect_timeout=cfg["connect_timeout_s"],
+                read_timeout=cfg["read_timeout_s"],
+                retries={"max_attempts": 1, "mode": "standard"},
+                s3={"addressing_style": "path"},
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
+            ),
         )
-        self.pool = ThreadPoolExecutor(max_workers=writers + 1, thread_name_prefix="ckpt-writer")
+    return _BOTO_CLIENT
+
+
+def boto_warm(cfg: dict[str, Any]) -> None:
+    """Import botocore and build the client in a writer process before the run starts."""
+    _boto_client(cfg)
+    time.sleep(0.5)  # hold this worker, so that the next warm-up call starts another process
+
+
+def boto_request(cfg: dict[str, Any], op: str, args: dict[str, Any]) -> dict[str, Any]:
+    """One botocore request in a writer process: ``op`` is create, part, complete or put. Returns what the
+    caller needs (``upload_id``, ``etag``; for a part its longest body pause and its wait for the answer)
+    or ``error`` with the exception's text (botocore's exceptions do not all cross a process boundary)."""
+    c = _boto_client(cfg)
+    try:
+        if op == "create":
+            return {"upload_id": c.create_multipart_upload(**args)["UploadId"]}
+        if op == "complete":
+            c.complete_multipart_upload(**args)
+            return {}
+        if op == "put":
+            c.put_object(**args, Body=b"".join(pieces(METADATA_BYTES, int(args.pop("seed", 0)))))
+            return {}
+        size, seed = int(args.pop("size")), int(args.pop("seed"))
+        body = TimedBody(b"".join(pieces(size, seed)))
+        answer = c.upload_part(**args, Body=body)
+        done = time.monotonic()
+        last = body.reads[-1] if body.reads else done
+        return {"etag": answer["ETag"], "part": [done, body.max_gap_s(), done - last, float(size)]}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+class BotoWriters:
+    """botocore S3 clients for the checkpoint writers, each in a process of its own (a trainer rank is a
+    process; 16 writer threads beside the data loader's event loop took the loader's GIL, and it read at a
+    sixth of its rate whatever the gateway did). No retries: every failed request is a client error,
+    counted with its text."""
+
+    def __init__(self, spec: dict[str, Any], endpoint_url: str) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.cfg = {
+            "endpoint_url": endpoint_url,
+            "connect_timeout_s": float(spec.get("boto_connect_timeout_s") or 60.0),
+            "read_timeout_s": float(spec.get("boto_read_timeout_s") or 60.0),
+        }
+        self.writers = writers = int(spec["ckpt_writers"])
+        self.pool = ProcessPoolExecutor(max_workers=writers, mp_context=multiprocessing.get_context("spawn"))
         self.errors: list[list[Any]] = []  # [at, what, error text]
         self.parts: list[list[float]] = []  # [at, longest pause in the body s, wait for the answer s, bytes]
-        self._lock = threading.Lock()
 
-    async def call(self, what: str, fn: Callable[[], Any]) -> Any:
-        def run() -> Any:
-            try:
-                return fn()
-            except Exception as exc:
-                with self._lock:
-                    self.errors.append([time.monotonic(), what, f"{type(exc).__name__}: {exc}"[:300]])
-                raise WorkloadError(f"{what}: {type(exc).__name__}: {exc}") from exc
+    async def warm(self) -> None:
+        """Start every writer process and its client now (importing botocore takes a while on a busy
+        machine: it must not count into the first save)."""
+        loop = asyncio.get_running_loop()
+        n = self.writers
+        await asyncio.gather(*(loop.run_in_executor(self.pool, boto_warm, self.cfg) for _ in range(n)))
 
-        return await asyncio.get_running_loop().run_in_executor(self.pool, run)
+    async def call(self, what: str, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        out: dict[str, Any] = await loop.run_in_executor(self.pool, boto_request, self.cfg, op, args)
+        if "error" in out:
+            self.errors.append([time.monotonic(), what, out["error"]])
+            raise WorkloadError(f"{what}: {out['error']}")
+        if "part" in out:
+            self.parts.append(out["part"])
+        return out
 
     async def write_shard(self, bucket: str, key: str, size: int, part_bytes: int, seed: int) -> None:
-        c = self.client
-        created = await self.call(f"create {key}", lambda: c.create_multipart_upload(Bucket=bucket, Key=key))
-        upload_id = created["UploadId"]
+        ident = {"Bucket": bucket, "Key": key}
+        upload_id = (await self.call(f"create {key}", "create", ident))["upload_id"]
         parts: list[dict[str, Any]] = []
         offset, number = 0, 1
         while offset < size:
             n = min(part_bytes, size - offset)
-            body = TimedBody(b"".join(pieces(n, seed * 7919 + number)))
-
-            def part(number: int = number, body: TimedBody = body) -> Any:
-                answer = c.upload_part(
-                    Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
-                )
-                done = time.monotonic()
-                last = body.reads[-1] if body.reads else done
-                with self._lock:
-                    self.parts.append([done, body.max_gap_s(), done - last, float(body.getbuffer().nbytes)])
-                return answer
-
-            answer = await self.call(f"part {number} of {key}", part)
-            parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+            args = {
+                **ident,
+                "UploadId": upload_id,
+                "PartNumber": number,
+                "size": n,
+                "seed": seed * 7919 + number,
+            }
+            answer = await self.call(f"part {number} of {key}", "part", args)
+            parts.append({"PartNumber": number, "ETag": answer["etag"]})
             offset += n
             number += 1
-        await self.call(
-            f"complete {key}",
-            lambda: c.complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-            ),
-        )
+        done = {**ident, "UploadId": upload_id, "MultipartUpload": {"Parts": parts}}
+        await self.call(f"complete {key}", "complete", done)
 
-    async def put(self, bucket: str, key: str, data: bytes) -> None:
-        await self.call(f"put {key}", lambda: self.client.put_object(Bucket=bucket, Key=key, Body=data))
+    async def put_marker(self, bucket: str, key: str, seed: int) -> None:
+        await self.call(f"put {key}", "put", {"Bucket": bucket, "Key": key, "seed": seed})
 
     def summary(self) -> dict[str, Any]:
         gaps = [p[1] for p in self.parts]
@@ -401,7 +441,6 @@ class BotoWriters:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.client.close()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -666,7 +705,7 @@ class Trainer:
                 await self.ckpt_s3.put(sp["ckpt_bucket"], f"{prefix}.metadata", marker)
 
             if self.boto is not None:
-                await self.boto.put(sp["ckpt_bucket"], f"{prefix}.metadata", b"".join(marker))
+                await self.boto.put_marker(sp["ckpt_bucket"], f"{prefix}.metadata", index)
             else:
                 await retrying(f"{prefix}.metadata", put_marker, self.counters)
         except WorkloadError as exc:
@@ -754,6 +793,8 @@ class Trainer:
         background: list[asyncio.Task[None]] = []
         if sp.get("gateway_url"):
             background.append(asyncio.create_task(self.sample_status(status_stop)))
+        if self.boto is not None:
+            await self.boto.warm()
         start_at = float(sp["start_at"])
         late_s = max(0.0, time.monotonic() - start_at)
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
