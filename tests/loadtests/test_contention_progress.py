@@ -11,6 +11,7 @@ from loadtests.contention.report import (
     progress_and_backlog,
     progress_markdown,
     read_shares_1s,
+    saturated_shares,
     writers_summary,
 )
 from loadtests.contention.workload import TimedBody
@@ -71,7 +72,10 @@ def test_backlog_before_each_checkpoint_time_to_durable_and_deadline_are_reporte
     p["probe_p50_ms"], p["probe_p99_ms"] = 2.0, 3.0
     seg_summary = {"name": "c1", "progress": p}
     text = "\n".join(progress_markdown({"segments": [seg_summary]}))
-    assert "| c1 | 0.75 | 0.75 | 0 of 60 | 256 | 0, 0 | 25, 28 | 32 | 26% | 1 | 2.0 / 3.0 |" in text
+    assert (
+        "| c1 | 0.75 | 0.75 | 0 of 60 | 0.75 / 0.75; 0 of 60 | 256 | 0, 0 | 25, 28 | 32 | 26% | 1"
+        " | 2.0 / 3.0 |" in text
+    )
 
 
 def test_a_timed_body_measures_the_pause_of_the_pass_that_is_sent() -> None:
@@ -101,3 +105,13 @@ def test_the_writers_summary_counts_client_errors_and_the_longest_pause() -> Non
     assert "ReadTimeoutError" in w["client_error_texts"][0]
     assert writers_summary({})["client"] == "aiohttp"
     assert writers_summary({})["client_errors"] == 0
+
+
+def test_the_read_share_where_the_link_was_full_leaves_out_seconds_with_room_on_it() -> None:
+    # 38 MB/s when full; three seconds where the readers stalled (5 MB/s of reads beside 12 of writes):
+    # the link had room, so those are not the writes' doing.
+    seconds = [(27e6, 11e6)] * 20 + [(5e6, 12e6)] * 3 + [(26e6, 12e6)] * 2
+    full = saturated_shares(seconds)
+    assert len(full) == 22
+    assert min(full) == pytest.approx(26 / 38)
+    assert saturated_shares([]) == []
