@@ -354,7 +354,8 @@ def boto_request(cfg: dict[str, Any], op: str, args: dict[str, Any]) -> dict[str
             c.complete_multipart_upload(**args)
             return {}
         if op == "put":
-            c.put_object(**args, Body=b"".join(pieces(METADATA_BYTES, int(args.pop("seed", 0)))))
+            seed = int(args.pop("seed", 0))
+            c.put_object(**args, Body=b"".join(pieces(METADATA_BYTES, seed)))
             return {}
         size, seed = int(args.pop("size")), int(args.pop("seed"))
         body = TimedBody(b"".join(pieces(size, seed)))
