@@ -413,11 +413,17 @@ def link_seconds(seg: dict[str, Any], t0: float, t1: float) -> list[tuple[float,
     return out
 
 
-def saturated_shares(seconds: Sequence[tuple[float, float]], fraction: float = 0.9) -> list[float]:
+def saturated_shares(
+    seconds: Sequence[tuple[float, float]],
+    reference: Sequence[tuple[float, float]] | None = None,
+    fraction: float = 0.9,
+) -> list[float]:
     """The read share in the seconds where the link was full: at least ``fraction`` of the 95th percentile
-    of its per-second totals (what it carries when full). The other seconds have room on the link, so a
-    low read share there is the readers' own (a client or a gateway short of CPU), not the writes."""
-    totals = [r + w for r, w in seconds]
+    of the per-second totals of ``reference`` (default: ``seconds``; the whole segment, so that a window
+    mostly spent with room on the link does not set the bar), what the link carries when full. The other
+    seconds have room on the link, so a low read share there is the readers' own (a client or a gateway
+    short of CPU), not the writes'."""
+    totals = [r + w for r, w in (seconds if reference is None else reference)]
     if not totals:
         return []
     full = percentile(totals, 95) or 0.0
@@ -440,7 +446,8 @@ def progress_and_backlog(
         end = min(end, t0 + float(trainer["wall_s"]))
     seconds = link_seconds(seg, start, end)
     shares = [r / (r + w) for r, w in seconds if r + w > 0]
-    full = saturated_shares(seconds)
+    whole = link_seconds(seg, t0, t0 + float(trainer.get("wall_s") or float(trainer["end"]) - t0))
+    full = saturated_shares(seconds, whole or None)
     backlog = [
         (float(s["at"]), float(s["spool_pending_bytes"]))
         for s in samples
@@ -492,9 +499,9 @@ def progress_markdown(summary: dict[str, Any]) -> list[str]:
         "",
         "Read share of the link per 1 s window, from the first checkpoint until the last one is durable (all "
         "windows, and those where the link was full: at least 90 % of the 95th percentile of its per-second "
-        "totals; elsewhere a low share is the readers' own, not the writes'); the spool's backlog (pending "
-        "bytes) just before each checkpoint (bounded: it does not grow from one checkpoint to the next); "
-        "time from the start of each save until it is durable on the store.",
+        "totals over the segment; elsewhere a low share is the readers' own, not the writes'); the spool's "
+        "backlog (pending bytes) just before each checkpoint (bounded: it does not grow from one checkpoint "
+        "to the next); time from the start of each save until it is durable on the store.",
         "",
         "| segment | read share 1 s min | median | windows < 0.70 | link full: min / median; < 0.70 "
         "| backlog max MB | backlog before each checkpoint, MB | durable s (each) | deadline s | floor max "

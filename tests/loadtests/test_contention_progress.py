@@ -115,3 +115,7 @@ def test_the_read_share_where_the_link_was_full_leaves_out_seconds_with_room_on_
     assert len(full) == 22
     assert min(full) == pytest.approx(26 / 38)
     assert saturated_shares([]) == []
+    # A window mostly spent with room on the link: the segment around it says what "full" is.
+    drains = [(5e6, 7e6)] * 40 + [(26e6, 12e6)]
+    assert len(saturated_shares(drains)) == 41  # judged by itself, 12 MB/s looks full
+    assert len(saturated_shares(drains, drains + [(38e6, 0.0)] * 40)) == 1
