@@ -18,7 +18,7 @@ from gateway import __version__
 from gateway.clock import SystemClock
 from gateway.config import Config, Credential, load_config
 from gateway.core.journal import JournalCorrupt
-from gateway.errors import ConfigError
+from gateway.errors import ConfigError, StartupError
 from gateway.http.app import LIFECYCLE_KEY, build_app, drain_for_shutdown, spool_dir, start_listeners
 from gateway.logsetup import configure_logging
 from gateway.runtime.backend import Backend
@@ -329,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(uvloop.run(serve(cfg, args.ready_file)))
+    except StartupError as exc:
+        print(f"s3lanes: {exc}", file=sys.stderr)
+        return 2
     except JournalCorrupt as exc:
         log.critical(
             "the spool journal is damaged (%s). Refusing to start: acknowledged writes could be lost."

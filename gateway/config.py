@@ -112,6 +112,13 @@ class BackendConfig:
     # client's key. None = the client key's backend identity ([[credentials]]), as for the default backend.
     access_key: str | None = None
     secret_key: str | None = field(default=None, repr=False)
+    # Where this backend's identity comes from when access_key/secret_key are not set: "clients" (the client
+    # key's backend identity, [[credentials]]) or "aws" (the standard AWS credential chain: environment,
+    # shared config and credentials files, web identity / IRSA, container and instance metadata; temporary
+    # credentials are refreshed before they expire). Static keys, when given, win.
+    credential_source: Literal["clients", "aws"] = "clients"
+    # The shared-config profile the AWS chain reads (None = AWS_PROFILE or "default").
+    aws_profile: str | None = None
     # Another backend's name ("default" for [backend]) whose bottleneck this one shares (e.g. one array
     # behind two endpoints): both are then scheduled together, as one capacity. None = its own scheduler.
     shares_bottleneck_with: str | None = None
@@ -479,6 +486,8 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "lane_source_address": "str_map",
         "access_key": "opt_str",
         "secret_key": "opt_str",
+        "credential_source": "str",
+        "aws_profile": "opt_str",
         "shares_bottleneck_with": "opt_str",
     },
     "scheduler": {
@@ -530,6 +539,7 @@ _NULLABLE = {
     "access_key",
     "secret_key",
     "shares_bottleneck_with",
+    "aws_profile",
     "admin_token",
     "listen",
     "https_listen",
@@ -796,6 +806,17 @@ def _validate_backend(name: str, b: BackendConfig, cfg: Config, problems: _Probl
             problems.add(f"{where}.lane_source_address", f"unknown lane {lane!r}")
     if (b.access_key is None) != (b.secret_key is None):
         problems.add(where, "access_key and secret_key go together")
+    if b.credential_source not in ("clients", "aws"):
+        problems.add(
+            f"{where}.credential_source", f"expected 'clients' or 'aws', got {b.credential_source!r}"
+        )
+    elif b.credential_source == "aws" and b.endpoint is None and name == DEFAULT_BACKEND:
+        problems.add(
+            f"{where}.credential_source",
+            "'aws' needs an external endpoint (the embedded store knows only the [[credentials]] keys)",
+        )
+    if b.aws_profile is not None and b.credential_source != "aws":
+        problems.add(f"{where}.aws_profile", "is read only with credential_source = 'aws'")
     other = b.shares_bottleneck_with
     if other is not None and (other == name or (other != DEFAULT_BACKEND and other not in cfg.backends)):
         problems.add(f"{where}.shares_bottleneck_with", f"no other backend named {other!r}")

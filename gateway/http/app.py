@@ -271,6 +271,9 @@ def pools_status(pools: Pools, clock: Clock) -> dict[str, Any]:
                 "lane_source_addresses": dict(b.cfg.lane_source_addresses),
                 "routes": routes.get(name, []),
                 "health": {"state": b.health.state, **plain(b.health)},
+                "credentials": b.chain.status()
+                if b.chain is not None
+                else {"source": "static" if b.cfg.access_key is not None else "clients"},
             }
             for name, b in sorted(pools.backends.items())
         },
@@ -383,6 +386,15 @@ async def start_listeners(cfg: Config, app: web.Application) -> tuple[web.AppRun
         # (gateway.core.limits.MAX_HEADERS) answers S3's error instead, so aiohttp's is set far above it.
         max_headers=_PARSER_MAX_HEADERS,
     )
+    try:
+        urls = await _open(cfg, runner)
+    except BaseException:
+        await runner.cleanup()  # what started (spool, drainer, backend sessions) stops cleanly
+        raise
+    return runner, urls
+
+
+async def _open(cfg: Config, runner: web.AppRunner) -> list[str]:
     await runner.setup()
     urls: list[str] = []
     if cfg.server.listen is not None:
@@ -400,7 +412,7 @@ async def start_listeners(cfg: Config, app: web.Application) -> tuple[web.AppRun
         )
         await tls_site.start()
         urls.append(_bound_url(tls_site, "https"))
-    return runner, urls
+    return urls
 
 
 def _bound_url(site: web.TCPSite, scheme: str) -> str:

@@ -166,3 +166,40 @@ def test_progress_interval_and_the_spool_deadline_are_read_and_checked(tmp_path:
         load_config(path, env={})
     assert "progress_interval_s" in str(info.value)
     assert "max_age_s" in str(info.value)
+
+
+def test_backend_credential_source_is_read_per_backend_and_checked(tmp_path: Path):
+    path = write(
+        tmp_path,
+        """
+[backend]
+endpoint = "http://store:8333"
+credential_source = "aws"
+aws_profile = "training"
+[backends.archive]
+endpoint = "http://archive:9000"
+credential_source = "aws"
+[[credentials]]
+access_key = "AK"
+secret_key = "SK"
+""",
+    )
+    cfg = load_config(path, env={})
+    assert (cfg.backend.credential_source, cfg.backend.aws_profile) == ("aws", "training")
+    assert cfg.backends["archive"].credential_source == "aws"
+    assert load_config(
+        env={"S3LANES_BACKEND_CREDENTIAL_SOURCE": "aws", **_EXTERNAL}
+    ).backend.credential_source == ("aws")
+    with pytest.raises(ConfigError) as caught:
+        load_config(env={"S3LANES_BACKEND_CREDENTIAL_SOURCE": "aws"})  # the embedded store
+    assert "[backend].credential_source: 'aws' needs an external endpoint" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            env={"S3LANES_BACKEND_CREDENTIAL_SOURCE": "iam", "S3LANES_BACKEND_AWS_PROFILE": "x", **_EXTERNAL}
+        )
+    text = str(caught.value)
+    assert "expected 'clients' or 'aws', got 'iam'" in text
+    assert "[backend].aws_profile: is read only with credential_source = 'aws'" in text
+
+
+_EXTERNAL = {"S3LANES_BACKEND_ENDPOINT": "http://store:8333", "S3LANES_CREDENTIALS": "AK:SK"}
