@@ -83,6 +83,10 @@ class ServerConfig:
     # unsigned, so that the store's bucket policy or ACL decides (public-read buckets). Every other
     # anonymous request is refused (403 AccessDenied), as all are while this is off (docs/compatibility.md).
     anonymous_reads: bool = False
+    # Client key pairs also come from this file (one access_key:secret_key[:backend_access_key:
+    # backend_secret_key] per line or comma-separated, # comments), re-read when it changes: a Kubernetes
+    # Secret mounted as a volume rotates keys without a restart. None = [[credentials]] and the environment.
+    credentials_file: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +297,8 @@ class Config:
     tenant_lanes: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # access key -> what it may read, write and which lanes it may use (tenants with read/write grants)
     tenant_policies: Mapping[str, TenantPolicy] = field(default_factory=dict)
+    # The access keys of ``credentials`` that came from [server] credentials_file (replaced when it changes).
+    file_access_keys: frozenset[str] = frozenset()
 
     def with_credentials(self, creds: tuple[Credential, ...]) -> Config:
         return replace(self, credentials=creds)
@@ -470,6 +476,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "drain_on_shutdown_s": "float",
         "zero_copy_min_bytes": "size",
         "anonymous_reads": "bool",
+        "credentials_file": "path",
     },
     "backend": {
         "endpoint": "opt_str",
@@ -545,6 +552,7 @@ _NULLABLE = {
     "https_listen",
     "tls_cert",
     "tls_key",
+    "credentials_file",
     "endpoint",
     "ca_file",
     "bandwidth",
@@ -601,7 +609,9 @@ def _parse_credential_table(raw: Any, source: str, problems: _Problems) -> list[
     return creds
 
 
-def parse_credentials_env(value: str, problems: _Problems | None = None) -> list[Credential]:
+def parse_credentials_env(
+    value: str, problems: _Problems | None = None, *, source: str = "S3LANES_CREDENTIALS"
+) -> list[Credential]:
     problems = problems or _Problems()
     creds = []
     for i, item in enumerate(v for v in value.split(",") if v.strip()):
@@ -612,10 +622,32 @@ def parse_credentials_env(value: str, problems: _Problems | None = None) -> list
             creds.append(Credential(*parts))
         else:
             problems.add(
-                f"S3LANES_CREDENTIALS item {i}",
+                f"{source} item {i}",
                 "expected access_key:secret_key"
                 " or access_key:secret_key:backend_access_key:backend_secret_key",
             )
+    return creds
+
+
+def read_credentials_file(path: Path) -> list[Credential]:
+    """The key pairs of a credentials file: ``access_key:secret_key[:backend_access_key:backend_secret_key]``
+    per line or comma-separated (as ``S3LANES_CREDENTIALS``), blank lines and ``#`` comments ignored.
+    Raises ValueError with a readable message (OSError included)."""
+    try:
+        text = path.read_text()
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory, not a file") from None
+    except FileNotFoundError:
+        raise ValueError(f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    items = [line.partition("#")[0].strip() for line in text.splitlines()]
+    problems = _Problems()
+    creds = parse_credentials_env(",".join(i for i in items if i), problems, source=str(path))
+    if problems.items:
+        raise ValueError("; ".join(problems.items))
+    if not creds:
+        raise ValueError(f"{path} holds no key pair")
     return creds
 
 
@@ -684,6 +716,17 @@ def load_config(
     for name, values in (overrides or {}).items():
         sections[name].update(_section_values(name, values, "command line", problems))
 
+    file_keys: frozenset[str] = frozenset()
+    creds_file = sections["server"].get("credentials_file")
+    if creds_file is not None:
+        try:
+            from_file = read_credentials_file(creds_file)
+        except ValueError as exc:
+            problems.add("[server].credentials_file", str(exc))
+        else:
+            creds.extend(from_file)
+            file_keys = frozenset(c.access_key for c in from_file)
+
     lane_problems: list[str] = []
     lanes = parse_lanes(lanes_raw, src, lane_problems)
     rules = parse_rules(rules_raw, lanes, src, lane_problems) if rules_raw is not None else ()
@@ -704,6 +747,7 @@ def load_config(
         server=_build(ServerConfig, sections["server"], "server", problems),
         backend=_build(BackendConfig, sections["backend"], "backend", problems),
         credentials=tuple(creds),
+        file_access_keys=file_keys,
         embedded=_build(EmbeddedConfig, sections["embedded"], "embedded", problems),
         scheduler=_build(SchedulerSettings, sections["scheduler"], "scheduler", problems),
         spool=_build(SpoolConfig, sections["spool"], "spool", problems),
@@ -882,7 +926,9 @@ def _validate(cfg: Config, problems: _Problems) -> None:
             problems.add("[backend].endpoint", "must not carry a path or query")
         if not cfg.credentials:
             problems.add(
-                "[credentials]", "an external backend needs at least one credential (or S3LANES_CREDENTIALS)"
+                "[credentials]",
+                "an external backend needs at least one credential (or S3LANES_CREDENTIALS,"
+                " or [server].credentials_file)",
             )
     for name, bc in ((DEFAULT_BACKEND, b), *cfg.backends.items()):
         where = "[backend]" if name == DEFAULT_BACKEND else f"[backends.{name}]"

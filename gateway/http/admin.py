@@ -78,7 +78,7 @@ class Admin:
         self._clock = clock
         self._open = open_to_all
         self._spool = spool
-        self._secrets = secrets or {}
+        self._secrets = secrets if secrets is not None else {}  # shared: updated in place on reloads
         self._max_skew_s = max_skew_s
         self._drainer_status = drainer_status
         self._token = admin_token.encode() if admin_token else None

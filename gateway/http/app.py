@@ -37,6 +37,7 @@ from gateway.runtime.backend import Backend
 from gateway.runtime.cluster import ClusterMember, spool_backlog
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.drainer import Drainer
+from gateway.runtime.keyfile import CredentialsFileWatcher, KeyTables
 from gateway.runtime.lane_metrics import pool_collector, scheduler_collector
 from gateway.runtime.pools import Pools, bottleneck_of
 from gateway.runtime.spool import Spool, crash_on_failure
@@ -118,7 +119,13 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         metrics.add_snapshot_collector(
             pool_collector({name: d.scheduler for name, d in pools.dispatchers.items()}, clock)
         )
-    proxy = S3Proxy(cfg, pools, clock, classifier=classifier, metrics=metrics)
+    keys = KeyTables(cfg.credentials, cfg.file_access_keys)
+    watcher = (
+        CredentialsFileWatcher(cfg.server.credentials_file, keys)
+        if cfg.server.credentials_file is not None
+        else None
+    )
+    proxy = S3Proxy(cfg, pools, clock, classifier=classifier, metrics=metrics, keys=keys.live)
     spool: Spool | None = None
     drainer: Drainer | None = None
     keeper: DeadlineKeeper | None = None
@@ -127,7 +134,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         drainer = Drainer(
             spool,
             pools,
-            {c.access_key: c for c in cfg.credentials},
+            keys.known,
             cfg.spool,
             clock,
             metrics,
@@ -138,7 +145,9 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             in_doubt_hold_s=cfg.backend.read_timeout_s,
             fence_s=cfg.backend.read_timeout_s if cfg.spool.fence_s is None else cfg.spool.fence_s,
         )
-        front = SpoolFront(spool, proxy, cfg, pools, clock, metrics, drain_uploads=drainer.open_upload_ids)
+        front = SpoolFront(
+            spool, proxy, cfg, pools, clock, metrics, drain_uploads=drainer.open_upload_ids, keys=keys.known
+        )
         proxy.spool_front = front
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         keeper = DeadlineKeeper(
@@ -160,7 +169,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         clock,
         open_to_all=cfg.server.admin_open,
         spool=spool,
-        secrets={c.access_key: c.secret_key for c in cfg.credentials},
+        secrets=keys.secrets,
         max_skew_s=cfg.server.max_skew_s,
         drainer_status=_drain_status(drainer, keeper) if drainer is not None else None,
         admin_token=cfg.server.admin_token,
@@ -189,11 +198,19 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         if keeper is not None:
             deadline_task = asyncio.create_task(keeper.run(), name="spool-deadline")
             deadline_task.add_done_callback(crash_on_failure)
+        watch_task: asyncio.Task[None] | None = None
+        if watcher is not None:
+            watch_task = asyncio.create_task(watcher.run(), name="credentials-file")
+            watch_task.add_done_callback(crash_on_failure)
         cluster_task: asyncio.Task[None] | None = None
         if cluster is not None:
             cluster_task = asyncio.create_task(cluster.run(), name="cluster-budget")
             cluster_task.add_done_callback(crash_on_failure)
         yield
+        if watch_task is not None:
+            watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch_task
         if cluster is not None and cluster_task is not None:
             cluster_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

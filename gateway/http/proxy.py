@@ -203,13 +203,15 @@ class S3Proxy:
         *,
         classifier: Classifier,
         metrics: Metrics,
+        keys: dict[str, Credential] | None = None,
     ) -> None:
         self._cfg = cfg
         self.pools = pools
         self._clock = clock
         self._classifier = classifier
         self._metrics = metrics
-        self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
+        # The keys clients may sign with; ``keys`` is shared and updated in place (credentials file reloads).
+        self._creds = keys if keys is not None else {c.access_key: c for c in cfg.credentials}
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
         self._pool_front = PoolFront(self)

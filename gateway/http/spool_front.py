@@ -390,6 +390,7 @@ class SpoolFront:
         metrics: Metrics,
         *,
         drain_uploads: Callable[[], AbstractSet[str]] = frozenset,
+        keys: dict[str, Credential] | None = None,
     ) -> None:
         self.spool = spool
         # The backend upload ids the drain has open: hidden from clients' ListMultipartUploads.
@@ -400,7 +401,8 @@ class SpoolFront:
         self._clock = clock
         self._metrics = metrics
         self._lanes = frozenset(cfg.spool.lanes)
-        self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
+        # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
+        self._creds = keys if keys is not None else {c.access_key: c for c in cfg.credentials}
         # (backend identity, bucket) -> monotonic time until which the bucket is known to be there for it
         self._bucket_ok: dict[tuple[str, str], float] = {}
         self._bucket_checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # HEADs on their way

@@ -203,3 +203,25 @@ secret_key = "SK"
 
 
 _EXTERNAL = {"S3LANES_BACKEND_ENDPOINT": "http://store:8333", "S3LANES_CREDENTIALS": "AK:SK"}
+
+
+def test_a_credentials_file_adds_client_keys_and_its_mistakes_are_config_errors(tmp_path: Path):
+    keys = tmp_path / "keys"
+    keys.write_text("# rotated by the platform\nAK1:SK1\n\nAK2:SK2:BAK:BSK, AK3:SK3\n")
+    cfg = load_config(env={"S3LANES_SERVER_CREDENTIALS_FILE": str(keys), "S3LANES_CREDENTIALS": "AK0:SK0"})
+    assert [c.access_key for c in cfg.credentials] == ["AK0", "AK1", "AK2", "AK3"]
+    assert cfg.credentials[2].backend_access_key == "BAK"
+    assert cfg.file_access_keys == {"AK1", "AK2", "AK3"}
+    for content, message in (
+        ("AK1\n", "item 0: expected access_key:secret_key"),
+        ("# nothing\n", "holds no key pair"),
+        ("AK0:other\n", "access key 'AK0' appears twice"),
+    ):
+        keys.write_text(content)
+        with pytest.raises(ConfigError) as caught:
+            load_config(env={"S3LANES_SERVER_CREDENTIALS_FILE": str(keys), "S3LANES_CREDENTIALS": "AK0:SK0"})
+        assert message in str(caught.value)
+    for path, message in ((tmp_path, "is a directory, not a file"), (tmp_path / "nope", "no such file")):
+        with pytest.raises(ConfigError) as caught:
+            load_config(env={"S3LANES_SERVER_CREDENTIALS_FILE": str(path)})
+        assert f"[server].credentials_file: {message}" in str(caught.value).replace(f"{path} ", "")
