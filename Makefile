@@ -6,7 +6,13 @@ STAMP  := $(VENV)/.installed
 # The torch extra (clients.torch) is for the tests and the type check only: setup and run stay without it.
 TORCH_STAMP := $(VENV)/.installed-torch
 
-.PHONY: setup run test check lint typecheck contracts bench clean
+.PHONY: help setup run test check lint typecheck contracts bench clean
+
+## This list of targets.
+help:
+	@awk '/^\.PHONY/ {next} /^## / {if (!doc) doc = substr($$0, 4); next} \
+		/^[a-z][a-z-]*:/ {if (doc) {split($$0, t, ":"); printf "  make %-18s %s\n", t[1], doc}} {doc = ""}' \
+		$(firstword $(MAKEFILE_LIST))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +24,7 @@ $(TORCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[test,dev,bench,torch]'
 	touch $(TORCH_STAMP)
 
+## Create .venv/ with the gateway and its test, dev and bench tools.
 setup: $(STAMP)
 
 ## Quick start 1: run the gateway with an embedded SeaweedFS backend.
@@ -29,18 +36,23 @@ test: $(TORCH_STAMP)
 	scripts/system-deps
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+## Lint, type check and import contracts (what CI runs besides the tests).
 check: lint typecheck contracts
 
+## ruff check and ruff format --check.
 lint: $(STAMP)
 	$(BIN)/ruff check gateway clients tests loadtests
 	$(BIN)/ruff format --check gateway clients tests loadtests
 
+## mypy --strict over gateway/ and clients/.
 typecheck: $(TORCH_STAMP)
 	$(BIN)/mypy
 
+## The import layering (lint-imports).
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
+## The proxy benchmark (BENCH_ARGS to pass options).
 bench: $(STAMP)
 	$(BIN)/python -m loadtests.bench_proxy $(BENCH_ARGS)
 
@@ -55,6 +67,7 @@ bench-spool: $(STAMP)
 bench-save: $(STAMP)
 	$(BIN)/python -m loadtests.bench_save $(BENCH_ARGS)
 
+## Remove .venv/ and build and tool caches (not .s3lanes/, the gateway's state).
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 

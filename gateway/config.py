@@ -12,6 +12,7 @@ Environment overrides use ``S3LANES_<SECTION>_<KEY>`` for scalar settings (``S3L
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -83,6 +84,9 @@ class ServerConfig:
     # unsigned, so that the store's bucket policy or ACL decides (public-read buckets). Every other
     # anonymous request is refused (403 AccessDenied), as all are while this is off (docs/compatibility.md).
     anonymous_reads: bool = False
+    # Readiness (/_s3lanes/readyz) answers 503 until every backend has answered once since start, so that a
+    # gateway in front of an unreachable store gets no traffic. Later outages do not affect readiness.
+    ready_requires_backend: bool = True
     # Client key pairs also come from this file (one access_key:secret_key[:backend_access_key:
     # backend_secret_key] per line or comma-separated, # comments), re-read when it changes: a Kubernetes
     # Secret mounted as a volume rotates keys without a restart. None = [[credentials]] and the environment.
@@ -368,7 +372,7 @@ def parse_size(value: Any) -> float:
         text = str(value).strip().lower().replace(" ", "")
         number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
         unit = text[len(number) :]
-        if unit not in _SIZE_UNITS or not number:
+        if unit not in _SIZE_UNITS or not _NUMBER.fullmatch(number):
             raise ValueError(f"expected a size such as 512MiB or 2GB, got {value!r}")
         out = float(number) * _SIZE_UNITS[unit]
     if out != out or out < 0:
@@ -392,67 +396,87 @@ _BOOL_TRUE = {"1", "true", "yes", "on"}
 _BOOL_FALSE = {"0", "false", "no", "off"}
 
 
+_INVALID: Any = object()  # what _coerce returns for a value it could not use (the problem is recorded)
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def _coerce(kind: str, value: Any, where: str, problems: _Problems) -> Any:
-    """Turn a TOML or environment value into the declared kind; record a problem, return None if it can't."""
+    """Turn a TOML or environment value into the declared kind; record a problem (in the user's terms, with
+    the value once) and return ``_INVALID`` if it can't."""
     try:
-        if kind == "str":
-            if not isinstance(value, str):
-                raise ValueError("expected a string")
-            return value
-        if kind == "opt_str":
-            if not isinstance(value, str):
-                raise ValueError("expected a string")
-            return value or None
-        if kind == "int":
-            if isinstance(value, bool):
-                raise ValueError("expected a whole number")
-            return int(value)
-        if kind == "float":
-            if isinstance(value, bool):
-                raise ValueError("expected a number")
-            out = float(value)
-            if out != out or out < 0:
-                raise ValueError("expected a non-negative number")
-            return out
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in _BOOL_TRUE | _BOOL_FALSE:
-                return value.lower() in _BOOL_TRUE
-            raise ValueError("expected true or false")
-        if kind == "listen":
-            if value in ("", None, False):
-                return None
-            return parse_listen(str(value))
-        if kind == "path":
-            return Path(os.path.expanduser(str(value))) if value else None
-        if kind == "rate":
-            if value in ("", None):
-                return None
-            return parse_rate(value)
-        if kind == "size":
-            if value in ("", None):
-                return None
-            return int(parse_size(value))
-        if kind == "str_map":
-            if isinstance(value, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-            ):
-                return dict(value)
-            if isinstance(value, str):  # environment: "lane=addr,lane=addr"
-                pairs = [p.partition("=") for p in value.split(",") if p.strip()]
-                if all(sep and k.strip() and v.strip() for k, sep, v in pairs):
-                    return {k.strip(): v.strip() for k, _, v in pairs}
-            raise ValueError("expected a table of names to strings (or name=value,... in the environment)")
-        if kind == "str_list":
-            if isinstance(value, str):
-                return tuple(v.strip() for v in value.split(",") if v.strip())
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                return tuple(value)
-            raise ValueError("expected a list of strings")
+        return _coerce_value(kind, value)
     except (TypeError, ValueError) as exc:
-        problems.add(where, f"{exc} (got {value!r})")
-        return None
+        text = str(exc)
+        problems.add(where, text if "got " in text else f"{text}, got {value!r}")
+        return _INVALID
+
+
+def _coerce_value(kind: str, value: Any) -> Any:
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError("expected a string")
+        return value
+    if kind == "opt_str":
+        if not isinstance(value, str):
+            raise ValueError("expected a string")
+        return value or None
+    if kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+            return int(value.strip())
+        raise ValueError("expected a whole number")
+    if kind == "float":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out = float(value)
+        elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            out = float(value.strip())
+        else:
+            raise ValueError("expected a number")
+        if out != out or out < 0 or out == float("inf"):
+            raise ValueError("expected a non-negative number")
+        return out
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _BOOL_TRUE | _BOOL_FALSE:
+            return value.lower() in _BOOL_TRUE
+        raise ValueError("expected true or false")
+    if kind == "listen":
+        if value in ("", None, False):
+            return None
+        if not isinstance(value, str):
+            raise ValueError('expected "host:port" as a string')
+        return parse_listen(value)
+    if kind == "path":
+        if not isinstance(value, str):
+            raise ValueError("expected a path as a string")
+        return Path(os.path.expanduser(value)) if value else None
+    if kind == "rate":
+        if value in ("", None):
+            return None
+        return parse_rate(value)
+    if kind == "size":
+        if value in ("", None):
+            return None
+        return int(parse_size(value))
+    if kind == "str_map":
+        if isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            return dict(value)
+        if isinstance(value, str):  # environment: "lane=addr,lane=addr"
+            pairs = [p.partition("=") for p in value.split(",") if p.strip()]
+            if all(sep and k.strip() and v.strip() for k, sep, v in pairs):
+                return {k.strip(): v.strip() for k, _, v in pairs}
+        raise ValueError("expected a table of names to strings (or name=value,... in the environment)")
+    if kind == "str_list":
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ValueError("expected a list of strings")
     raise AssertionError(kind)
 
 
@@ -477,6 +501,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "zero_copy_min_bytes": "size",
         "anonymous_reads": "bool",
         "credentials_file": "path",
+        "ready_requires_backend": "bool",
     },
     "backend": {
         "endpoint": "opt_str",
@@ -578,7 +603,7 @@ def _section_values(name: str, raw: Mapping[str, Any], source: str, problems: _P
             problems.add(f"{source} [{name}].{key}", f"unknown setting (known: {known})")
             continue
         coerced = _coerce(kind, value, f"{source} [{name}].{key}", problems)
-        if coerced is not None or key in _NULLABLE:
+        if coerced is not _INVALID and (coerced is not None or key in _NULLABLE):
             out[key] = coerced
     return out
 
@@ -629,6 +654,38 @@ def parse_credentials_env(
     return creds
 
 
+# S3LANES_* variables other s3lanes tools read, which may be in the gateway's environment too: the client
+# library's (clients/config.py), the container's health check (deploy/Dockerfile), the test suites'.
+OTHER_TOOLS_ENV = frozenset({"S3LANES_ENDPOINT_URL", "S3LANES_LANE", "S3LANES_HEALTH_URL"})
+OTHER_TOOLS_ENV_PREFIXES = ("S3LANES_CONFORMANCE", "S3LANES_FUZZ_")
+
+
+def _check_env_names(env: Mapping[str, str], problems: _Problems) -> None:
+    """An unknown ``S3LANES_*`` variable is refused as an unknown TOML key is: a typo would otherwise be
+    silently ignored, and the setting it meant left at its default."""
+    known = {f"S3LANES_{section.upper()}_{key.upper()}" for section, keys in _SCHEMA.items() for key in keys}
+    known.add("S3LANES_CREDENTIALS")
+    by_key: dict[str, list[str]] = {}
+    for name in known:
+        for section in _SCHEMA:
+            prefix = f"S3LANES_{section.upper()}_"
+            if name.startswith(prefix):
+                by_key.setdefault(name[len(prefix) :], []).append(name)
+    for name in sorted(env):
+        if not name.startswith("S3LANES_") or name in known or name in OTHER_TOOLS_ENV:
+            continue
+        if name.startswith(OTHER_TOOLS_ENV_PREFIXES):
+            continue
+        guesses = by_key.get(name[len("S3LANES_") :]) or difflib.get_close_matches(
+            name, known, n=1, cutoff=0.85
+        )
+        hint = f" (did you mean {' or '.join(sorted(guesses))}?)" if guesses else ""
+        problems.add(
+            f"environment {name}",
+            f"unknown setting{hint}; settings are S3LANES_<SECTION>_<KEY> as in docs/configuration.md",
+        )
+
+
 def read_credentials_file(path: Path) -> list[Credential]:
     """The key pairs of a credentials file: ``access_key:secret_key[:backend_access_key:backend_secret_key]``
     per line or comma-separated (as ``S3LANES_CREDENTIALS``), blank lines and ``#`` comments ignored.
@@ -675,6 +732,12 @@ def load_config(
                 doc = tomllib.load(fh)
         except FileNotFoundError:
             raise ConfigError([f"{path}: no such file"]) from None
+        except IsADirectoryError:
+            raise ConfigError([f"{path}: is a directory; --config takes a TOML file"]) from None
+        except OSError as exc:
+            raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+        except UnicodeDecodeError:
+            raise ConfigError([f"{path}: not valid TOML: not UTF-8 text"]) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
         src = str(path)
@@ -712,6 +775,7 @@ def load_config(
                 sections[name].update(_section_values(name, {key: env[env_name]}, "environment", problems))
     if env.get("S3LANES_CREDENTIALS"):
         creds = parse_credentials_env(env["S3LANES_CREDENTIALS"], problems)
+    _check_env_names(env, problems)
 
     for name, values in (overrides or {}).items():
         sections[name].update(_section_values(name, values, "command line", problems))

@@ -8,11 +8,22 @@ from the fixed S3 operation names, status codes from HTTP.
 from __future__ import annotations
 
 import asyncio
+import platform
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from gateway import __version__
 
 # Latency buckets from 0.5 ms to 60 s: read latency targets are in milliseconds, checkpoint parts in seconds.
 LATENCY_BUCKETS_S = (
@@ -36,6 +47,10 @@ LATENCY_BUCKETS_S = (
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+# No ``*_created`` series beside every counter and histogram: one timestamp per label set that no dashboard
+# or alert reads, doubling the series count. (prometheus_client's switch is process-wide.)
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -44,6 +59,10 @@ class Metrics:
         # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total, ...: a slow leak of
         # memory or descriptors shows in these; s3lanes_event_loop_tasks shows a leak of tasks.
         ProcessCollector(registry=r)
+        # s3lanes_build_info{version, python} 1: which version runs where (joins onto any series by instance).
+        Info("s3lanes_build", "The s3lanes version and the Python it runs on.", registry=r).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
         r.register(_FnCollector(_loop_families))
         self.requests = Counter(
             "s3lanes_requests",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -13,10 +15,11 @@ from typing import Any
 from aiohttp import web
 
 from gateway.clock import Clock
-from gateway.config import DEFAULT_BACKEND, Config
+from gateway.config import DEFAULT_BACKEND, Config, Listen
 from gateway.core.classify import CheckpointPrefixes, Classifier
 from gateway.core.routing import RouteTable
 from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig
+from gateway.errors import S3Error, StartupError
 from gateway.http.admin import (
     ADMIN_METRICS_PATH,
     DRAIN_PATH,
@@ -40,6 +43,7 @@ from gateway.runtime.drainer import Drainer
 from gateway.runtime.keyfile import CredentialsFileWatcher, KeyTables
 from gateway.runtime.lane_metrics import pool_collector, scheduler_collector
 from gateway.runtime.pools import Pools, bottleneck_of
+from gateway.runtime.reachability import ReachabilityProbe
 from gateway.runtime.spool import Spool, crash_on_failure
 from gateway.runtime.spool_deadline import DeadlineKeeper
 from gateway.runtime.spool_metrics import spool_collector
@@ -55,6 +59,7 @@ DRAINER_KEY = web.AppKey("drainer", Drainer)
 CLUSTER_KEY = web.AppKey("cluster", ClusterMember)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 FRONT_KEY = web.AppKey("spool_front", SpoolFront)
+PROBE_KEY = web.AppKey("backend_probe", ReachabilityProbe)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -163,6 +168,8 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         cluster = ClusterMember(cfg.cluster, scheduler, clock, backlog_bytes=backlog, wake=dispatcher.wake)
         metrics.add_snapshot_collector(cluster.collector())
         app[CLUSTER_KEY] = cluster
+    probe = ReachabilityProbe(pools.backends, gates_readiness=cfg.server.ready_requires_backend)
+    app[PROBE_KEY] = probe
     admin = Admin(
         metrics,
         dispatcher,
@@ -177,6 +184,8 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         pools_status=lambda: pools_status(pools, clock),
         policies=cfg.tenant_policies,
         drain_hold=drainer.hold if drainer is not None else None,
+        backends_waiting=probe.never_answered if cfg.server.ready_requires_backend else None,
+        bucket_exists=lambda bucket, tenant: bucket_exists(pools, keys, bucket, tenant),
     )
     app[LIFECYCLE_KEY] = admin.lifecycle
     app[BACKEND_KEY] = backend
@@ -186,6 +195,8 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
 
     async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
         await pools.start()
+        probe_task = asyncio.create_task(probe.run(), name="backend-probe")
+        probe_task.add_done_callback(crash_on_failure)
         drain_task: asyncio.Task[None] | None = None
         if spool is not None and drainer is not None:
             # Recovery runs here, before the listeners open: replay, truncate, drop orphans.
@@ -207,6 +218,9 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             cluster_task = asyncio.create_task(cluster.run(), name="cluster-budget")
             cluster_task.add_done_callback(crash_on_failure)
         yield
+        probe_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await probe_task
         if watch_task is not None:
             watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -231,7 +245,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
 
     app.cleanup_ctx.append(backend_ctx)
     app.on_cleanup.append(lambda _app: _close(pools))
-    status_page = StatusPage(admin.allowed)
+    status_page = StatusPage(admin.allowed, admin.forbidden_text)
     for path, handler in (
         (HEALTH_PATH, admin.healthz),
         (READY_PATH, admin.readyz),
@@ -270,6 +284,21 @@ def build_pools(cfg: Config, backend: Backend, clock: Clock) -> Pools:
     }
     table = RouteTable((r.bucket, r.backend, r.backend_bucket) for r in cfg.routes)
     return Pools(table, backends, dispatchers, bottlenecks)
+
+
+async def bucket_exists(pools: Pools, keys: KeyTables, bucket: str, tenant: str | None) -> bool | None:
+    """HEAD the bucket on its backend, as the signing tenant (a loopback flush: as the first key): False
+    for 404, True for 2xx, None when the store cannot tell (403, 5xx, unreachable)."""
+    cred = keys.live.get(tenant) if tenant is not None else next(iter(keys.live.values()), None)
+    if cred is None:
+        return None
+    backend, target = pools.target(bucket, None, "")
+    try:
+        resp = await backend.request("HEAD", target, {}, cred, lane="metadata")
+    except S3Error:
+        return None
+    resp.release()
+    return False if resp.status == 404 else True if resp.status < 300 else None
 
 
 def pools_status(pools: Pools, clock: Clock) -> dict[str, Any]:
@@ -386,7 +415,20 @@ def tls_context(cfg: Config) -> ssl.SSLContext | None:
         return None
     assert cfg.server.tls_cert is not None and cfg.server.tls_key is not None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(str(cfg.server.tls_cert), str(cfg.server.tls_key))
+    cert, key = cfg.server.tls_cert, cfg.server.tls_key
+    try:
+        ctx.load_cert_chain(str(cert), str(key))
+    except ssl.SSLError as exc:
+        reason = (
+            "the key does not match the certificate"
+            if "KEY_VALUES_MISMATCH" in str(exc)
+            else "not a PEM certificate chain and its PEM private key"
+        )
+        raise StartupError(f"[server] tls_cert {cert}, tls_key {key}: cannot load them: {reason}") from None
+    except OSError as exc:
+        raise StartupError(
+            f"[server] tls_cert {cert}, tls_key {key}: cannot read them: {exc.strerror or exc}"
+        ) from None
     return ctx
 
 
@@ -416,7 +458,7 @@ async def _open(cfg: Config, runner: web.AppRunner) -> list[str]:
     urls: list[str] = []
     if cfg.server.listen is not None:
         site = web.TCPSite(runner, cfg.server.listen.host, cfg.server.listen.port, reuse_address=True)
-        await site.start()
+        await _bind(site, cfg.server.listen, "listen")
         urls.append(_bound_url(site, "http"))
     ctx = tls_context(cfg)
     if ctx is not None and cfg.server.https_listen is not None:
@@ -427,9 +469,40 @@ async def _open(cfg: Config, runner: web.AppRunner) -> list[str]:
             ssl_context=ctx,
             reuse_address=True,
         )
-        await tls_site.start()
+        await _bind(tls_site, cfg.server.https_listen, "https_listen")
         urls.append(_bound_url(tls_site, "https"))
     return urls
+
+
+async def _bind(site: web.TCPSite, listen: Listen, setting: str) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        raise _listen_error(listen, setting, exc) from None
+
+
+def check_listen_addresses(cfg: Config) -> None:
+    """Fail early (StartupError) if a configured listen address cannot be bound, e.g. the port is taken:
+    before an embedded store starts and the spool is recovered. The listeners bind for real later."""
+    for listen, setting in ((cfg.server.listen, "listen"), (cfg.server.https_listen, "https_listen")):
+        if listen is None or listen.port == 0:
+            continue
+        family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener will
+            try:
+                sock.bind((listen.host, listen.port))
+            except OSError as exc:
+                raise _listen_error(listen, setting, exc) from None
+
+
+def _listen_error(listen: Listen, setting: str, exc: OSError) -> StartupError:
+    if exc.errno == errno.EADDRINUSE:
+        why = "the address is already in use (another s3lanes, or another service, holds the port)"
+    else:
+        why = (exc.strerror or str(exc)).lower()
+    flag = "--listen" if setting == "listen" else "--https-listen"
+    return StartupError(f"cannot listen on {listen}: {why}; choose another with {flag} or [server] {setting}")
 
 
 def _bound_url(site: web.TCPSite, scheme: str) -> str:

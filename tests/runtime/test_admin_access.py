@@ -164,7 +164,10 @@ def test_drain_switch_pauses_and_resumes_for_admins_only() -> None:
         resp = asyncio.run(a.drain(request(peer, headers, path=f"/_s3lanes/drain{query}")))
         return resp.status, resp.text or ""
 
-    assert call("?pause=1", peer="10.1.2.3") == (403, "admin endpoints are served to loopback peers only\n")
+    status, text = call("?pause=1", peer="10.1.2.3")
+    assert status == 403 and "Authorization: Bearer <[server] admin_token>" in text and "--token" in text
+    status, text = call("?pause=1", peer="10.1.2.3", headers={"Authorization": "Bearer wrong"})
+    assert (status, text) == (403, "the bearer token does not match [server] admin_token\n")
     assert state["paused"] is False
     assert call("?pause=1") == (200, '{"paused": true}') and state["paused"] is True
     assert call("") == (200, '{"paused": true}')
