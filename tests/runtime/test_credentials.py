@@ -19,10 +19,20 @@ from gateway.config import BackendConfig, Credential
 from gateway.core.sigv4 import RequestView, parse_auth, verify
 from gateway.errors import StartupError
 from gateway.runtime.backend import Backend
-from gateway.runtime.credentials import REFRESH_MAX_INTERVAL_S, REFRESH_MIN_INTERVAL_S, ChainCredentials
+from gateway.runtime.credentials import (
+    REFRESH_MAX_INTERVAL_S,
+    REFRESH_MIN_INTERVAL_S,
+    ChainCredentials,
+    SigningIdentity,
+)
 
 CLIENT = Credential("client-ak", "client-sk", "client-backend-ak", "client-backend-sk")
-SECRETS = {"ENVAK": "env-secret", "STATICAK": "static-secret", "client-backend-ak": "client-backend-sk"}
+SECRETS = {
+    "ROTAK": "rotated-secret",
+    "ENVAK": "env-secret",
+    "STATICAK": "static-secret",
+    "client-backend-ak": "client-backend-sk",
+}
 
 
 @pytest.fixture
@@ -84,6 +94,29 @@ async def test_a_session_token_from_the_chain_is_sent_and_signed(
     assert req["access_key"] == "ENVAK"
     assert req["headers"]["x-amz-security-token"] == "the-session-token"
     assert "x-amz-security-token" in req["signed"]
+
+
+async def test_each_request_is_signed_with_the_snapshot_current_when_it_is_sent(
+    chain_env: None, monkeypatch: pytest.MonkeyPatch, store: tuple[str, list[dict[str, Any]]]
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ENVAK")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    url, seen = store
+    backend = Backend(BackendConfig(endpoint=url, credential_source="aws"), url, SystemClock())
+    await backend.start()
+    try:
+        for rotate in (False, True):
+            if rotate:  # what a refresh does: a new snapshot, all three values at once
+                assert backend.chain is not None
+                backend.chain._snapshot = SigningIdentity("ROTAK", "rotated-secret", "token-2")
+            resp = await backend.request("GET", backend.target("b", "k", ""), {}, CLIENT)
+            assert resp.status == 200
+            resp.release()
+    finally:
+        await backend.close()
+    assert [r["access_key"] for r in seen] == ["ENVAK", "ROTAK"]
+    assert "x-amz-security-token" not in seen[0]["headers"]
+    assert seen[1]["headers"]["x-amz-security-token"] == "token-2"
 
 
 async def test_static_keys_in_the_config_win_over_the_chain(
