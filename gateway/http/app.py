@@ -195,12 +195,14 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
 
     async def backend_ctx(app: web.Application) -> AsyncIterator[None]:
         await pools.start()
-        probe_task = asyncio.create_task(probe.run(), name="backend-probe")
-        probe_task.add_done_callback(crash_on_failure)
         drain_task: asyncio.Task[None] | None = None
         if spool is not None and drainer is not None:
             # Recovery runs here, before the listeners open: replay, truncate, drop orphans.
-            await spool.open()
+            try:
+                await spool.open()
+            except BaseException:  # a damaged journal: the backend sessions close before the exit
+                await pools.close()
+                raise
             if proxy.spool_front is not None:
                 proxy.spool_front.remember_buckets()
             drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
@@ -217,6 +219,8 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         if cluster is not None:
             cluster_task = asyncio.create_task(cluster.run(), name="cluster-budget")
             cluster_task.add_done_callback(crash_on_failure)
+        probe_task = asyncio.create_task(probe.run(), name="backend-probe")
+        probe_task.add_done_callback(crash_on_failure)
         yield
         probe_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
