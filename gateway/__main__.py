@@ -213,6 +213,9 @@ def render_status(doc: dict[str, Any]) -> str:
             f" oldest {'-' if age is None else f'{age:.0f} s'}; open uploads {sp['open_uploads']};"
             f" draining {sp.get('drain', {}).get('in_flight', 0)} at {_mbps(sp.get('drain_rate_bps'))} MB/s",
         ]
+        deadline = (sp.get("drain") or {}).get("deadline")
+        if deadline:
+            lines.append(f"  durability deadline: {deadline['status']}")
         for item in sp.get("pending_by_prefix", [])[:10]:
             lines.append(f"  s3://{item['bucket']}/{item['prefix']}: {item['bytes'] / 2**20:.1f} MiB pending")
     elif "spool" in doc:

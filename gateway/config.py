@@ -34,6 +34,7 @@ from gateway.core.lanes_config import (
     parse_tenant_policies,
     parse_tenants,
 )
+from gateway.core.spool_deadline import DEFAULT_MAX_AGE_S
 from gateway.errors import ConfigError
 
 Addressing = Literal["path", "virtual"]
@@ -216,10 +217,17 @@ class SpoolConfig:
     # "slowdown" (503 SlowDown with Retry-After, for clients that should back off instead).
     when_full: Literal["write_through", "slowdown"] = "write_through"
     retry_after_s: int = 5
-    # The durability deadline: acknowledged data must be on the backend within this long, or within the
-    # interval between checkpoint bursts the gateway observes if that is shorter. The checkpoint lane's floor
-    # rises toward its cap as the deadline nears; data older than this is reported as overdue.
-    max_age_s: float = 3600.0
+    # The durability deadline: acknowledged data must be on the backend within this long. Unset: within the
+    # interval between checkpoint bursts the gateway observes (at most 3600 s; 3600 s until it has seen two).
+    # The checkpoint lane's floor rises toward its cap as the deadline nears; data older than this (unset:
+    # 3600 s) is reported as overdue.
+    max_age_s: float | None = None
+
+    @property
+    def overdue_after_s(self) -> float:
+        """Acknowledged data older than this is reported overdue: ``max_age_s``, or 3600 s when unset."""
+        return DEFAULT_MAX_AGE_S if self.max_age_s is None else self.max_age_s
+
     # Lanes whose writes are spooled.
     lanes: tuple[str, ...] = ("checkpoint",)
     # Objects uploaded to the backend at once by the drainer.
@@ -1036,7 +1044,7 @@ def _validate(cfg: Config, problems: _Problems) -> None:
     sp = cfg.spool
     if not 0 < sp.low_water <= sp.high_water <= 1:
         problems.add("[spool]", "need 0 < low_water <= high_water <= 1")
-    if not sp.max_age_s > 0:
+    if sp.max_age_s is not None and not sp.max_age_s > 0:
         problems.add("[spool].max_age_s", "must be positive (it is the durability deadline)")
     if sp.when_full not in ("write_through", "slowdown"):
         problems.add("[spool].when_full", f"expected 'write_through' or 'slowdown', got {sp.when_full!r}")

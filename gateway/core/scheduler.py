@@ -46,6 +46,11 @@ in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
 guard's multiplier ``m``; times a SlowDown cut; and never below ``floor``. A floor is also a guarantee:
 the reservation used is ``max(reservation, floor)``. ``work_conserving`` mode drops
 ``limit_while_reads_active``: writes take what reads leave, and the guard alone protects read latency.
+With a configured capacity, the caps in force while reads are active (``limit_while_reads_active``, and
+what a raised floor may reach) are shares of what the store *delivers* once it is saturated (it carries
+at least 90 % of the configured capacity while readers keep it busy): a link
+configured at 40 MB/s that carries 37.6 MB/s of payload would otherwise give writes 12 of 37.6 MB/s and
+reads 0.68 of it (see :func:`saturation_scale` and :data:`SATURATED_AT`).
 Reads are *active* once read-protected lanes asked for at least ``read_active_min_fraction·C`` within
 ``read_active_s``, and stay active until ``read_idle_s`` have passed with no read ticket queued, in flight
 or submitted (hysteresis, like dmclock's anticipation timeout).
@@ -100,6 +105,15 @@ PIECE_STEP_BYTES = 64 * 1024
 # the round is measured at a window's start, the lane's buckets and the reads' reservation phase delay a
 # piece by a little, and streams join during the round.
 PROGRESS_HEADROOM = 1.25
+# A configured store that delivered at least SATURATED_AT of its capacity over the last second, while reads
+# were active and busy (READS_BUSY_FRACTION of the time with a read queued or in flight), is saturated at
+# what it delivered: the caps while reads are active are shares of that. A shaped link carries 94-96 % of
+# its rate as payload (headers), which is what this is for. Under SATURATED_FROM it is not taken for
+# saturated: readers that wait on latency leave the store ~10 % idle (the simulation's model store
+# delivers 86-90 % to busy readers plus a capped writer). In between, a blend, so the caps do not jump.
+SATURATED_FROM = 0.90
+SATURATED_AT = 0.93
+READS_BUSY_FRACTION = 0.95
 # Backend answers that say the store is struggling (capacity estimator); 501, 505 and the like do not.
 BUSY_STATUSES = frozenset({500, 502, 503, 504})
 # With an estimated capacity and no configured window, keep ~10 ms of capacity in flight (a bandwidth-delay
@@ -195,6 +209,19 @@ class SchedulerConfig:
                 raise ValueError(f"{label} must be >= 1 (or None)")
         if self.progress_interval_s is not None and not self.progress_interval_s > 0:
             raise ValueError("progress_interval_s must be > 0 (or None)")
+
+
+def saturation_scale(delivered_fraction: float) -> float:
+    """What the caps in force while reads are active are scaled by, given what the store delivered over the
+    last second as a fraction of its configured capacity: that fraction from :data:`SATURATED_AT` up to 1
+    (a saturated store: the caps follow what it really carries), 1 up to :data:`SATURATED_FROM` (not
+    saturated: nothing says the configured capacity is wrong) and at or above 1, linear in between."""
+    x = delivered_fraction
+    if x <= SATURATED_FROM or x >= 1.0:
+        return 1.0
+    if x >= SATURATED_AT:
+        return x
+    return 1.0 - (x - SATURATED_FROM) * (1.0 - SATURATED_AT) / (SATURATED_AT - SATURATED_FROM)
 
 
 def _reservation(spec: LaneSpec) -> float:
@@ -307,6 +334,9 @@ class SchedulerSnapshot:
     guard_multiplier: float
     read_baseline_ttfb_s: float | None
     lanes: tuple[LaneSnapshot, ...]
+    # The caps while reads are active are shares of capacity_bps times this (saturation_scale): 1 unless a
+    # configured store is saturated below its configured capacity.
+    cap_scale: float = 1.0
 
     def lane(self, name: str) -> LaneSnapshot:
         for ln in self.lanes:
@@ -452,6 +482,9 @@ class Scheduler:
         self._win_requests = 0
         self._win_done = 0
         self._delivered_seen = False
+        self._cap_scale = 1.0  # saturation_scale of the last second (configured capacity only)
+        self._win_reads_idle_s = 0.0  # of this window, time with no read ticket queued or in flight
+        self._hist_reads_busy: deque[float] = deque(maxlen=SHARE_HISTORY_WINDOWS)  # busy fraction per window
         self._apply_rates(now)
 
     # -- public API ---------------------------------------------------------------------------------------
@@ -709,6 +742,7 @@ class Scheduler:
             guard_multiplier=self._guard.multiplier,
             read_baseline_ttfb_s=self._guard.baseline_s,
             lanes=tuple(lanes),
+            cap_scale=self._cap_scale,
         )
 
     @property
@@ -871,7 +905,7 @@ class Scheduler:
             f = min(f, ln.external_bps / self._capacity())
         if self._reads_active:
             if self._cfg.write_cap_mode == "strict" and s.limit_while_reads_active is not None:
-                f = min(f, s.limit_while_reads_active)
+                f = min(f, s.limit_while_reads_active * self._cap_scale)
             if s.paced_by_guard and self._guard.multiplier < 1.0:
                 f = min(f, 1.0) * self._guard.multiplier
         sd = ln.slowdown.fraction(now) if slowdown else None
@@ -912,6 +946,7 @@ class Scheduler:
             if s.limit_while_reads_active is not None:
                 cap = min(cap, s.limit_while_reads_active)
             cap = min(cap, 1.0 - math.fsum(_reservation(r.spec) for r in self._read_lanes))
+            cap *= self._cap_scale  # shares of what a saturated store really carries
         return max(s.floor, min(want, cap))
 
     def _reservations(self) -> list[float]:
@@ -973,6 +1008,7 @@ class Scheduler:
                 for ln in self._lanes:
                     ln.hist_granted.clear()
                     ln.hist_delivered.clear()
+                self._hist_reads_busy.clear()
         self._account(now)
         self._now = now
         return now
@@ -984,6 +1020,8 @@ class Scheduler:
                 self._win_window_wait_s += dt
             if self._blocked_server:
                 self._win_throttled_s += dt
+            if not any(ln.queued_tickets or ln.inflight_tickets for ln in self._read_lanes):
+                self._win_reads_idle_s += dt
             self._acct_at = t
 
     def _deactivation_time(self) -> float:
@@ -1024,6 +1062,24 @@ class Scheduler:
             return 1.0
         return min(1.0, (sum(ln.hist_granted) + ln.win_granted) / span / self._capacity())
 
+    def _measured_cap_scale(self) -> float:
+        """:func:`saturation_scale` of what the store delivered over the last full second, while reads are
+        active and kept busy (a read ticket queued or in flight for :data:`READS_BUSY_FRACTION` of that
+        second: readers that always wait on the store take whatever it has left, so what it delivered is
+        what it can carry; readers with idle gaps leave it merely not full, and the caps stay shares of the
+        configured capacity), with a configured capacity (an estimated one follows the store already);
+        else 1."""
+        if self._estimator is not None or not self._reads_active or not self._delivered_seen:
+            return 1.0
+        busy = self._hist_reads_busy
+        if len(busy) < SHARE_HISTORY_WINDOWS or sum(busy) / len(busy) < READS_BUSY_FRACTION:
+            return 1.0
+        windows = len(self._lanes[0].hist_delivered)
+        if windows < SHARE_HISTORY_WINDOWS:
+            return 1.0
+        delivered = sum(sum(ln.hist_delivered) for ln in self._lanes)
+        return saturation_scale(delivered / (windows * self._cfg.window_s) / self._capacity())
+
     def _tick(self, t: float) -> None:
         """End of a window: feedback loops, rates, allocation, statistics."""
         cfg = self._cfg
@@ -1060,6 +1116,9 @@ class Scheduler:
                 # low estimate, would otherwise lower it further (fuzz runs sank to 1 MiB/s that way).
                 guard_missed=verdict.backend_missed and self._guard.multiplier <= GUARD_M_MIN and paced_work,
             )
+        self._hist_reads_busy.append(max(0.0, 1.0 - self._win_reads_idle_s / cfg.window_s))
+        self._win_reads_idle_s = 0.0
+        self._cap_scale = self._measured_cap_scale()
         for ln in self._lanes:
             ln.slowdown.recover(t, self._ceiling_fraction(ln, t, slowdown=False))
         self._apply_rates(t)

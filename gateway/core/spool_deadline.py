@@ -22,10 +22,15 @@ so (``at_risk``), long before the spool fills: the shell reports it as a metric,
 warning.
 
 :class:`CheckpointCadence` learns the default deadline: the interval between checkpoint *bursts* (spool
-acknowledgements separated by at least ``quiet_s`` of silence), the median of the last few. A checkpoint
-then has until the next one to become durable, which keeps the backlog bounded (one checkpoint at most)
-whenever checkpoints average under the cap. The deadline is the smaller of that interval and
-``[spool].max_age_s``; before two bursts have been seen, ``max_age_s`` alone.
+acknowledgements separated by at least ``quiet_s`` of silence, counted by their bytes), the median of the
+last few. Only a burst of at least :data:`BURST_MIN_FRACTION` of the largest recent one is a checkpoint: a
+commit marker acknowledged seconds after its shards, a log or a metrics file written between checkpoints
+would otherwise each start a "burst" and shorten the interval (and so the deadline) to their own spacing.
+A checkpoint then has until the next one to become durable, which keeps the backlog bounded (one
+checkpoint at most) whenever checkpoints average under the cap. ``[spool].max_age_s``, when set, is the
+deadline whatever the cadence (longer: the backlog may span checkpoints and reads keep more of the store;
+shorter: durable sooner); unset, the deadline is the learnt interval, at most :data:`DEFAULT_MAX_AGE_S`,
+which is also the deadline before two checkpoints have been seen.
 
 Nothing here reads a clock: every method takes the time.
 """
@@ -47,6 +52,13 @@ BURST_QUIET_S = 4.0
 CADENCE_HISTORY = 5
 # A cadence shorter than this is not a checkpoint cadence (a steady writer): not used as a deadline.
 MIN_CADENCE_S = 5.0
+# A burst is a checkpoint when it holds at least this fraction of the bytes of the largest of the last
+# BURST_WINDOW bursts (small ones included: the window moves on, so checkpoints that shrink for good are
+# checkpoints again once the large ones have left it).
+BURST_MIN_FRACTION = 0.25
+BURST_WINDOW = 48
+# The deadline when [spool].max_age_s is not set and no cadence is known (or the cadence is longer).
+DEFAULT_MAX_AGE_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,42 +111,68 @@ def plan(
 
 
 class CheckpointCadence:
-    """The interval between checkpoint bursts, learnt from the times the spool acknowledged writes."""
+    """The interval between checkpoint bursts, learnt from the times and sizes of the spool's
+    acknowledgements. Bursts too small to be checkpoints (see the module docstring) are not counted."""
 
-    __slots__ = ("_burst_starts", "_last_ack", "_quiet_s")
+    __slots__ = ("_bursts", "_current", "_history", "_last_ack", "_quiet_s")
 
     def __init__(self, quiet_s: float = BURST_QUIET_S, history: int = CADENCE_HISTORY) -> None:
         if not quiet_s > 0 or history < 1:
             raise ValueError("quiet_s must be > 0 and history >= 1")
         self._quiet_s = quiet_s
+        self._history = history
         self._last_ack: float | None = None
-        self._burst_starts: deque[float] = deque(maxlen=history + 1)
+        # Closed bursts as [start, bytes], checkpoints and small ones alike: the last BURST_WINDOW.
+        self._bursts: deque[list[float]] = deque(maxlen=BURST_WINDOW)
+        self._current: list[float] | None = None  # the burst still open
 
-    def observe_ack(self, at: float) -> None:
-        """The spool acknowledged a write at ``at`` (any clock, as long as it is the same one throughout;
-        a time before the last one is taken as the last one)."""
+    def observe_ack(self, at: float, nbytes: int = 1) -> None:
+        """The spool acknowledged ``nbytes`` at ``at`` (any clock, as long as it is the same one throughout;
+        a time before the last one is taken as the last one). Several acknowledgements may be reported at
+        once, as one call with their bytes summed."""
         last = self._last_ack
         if last is not None:
             at = max(at, last)
-        if last is None or at - last >= self._quiet_s:
-            self._burst_starts.append(at)
+        if self._current is None or last is None or at - last >= self._quiet_s:
+            if self._current is not None:
+                self._bursts.append(self._current)
+            self._current = [at, 0.0]
+        self._current[1] += max(0, nbytes)
         self._last_ack = at
+
+    def _threshold(self) -> float:
+        sizes = [b[1] for b in self._bursts]
+        if self._current is not None:
+            sizes.append(self._current[1])
+        return BURST_MIN_FRACTION * max(sizes, default=0.0)
+
+    def _starts(self) -> list[float]:
+        """Start times of the recent checkpoint bursts, the open one included once it is large enough."""
+        threshold = self._threshold()
+        s = [b[0] for b in self._bursts if b[1] >= threshold]
+        if self._current is not None and self._current[1] >= threshold:
+            s.append(self._current[0])
+        return s[-(self._history + 1) :]
 
     @property
     def bursts_seen(self) -> int:
-        return len(self._burst_starts)
+        """Recent checkpoint bursts remembered (at most ``history + 1``)."""
+        return len(self._starts())
 
     @property
     def interval_s(self) -> float | None:
-        """The median interval between recent burst starts; None before two bursts (or for a cadence under
+        """The median interval between recent checkpoint bursts; None before two (or for a cadence under
         :data:`MIN_CADENCE_S`, which is a steady writer, not checkpoints)."""
-        s = list(self._burst_starts)
+        s = self._starts()
         if len(s) < 2:
             return None
         interval = statistics.median(b - a for a, b in itertools.pairwise(s))
         return interval if interval >= MIN_CADENCE_S else None
 
-    def deadline_s(self, max_age_s: float) -> float:
-        """The deadline in force: the cadence, or ``max_age_s`` if that is smaller or no cadence is known."""
+    def deadline_s(self, max_age_s: float | None) -> float:
+        """The deadline in force: ``max_age_s`` when set; else the cadence, at most
+        :data:`DEFAULT_MAX_AGE_S` (that alone while no cadence is known)."""
+        if max_age_s is not None:
+            return max_age_s
         interval = self.interval_s
-        return max_age_s if interval is None else min(max_age_s, interval)
+        return DEFAULT_MAX_AGE_S if interval is None else min(DEFAULT_MAX_AGE_S, interval)

@@ -394,13 +394,13 @@ class Drainer:
             return
         age = self._clock.wall() - oldest
         now = self._clock.monotonic()
-        if age > self._cfg.max_age_s and now - self._last_age_warning > _AGE_WARNING_INTERVAL_S:
+        if age > self._cfg.overdue_after_s and now - self._last_age_warning > _AGE_WARNING_INTERVAL_S:
             self._last_age_warning = now
             log.warning(
-                "spool: data acknowledged %.0f s ago is still not on the backend (max_age_s=%.0f); %d objects"
-                " pending",
+                "spool: data acknowledged %.0f s ago is still not on the backend (overdue after %.0f s,"
+                " [spool].max_age_s); %d objects pending",
                 age,
-                self._cfg.max_age_s,
+                self._cfg.overdue_after_s,
                 len(self._spool.state.entries),
             )
 

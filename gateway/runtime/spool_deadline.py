@@ -77,7 +77,7 @@ class DeadlineKeeper:
         spool: SpoolView,
         dispatchers: Sequence[LaneDispatcher],
         lanes: Iterable[str],
-        max_age_s: float,
+        max_age_s: float | None,
         clock: Clock,
     ) -> None:
         self._spool = spool
@@ -106,7 +106,8 @@ class DeadlineKeeper:
         now = self._clock.monotonic()
         acked = self._spool.acked_bytes
         if acked != self._acked:
-            self.cadence.observe_ack(now)
+            # Bytes, not acknowledgements: a commit marker or a small file between checkpoints is no burst.
+            self.cadence.observe_ack(now, acked - self._acked)
             self._acked = acked
         state = self._spool.state
         backlog = sum(e.size for e in state.entries.values())
@@ -146,8 +147,7 @@ class DeadlineKeeper:
                 "spool: durability deadline at risk: %d bytes still to upload, the oldest acknowledged %.0f s"
                 " ago; the deadline is %.0f s and at the %s lane's cap that backlog takes %.0f s more (%.0f s"
                 " left): checkpoints arrive faster than the lane's cap drains them, and the spool fills if"
-                " this lasts (raise the lane's limit_while_reads_active or [spool].max_age_s, or checkpoint"
-                " less often)",
+                " this lasts (raise the lane's limit_while_reads_active, or checkpoint less often or less)",
                 remaining,
                 age,
                 first.deadline_s,
@@ -203,7 +203,7 @@ class DeadlineKeeper:
             p = self.last
             yield GaugeMetricFamily(
                 "s3lanes_spool_deadline_seconds",
-                "The durability deadline in force: [spool].max_age_s or the observed checkpoint interval.",
+                "The durability deadline in force: [spool].max_age_s, or (unset) the checkpoint interval.",
                 value=self.cadence.deadline_s(self._max_age_s),
             )
             yield GaugeMetricFamily(

@@ -60,8 +60,8 @@ def spool_collector(spool: Spool, clock: Clock) -> Callable[[], Iterable[Metric]
         )
         yield GaugeMetricFamily(
             "s3lanes_spool_overdue",
-            "1 while the oldest pending write is older than [spool].max_age_s.",
-            value=1.0 if age > spool.cfg.max_age_s else 0.0,
+            "1 while the oldest pending write is older than [spool].max_age_s (3600 s when unset).",
+            value=1.0 if age > spool.cfg.overdue_after_s else 0.0,
         )
         yield GaugeMetricFamily(
             "s3lanes_spool_keys_in_doubt",

@@ -330,11 +330,67 @@ def summarize_segment(seg: dict[str, Any], settle_s: float) -> dict[str, Any]:
         "overhead_s": trainer["overhead_s"],
         "loader_errors": trainer["loader_errors"],
         "retries": trainer["counters"].get("retries", 0),
+        "writers": writers_summary(trainer),
         "late_start_s": max(probe.get("late_start_s", 0.0), trainer.get("late_start_s", 0.0)),
         "wire": wire,
         "gateway": gateway,
         "cpu": seg.get("cpu", {}),
     }
+
+
+def writers_summary(trainer: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint writers' client, its errors and (botocore) how long a connection went without moving
+    a byte of a part's body (the longest pause between two blocks read by http.client) and how long it then
+    waited for the answer."""
+    c = trainer.get("ckpt_client") or {"client": "aiohttp"}
+    parts = c.get("parts") or []
+    pauses = [float(p[1]) for p in parts]
+    return {
+        "client": c.get("client", "aiohttp"),
+        "client_errors": len(c.get("errors") or []),
+        "client_error_texts": [e[2] for e in (c.get("errors") or [])][:10],
+        "parts": len(parts),
+        "body_pause_p50_s": percentile(pauses, 50) if pauses else None,
+        "body_pause_p99_s": percentile(pauses, 99) if pauses else None,
+        "body_pause_max_s": max(pauses, default=None),
+        "answer_wait_max_s": c.get("max_answer_wait_s"),
+    }
+
+
+def writers_markdown(summary: dict[str, Any]) -> list[str]:
+    """One row per segment whose checkpoint writers were botocore clients (no retries)."""
+    rows = [s for s in summary.get("segments", []) if (s.get("writers") or {}).get("client") == "botocore"]
+    if not rows:
+        return []
+    out = [
+        "",
+        "## Writer connections (botocore, no retries)",
+        "",
+        "Client errors of the checkpoint writers (every failed request: botocore's timeouts, no retries); "
+        "the longest pause between two blocks of a part's body that http.client sent (the time a connection "
+        "moved no bytes), p50 / p99 / max over parts; the longest wait for an answer after a body's last "
+        "block; each checkpoint's save (to acknowledged) and time to durable; the read share of the link per "
+        "1 s window from the first checkpoint on.",
+        "",
+        "| segment | client errors | parts | body pause p50 / p99 / max s | answer wait max s | save s "
+        "(each) | durable s (each) | read share 1 s min / median | windows < 0.70 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in rows:
+        w, p = s["writers"], s["progress"]
+        saves = ", ".join(f"{x:.0f}" for x in s["save_s"])
+        durable = ", ".join("-" if d is None else f"{d:.0f}" for d in s["durable_s"])
+        out.append(
+            f"| {s['name']} | {w['client_errors']} | {w['parts']}"
+            f" | {_f(w['body_pause_p50_s'])} / {_f(w['body_pause_p99_s'])} / {_f(w['body_pause_max_s'])}"
+            f" | {_f(w['answer_wait_max_s'])} | {saves} | {durable}"
+            f" | {_f(p['read_share_1s_min'], '.2f')} / {_f(p['read_share_1s_median'], '.2f')}"
+            f" | {p['read_share_1s_below_070']} of {p['read_share_1s_windows']} |"
+        )
+    for s in rows:
+        for text in s["writers"]["client_error_texts"]:
+            out.append(f"- {s['name']}: {text}")
+    return out
 
 
 def read_shares_1s(seg: dict[str, Any], t0: float, t1: float) -> list[float]:
@@ -518,6 +574,7 @@ def summarize_scenario(segs: list[dict[str, Any]]) -> dict[str, Any]:
         "guard_multiplier_min": min((g["guard_multiplier_min"] for g in gw), default=None),
         "loader_errors": sum(s["loader_errors"] for s in segs),
         "retries": sum(s["retries"] for s in segs),
+        "client_errors": sum(s["writers"]["client_errors"] for s in segs),
         "other_cores_median": median([s["cpu"].get("other") for s in segs]),
         "late_start_s_max": max(s["late_start_s"] for s in segs),
     }
@@ -745,6 +802,7 @@ def markdown(doc: dict[str, Any]) -> str:
         ]
     lines += pools_markdown(s)
     lines += progress_markdown(s)
+    lines += writers_markdown(s)
     lines += ["", "### Run", ""]
     noise = {k: x["other_cores_median"] for k, x in sc.items()}
     lines.append(
@@ -752,10 +810,16 @@ def markdown(doc: dict[str, Any]) -> str:
         + ", ".join(f"{_f(v, '.2f')} ({k})" for k, v in noise.items())
         + " cores busy (median over segments; includes the kernel's softirq work for the testbed's links)."
     )
-    errors = {k: (x["checkpoint_errors"], x["loader_errors"], x["retries"]) for k, x in sc.items()}
-    for k, (ck, ld, rt) in errors.items():
-        if ck or ld or rt:
-            lines.append(f"- ({k}): checkpoint errors {len(ck)}, loader errors {ld}, write retries {rt}")
+    errors = {
+        k: (x["checkpoint_errors"], x["loader_errors"], x["retries"], x["client_errors"])
+        for k, x in sc.items()
+    }
+    for k, (ck, ld, rt, ce) in errors.items():
+        if ck or ld or rt or ce:
+            lines.append(
+                f"- ({k}): checkpoint errors {len(ck)}, loader errors {ld}, write retries {rt}, "
+                f"writer client errors {ce}"
+            )
     for k, x in sc.items():
         if x["fifo_drops"]:
             lines.append(f"- ({k}): the FIFO dropped {x['fifo_drops']} packets (tail drop at its depth)")

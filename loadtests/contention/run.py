@@ -125,6 +125,9 @@ class Options:
     ckpt_shards: int
     part_mib: int
     ckpt_writers: int
+    ckpt_client: str
+    boto_connect_timeout_s: float
+    boto_read_timeout_s: float
     probe_rate: float
     range_kib: int
     steps_per_s: float
@@ -194,6 +197,23 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--ckpt-shards", type=int, help="objects per checkpoint (default 4; quick 2)")
     p.add_argument("--part-mib", type=int, default=8, help="multipart part size, MiB (default 8)")
     p.add_argument("--ckpt-writers", type=int, help="concurrent checkpoint writers (default 4; quick 2)")
+    p.add_argument(
+        "--ckpt-client",
+        choices=("aiohttp", "botocore"),
+        default="aiohttp",
+        help="the checkpoint writers' client: aiohttp (retries 5xx and transport errors, default) or "
+        "botocore (one client per writer thread, no retries: every failed request is a client error, "
+        "reported with the longest pause in any part's body)",
+    )
+    p.add_argument(
+        "--boto-connect-timeout-s",
+        type=float,
+        default=60.0,
+        help="botocore writers: connect_timeout (botocore's default 60; it also bounds each socket send)",
+    )
+    p.add_argument(
+        "--boto-read-timeout-s", type=float, default=60.0, help="botocore writers: read_timeout (default 60)"
+    )
     p.add_argument("--probe-rate", type=float, default=20.0, help="probe range GETs per second (default 20)")
     p.add_argument("--range-kib", type=int, default=256, help="probe range size, KiB (default 256)")
     p.add_argument("--steps-per-s", type=float, help="trainer steps per second (default 10; saturating 1000)")
@@ -262,6 +282,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         ckpt_shards=pick(a.ckpt_shards, 4, 2),
         part_mib=pick(a.part_mib, 8, 8),
         ckpt_writers=pick(a.ckpt_writers, 4, 2),
+        ckpt_client=a.ckpt_client,
+        boto_connect_timeout_s=pick(a.boto_connect_timeout_s, 60.0, 60.0),
+        boto_read_timeout_s=pick(a.boto_read_timeout_s, 60.0, 60.0),
         probe_rate=pick(a.probe_rate, 20.0, 20.0),
         range_kib=pick(a.range_kib, 256, 256),
         steps_per_s=pick(a.steps_per_s, 10.0, 10.0, 1000.0),
@@ -624,6 +647,9 @@ class Run:
             "ckpt_shard_bytes": o.ckpt_mib * MIB // o.ckpt_shards,
             "ckpt_part_bytes": o.part_mib * MIB,
             "ckpt_writers": o.ckpt_writers,
+            "ckpt_client": o.ckpt_client,
+            "boto_connect_timeout_s": o.boto_connect_timeout_s,
+            "boto_read_timeout_s": o.boto_read_timeout_s,
             "gateway_url": gw.url if gw else None,
             "flush": bool(gw) and GATEWAY_SPOOL[scenario],
             "status_interval_s": SAMPLE_INTERVAL_S,
@@ -675,6 +701,14 @@ class Run:
         )
         ckpts = trainer_doc["checkpoints"]
         errors = [c["error"] for c in ckpts if c["error"]]
+        client = trainer_doc.get("ckpt_client") or {}
+        if client.get("client") == "botocore":
+            self.log(
+                f"({scenario}) round {rnd + 1}: botocore writers: {len(client['errors'])} client errors, "
+                f"{client['parts_sent']} parts, longest pause in a body "
+                f"{client['max_body_pause_s'] or 0:.1f} s, longest wait for an answer "
+                f"{client['max_answer_wait_s'] or 0:.1f} s"
+            )
         saves = ", ".join(f"{c['save_s']:.1f}" for c in ckpts)
         durables = ", ".join("-" if c["durable_s"] is None else f"{c['durable_s']:.1f}" for c in ckpts)
         line = (

@@ -27,6 +27,13 @@ Theory of operation
   the same first second). That warm-up is reported on its own, and the fraction with it as well.
   Through a gateway with a spool, a background task then calls ``POST /_s3lanes/flush`` for the checkpoint's
   prefix, which answers once it is durable on the store; without one, acknowledged means durable.
+- **Checkpoint clients** (``ckpt_client``): ``aiohttp`` (the signed client above, with retries on 5xx and
+  transport errors, as training clients do) or ``botocore``: a botocore S3 client per writer thread, its
+  timeouts botocore's defaults (60 s connect, 60 s read) unless the spec sets them, and *no retries*, so a
+  connection the gateway holds without progress for longer than a timeout is a client error, counted and
+  reported, instead of a retry. Each part's body notes when http.client reads its next block (it does so
+  once the previous one is in the socket): the longest pause between two, per part, is the longest time
+  that connection moved no bytes; the wait from the last block to the answer is noted beside it.
 - While it runs, the trainer also samples the gateway's ``/_s3lanes/status`` (lane byte counters, the write
   cap, the guard) every ``status_interval_s``: the gateway answers admin requests from loopback peers only,
   and the trainer is on the gateway's side of the testbed. With storage pools (the status has a ``pools``
@@ -38,14 +45,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
+import itertools
 import json
 import os
 import random
 import re
 import signal
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,6 +284,127 @@ async def retrying(what: str, attempt: Any, counters: dict[str, int]) -> Any:
 
 
 # --------------------------------------------------------------------------------------------------------
+# botocore checkpoint writers
+
+
+class TimedBody(io.BytesIO):
+    """A part's bytes for botocore that notes when each block is read. http.client reads the next block
+    only once the previous one is in the socket, so the longest pause between two reads of the last pass
+    (an earlier pass hashes the payload for the signature; a seek to 0 starts the pass that is sent) is the
+    longest time the connection moved no bytes."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.reads: list[float] = []
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        self.reads.append(time.monotonic())
+        return super().read(size)
+
+    def seek(self, pos: int, whence: int = 0, /) -> int:
+        if pos == 0 and whence == 0:
+            self.reads = []
+        return super().seek(pos, whence)
+
+    def max_gap_s(self) -> float:
+        r = self.reads
+        return max((b - a for a, b in itertools.pairwise(r)), default=0.0)
+
+
+class BotoWriters:
+    """botocore S3 clients for the checkpoint writers, on threads of their own (botocore blocks). No
+    retries: every failed request is a client error, counted with its text."""
+
+    def __init__(self, spec: dict[str, Any], endpoint_url: str) -> None:
+        import botocore.session
+        from botocore.config import Config
+
+        writers = int(spec["ckpt_writers"])
+        cfg = Config(
+            connect_timeout=float(spec.get("boto_connect_timeout_s") or 60.0),
+            read_timeout=float(spec.get("boto_read_timeout_s") or 60.0),
+            retries={"max_attempts": 1, "mode": "standard"},
+            max_pool_connections=max(10, writers),
+            s3={"addressing_style": "path"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self.client = botocore.session.get_session().create_client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=REGION,
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+            config=cfg,
+        )
+        self.pool = ThreadPoolExecutor(max_workers=writers + 1, thread_name_prefix="ckpt-writer")
+        self.errors: list[list[Any]] = []  # [at, what, error text]
+        self.parts: list[list[float]] = []  # [at, longest pause in the body s, wait for the answer s, bytes]
+        self._lock = threading.Lock()
+
+    async def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        def run() -> Any:
+            try:
+                return fn()
+            except Exception as exc:
+                with self._lock:
+                    self.errors.append([time.monotonic(), what, f"{type(exc).__name__}: {exc}"[:300]])
+                raise WorkloadError(f"{what}: {type(exc).__name__}: {exc}") from exc
+
+        return await asyncio.get_running_loop().run_in_executor(self.pool, run)
+
+    async def write_shard(self, bucket: str, key: str, size: int, part_bytes: int, seed: int) -> None:
+        c = self.client
+        created = await self.call(f"create {key}", lambda: c.create_multipart_upload(Bucket=bucket, Key=key))
+        upload_id = created["UploadId"]
+        parts: list[dict[str, Any]] = []
+        offset, number = 0, 1
+        while offset < size:
+            n = min(part_bytes, size - offset)
+            body = TimedBody(b"".join(pieces(n, seed * 7919 + number)))
+
+            def part(number: int = number, body: TimedBody = body) -> Any:
+                answer = c.upload_part(
+                    Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+                )
+                done = time.monotonic()
+                last = body.reads[-1] if body.reads else done
+                with self._lock:
+                    self.parts.append([done, body.max_gap_s(), done - last, float(body.getbuffer().nbytes)])
+                return answer
+
+            answer = await self.call(f"part {number} of {key}", part)
+            parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+            offset += n
+            number += 1
+        await self.call(
+            f"complete {key}",
+            lambda: c.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            ),
+        )
+
+    async def put(self, bucket: str, key: str, data: bytes) -> None:
+        await self.call(f"put {key}", lambda: self.client.put_object(Bucket=bucket, Key=key, Body=data))
+
+    def summary(self) -> dict[str, Any]:
+        gaps = [p[1] for p in self.parts]
+        waits = [p[2] for p in self.parts]
+        return {
+            "client": "botocore",
+            "errors": self.errors,
+            "parts": self.parts,
+            "parts_sent": len(self.parts),
+            "max_body_pause_s": max(gaps, default=None),
+            "max_answer_wait_s": max(waits, default=None),
+        }
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.client.close()
+
+
+# --------------------------------------------------------------------------------------------------------
 # Dataset
 
 
@@ -453,6 +585,11 @@ class Trainer:
         self.checkpoints: list[CheckpointRecord] = []
         self.status_samples: list[dict[str, Any]] = []
         self.steps = 0
+        self.boto = (
+            BotoWriters(spec, spec.get("ckpt_endpoint") or spec["endpoint"])
+            if spec.get("ckpt_client") == "botocore"
+            else None
+        )
 
     # -- the data loader -------------------------------------------------------------------------------
 
@@ -476,6 +613,9 @@ class Trainer:
 
     async def _write_shard(self, prefix: str, shard: int, size: int, part_bytes: int, seed: int) -> None:
         bucket, key = self.spec["ckpt_bucket"], f"{prefix}__{shard}_0.distcp"
+        if self.boto is not None:
+            await self.boto.write_shard(bucket, key, size, part_bytes, seed)
+            return
 
         async def create() -> str:
             return str(await self.ckpt_s3.create_upload(bucket, key))
@@ -513,13 +653,22 @@ class Trainer:
                 await self._write_shard(prefix, i, shard_bytes, int(sp["ckpt_part_bytes"]), index * 100 + i)
 
         try:
-            await asyncio.gather(*(shard(i) for i in range(shards)))
+            # Every shard runs to its end (a failed one does not cut the others short): each error counts.
+            results = await asyncio.gather(*(shard(i) for i in range(shards)), return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                if not all(isinstance(r, WorkloadError) for r in failed):
+                    raise next(r for r in failed if not isinstance(r, WorkloadError))
+                raise failed[0]
             marker = pieces(METADATA_BYTES, index)
 
             async def put_marker() -> None:
                 await self.ckpt_s3.put(sp["ckpt_bucket"], f"{prefix}.metadata", marker)
 
-            await retrying(f"{prefix}.metadata", put_marker, self.counters)
+            if self.boto is not None:
+                await self.boto.put(sp["ckpt_bucket"], f"{prefix}.metadata", b"".join(marker))
+            else:
+                await retrying(f"{prefix}.metadata", put_marker, self.counters)
         except WorkloadError as exc:
             rec.error = str(exc)[:500]
         rec.save_end = time.monotonic()
@@ -667,6 +816,7 @@ class Trainer:
             "loader_errors": self.loader_errors,
             "counters": self.counters,
             "status_samples": self.status_samples,
+            "ckpt_client": self.boto.summary() if self.boto is not None else {"client": "aiohttp"},
         }
 
 
@@ -708,7 +858,12 @@ def _sum_lanes(per_pool: Any) -> dict[str, dict[str, Any]]:
 
 async def trainer_main(spec: dict[str, Any]) -> dict[str, Any]:
     async with new_session() as session:
-        return await Trainer(spec, session).run()
+        trainer = Trainer(spec, session)
+        try:
+            return await trainer.run()
+        finally:
+            if trainer.boto is not None:
+                trainer.boto.close()
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -156,11 +156,13 @@ def test_operations_settings_are_validated_and_the_admin_token_stays_secret():
 def test_progress_interval_and_the_spool_deadline_are_read_and_checked(tmp_path: Path):
     cfg = load_config(env={})
     assert cfg.scheduler.progress_interval_s == 2.0
-    assert cfg.spool.max_age_s == 3600.0
+    assert cfg.spool.max_age_s is None  # unset: the observed checkpoint interval is the deadline
+    assert cfg.spool.overdue_after_s == 3600.0
     path = write(tmp_path, "[scheduler]\nprogress_interval_s = 5\n[spool]\nmax_age_s = 64\n")
     cfg = load_config(path, env={})
     assert cfg.scheduler.progress_interval_s == 5.0
     assert cfg.spool.max_age_s == 64.0
+    assert cfg.spool.overdue_after_s == 64.0
     path = write(tmp_path, "[scheduler]\nprogress_interval_s = -1\n[spool]\nmax_age_s = 0\n")
     with pytest.raises(ConfigError) as info:
         load_config(path, env={})

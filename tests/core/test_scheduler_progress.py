@@ -6,6 +6,7 @@ guard cuts; ``set_floor`` (the spool's durability deadline) raises the floor wit
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -18,6 +19,7 @@ from gateway.core.scheduler import (
     SchedulerConfig,
     WaitUntil,
     default_lanes,
+    saturation_scale,
 )
 
 KiB = 1024
@@ -207,3 +209,112 @@ def test_a_cluster_allowance_bounds_the_raised_floor_but_not_the_configured_one(
     assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.02)
     s.set_external_limit("checkpoint", None, now)
     assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.25)
+
+
+def drain_streams(
+    s: Scheduler, *, streams: int, seconds: float, now: float, floor: float, readers: int = 0
+) -> int:
+    """``streams`` drains of the checkpoint lane, each holding one ticket of ``PIECE`` and asking for the
+    next the moment its piece is granted (a store that takes it at once), against ``readers`` streams of
+    1 MiB reads doing the same, while ``set_floor`` is refreshed every 0.5 s as the deadline keeper does.
+    Returns the bytes granted to the drains over ``seconds``."""
+    for _ in range(streams):
+        s.submit("checkpoint", PIECE, now)
+    for _ in range(readers):
+        s.submit("dataset", MiB, now)
+    granted, end, next_floor = 0, now + seconds, now
+    while now < end:
+        if now >= next_floor:
+            s.set_floor("checkpoint", floor, now)
+            next_floor = now + 0.5
+        d = s.pull(now)
+        if isinstance(d, Grant):
+            s.complete(d.ticket, now)
+            if d.lane == "dataset":
+                s.submit("dataset", MiB, now)
+            else:
+                granted += d.cost_bytes
+                s.submit("checkpoint", PIECE, now)
+        elif isinstance(d, WaitUntil):
+            now = min(d.at, next_floor)
+        else:
+            raise AssertionError(f"Idle with a backlogged lane at {now}")
+    return granted
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.3, 1.0])
+def test_a_raised_floor_never_drains_faster_than_the_configured_bandwidth(floor: float) -> None:
+    # A floor is a share of the configured bandwidth, never more: with the store to itself the lane moves
+    # C plus the buckets' credit (its own guarantee's and the server's, one burst each), whatever the
+    # floor; while reads are active, its cap (30 %) plus that credit.
+    seconds = 10.0
+    s = Scheduler(config(), T0)
+    granted = drain_streams(s, streams=2, seconds=seconds, now=T0, floor=floor)
+    assert granted <= C * seconds + 2 * MiB
+    assert granted >= 0.98 * C * seconds  # work-conserving: the whole store when nothing else runs
+    s = Scheduler(config(), T0)
+    cut_guard(s, T0)
+    now = T0 + 4.0
+    granted = drain_streams(s, streams=16, seconds=seconds, now=now, floor=floor, readers=2)
+    assert s.snapshot(now + seconds).reads_active
+    assert granted <= 0.30 * C * seconds + 2 * MiB
+
+
+def test_the_saturation_scale_follows_a_store_carrying_93_percent_or_more_and_is_continuous() -> None:
+    assert saturation_scale(0.5) == 1.0
+    assert saturation_scale(0.9) == 1.0
+    assert saturation_scale(0.915) == pytest.approx(0.965)
+    assert saturation_scale(0.93) == pytest.approx(0.93)
+    assert saturation_scale(0.94) == pytest.approx(0.94)
+    assert saturation_scale(1.0) == 1.0 and saturation_scale(1.3) == 1.0
+    xs = [0.70 + i * 0.001 for i in range(301)]
+    assert all(abs(saturation_scale(b) - saturation_scale(a)) <= 0.0025 for a, b in itertools.pairwise(xs))
+
+
+def deliver(s: Scheduler, rate_bps: float, seconds: float, now: float) -> float:
+    """Reads active and missing their latency target, the store carrying ``rate_bps`` (70 % reads, 30 %
+    checkpoint) for ``seconds``."""
+    cut_guard(s, now)
+    t = now + 1.0
+    while t < now + 1.0 + seconds:
+        slow_reads(s, t)
+        s.submit("dataset", MiB, t)
+        s.observe_delivered("dataset", int(0.7 * rate_bps * 0.1), t)
+        s.observe_delivered("checkpoint", int(0.3 * rate_bps * 0.1), t)
+        t += 0.1
+    return t
+
+
+def test_the_caps_while_reads_are_active_follow_a_saturated_store_that_carries_less_than_configured() -> None:
+    s = Scheduler(config(progress_interval_s=None), T0)
+    now = deliver(s, 0.94 * C, 2.0, T0)  # 37.6 of the configured 40 MB/s
+    snap = s.snapshot(now)
+    assert snap.reads_active
+    assert snap.cap_scale == pytest.approx(0.94, abs=0.01)
+    s.set_floor("checkpoint", 1.0, now)  # a deadline floor at the cap: the cap of what the store carries
+    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.30 * 0.94, abs=0.005)
+    # Not saturated (half the configured capacity): the caps are shares of the configured capacity.
+    s2 = Scheduler(config(progress_interval_s=None), T0)
+    now = deliver(s2, 0.5 * C, 2.0, T0)
+    s2.set_floor("checkpoint", 1.0, now)
+    snap = s2.snapshot(now)
+    assert snap.cap_scale == 1.0
+    assert snap.lane("checkpoint").floor_fraction == pytest.approx(0.30)
+    # Readers with idle gaps (each read done at once, none waiting most of the time): a store carrying
+    # 94 % of its configured capacity is then not taken for saturated.
+    s4 = Scheduler(config(progress_interval_s=None), T0)
+    t = T0
+    while t < T0 + 2.0:
+        s4.submit("dataset", MiB, t)
+        d = s4.pull(t)
+        assert isinstance(d, Grant)
+        s4.complete(d.ticket, t + 0.01)
+        s4.observe_delivered("dataset", int(0.94 * C * 0.1), t + 0.01)
+        t += 0.1
+    snap = s4.snapshot(t)
+    assert snap.reads_active
+    assert snap.cap_scale == 1.0
+    assert snap.lane("checkpoint").limit_bps == pytest.approx(0.30 * C)
+    # The configured floor is not scaled.
+    s.set_floor("checkpoint", 0.0, now)
+    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.02)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.spool_deadline import DEADLINE_AIM, CheckpointCadence, plan
+from gateway.core.spool_deadline import (
+    BURST_WINDOW,
+    DEADLINE_AIM,
+    DEFAULT_MAX_AGE_S,
+    CheckpointCadence,
+    plan,
+)
 
 MiB = 1024 * 1024
 C = 40_000_000.0
@@ -125,15 +131,60 @@ def test_plan_checks_its_arguments() -> None:
 def test_the_cadence_is_the_median_interval_between_bursts() -> None:
     c = CheckpointCadence()
     assert c.interval_s is None
-    assert c.deadline_s(3600.0) == 3600.0
+    assert c.deadline_s(None) == 3600.0
     t = 100.0
     for start in (0.0, 32.0, 64.0, 97.0, 128.0):
         for i in range(8):  # a burst: 8 acknowledgements within 1.5 s
             c.observe_ack(t + start + i * 0.2)
     assert c.bursts_seen == 5
     assert c.interval_s == pytest.approx(32.0)
-    assert c.deadline_s(3600.0) == pytest.approx(32.0)
-    assert c.deadline_s(20.0) == 20.0  # max_age_s smaller: it wins
+    assert c.deadline_s(None) == pytest.approx(32.0)  # max_age_s unset: the cadence
+    assert c.deadline_s(20.0) == 20.0  # max_age_s set: it is the deadline, shorter ...
+    assert c.deadline_s(90.0) == 90.0  # ... or longer than the cadence (the backlog may span checkpoints)
+
+
+def test_without_max_age_s_the_deadline_is_an_hour_until_a_cadence_is_known_and_at_most_an_hour() -> None:
+    c = CheckpointCadence()
+    assert c.deadline_s(None) == DEFAULT_MAX_AGE_S == 3600.0
+    c.observe_ack(0.0, 256 * MiB)
+    assert c.deadline_s(None) == 3600.0
+    c.observe_ack(7200.0, 256 * MiB)  # checkpoints two hours apart
+    assert c.interval_s == pytest.approx(7200.0)
+    assert c.deadline_s(None) == 3600.0
+
+
+def test_small_writes_between_checkpoints_are_no_bursts() -> None:
+    # 4 x 64 MiB every 32 s; the commit marker (4 KiB) 6 s after its shards, and a 1 MiB log written 15 s
+    # into each interval. Counting every acknowledgement, bursts start every 6-11 s and the median interval
+    # (the deadline) would be ~9 s instead of 32.
+    c = CheckpointCadence()
+    for k in range(6):
+        t = 100.0 + 32.0 * k
+        for i in range(4):
+            c.observe_ack(t + 0.3 * i, 64 * MiB)
+        c.observe_ack(t + 6.0, 4096)
+        c.observe_ack(t + 15.0, MiB)
+    assert c.interval_s == pytest.approx(32.0)
+    assert c.bursts_seen == 6
+    # Reported several at a tick, as the keeper does: the same.
+    c2 = CheckpointCadence()
+    for k in range(6):
+        t = 100.0 + 32.0 * k
+        c2.observe_ack(t, 256 * MiB)
+        c2.observe_ack(t + 6.0, 4096)
+    assert c2.interval_s == pytest.approx(32.0)
+
+
+def test_checkpoints_that_shrink_for_good_are_checkpoints_again_once_the_large_ones_are_old() -> None:
+    c = CheckpointCadence()
+    t = 0.0
+    for _ in range(3):
+        c.observe_ack(t, 1024 * MiB)
+        t += 60.0
+    for _ in range(BURST_WINDOW + 3):  # 64 MiB every 20 s from now on: under a quarter of 1 GiB
+        c.observe_ack(t, 64 * MiB)
+        t += 20.0
+    assert c.interval_s == pytest.approx(20.0)
 
 
 def test_a_steady_writer_is_no_cadence() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gateway.__main__ import render_status
 from tests.e2e.conftest import Gateway, slow_spool_toml, start_plain_gateway, stop_and_check
 
 pytestmark = pytest.mark.e2e
@@ -66,6 +67,7 @@ def test_a_deadline_that_cannot_be_met_is_reported_until_the_data_is_durable(
     assert seen["deadline_s"] == 2.0
     assert seen["backlog_bytes"] > 0
     assert str(seen["status"]).startswith("AT RISK")
+    assert "  durability deadline: AT RISK" in render_status(gw.status())  # `s3lanes status`
     m = metrics(gw)
     assert m["s3lanes_spool_deadline_at_risk"] == 1.0
     assert m["s3lanes_spool_deadline_seconds"] == 2.0

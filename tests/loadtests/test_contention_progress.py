@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from loadtests.contention.report import MB, progress_and_backlog, progress_markdown, read_shares_1s
+from loadtests.contention.report import (
+    MB,
+    progress_and_backlog,
+    progress_markdown,
+    read_shares_1s,
+    writers_summary,
+)
+from loadtests.contention.workload import TimedBody
 
 
 def wire(seconds: int, read_Bps: float, write_Bps: float) -> list[dict[str, Any]]:
@@ -65,3 +72,32 @@ def test_backlog_before_each_checkpoint_time_to_durable_and_deadline_are_reporte
     seg_summary = {"name": "c1", "progress": p}
     text = "\n".join(progress_markdown({"segments": [seg_summary]}))
     assert "| c1 | 0.75 | 0.75 | 0 of 60 | 256 | 0, 0 | 25, 28 | 32 | 26% | 1 | 2.0 / 3.0 |" in text
+
+
+def test_a_timed_body_measures_the_pause_of_the_pass_that_is_sent() -> None:
+    body = TimedBody(b"x" * 100)
+    body.read()  # the signature's hashing pass
+    body.seek(0)
+    body.reads = [10.0, 10.1, 12.6, 12.7]  # the pass that is sent: a 2.5 s pause between two blocks
+    assert body.max_gap_s() == pytest.approx(2.5)
+    body.seek(0)
+    assert body.reads == [] and body.max_gap_s() == 0.0
+    assert body.read(10) == b"x" * 10 and len(body.reads) == 1
+
+
+def test_the_writers_summary_counts_client_errors_and_the_longest_pause() -> None:
+    trainer = {
+        "ckpt_client": {
+            "client": "botocore",
+            "errors": [[5.0, "part 3 of k", "ReadTimeoutError: Read timeout on endpoint URL"]],
+            "parts": [[1.0, 0.2, 0.1, 8e6], [2.0, 3.5, 0.4, 8e6], [3.0, 0.1, 9.0, 8e6]],
+            "max_answer_wait_s": 9.0,
+        }
+    }
+    w = writers_summary(trainer)
+    assert (w["client"], w["client_errors"], w["parts"]) == ("botocore", 1, 3)
+    assert w["body_pause_max_s"] == pytest.approx(3.5)
+    assert w["answer_wait_max_s"] == pytest.approx(9.0)
+    assert "ReadTimeoutError" in w["client_error_texts"][0]
+    assert writers_summary({})["client"] == "aiohttp"
+    assert writers_summary({})["client_errors"] == 0

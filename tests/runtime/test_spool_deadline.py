@@ -52,7 +52,7 @@ class _Spool:
         self.state.acked_at.clear()
 
 
-def setup(max_age_s: float = 3600.0) -> tuple[FakeClock, _Spool, Scheduler, DeadlineKeeper]:
+def setup(max_age_s: float | None = None) -> tuple[FakeClock, _Spool, Scheduler, DeadlineKeeper]:
     clock = FakeClock()
     sched = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=C), clock.monotonic())
     spool = _Spool()
@@ -79,7 +79,7 @@ async def test_the_floor_rises_toward_the_cap_as_the_learnt_deadline_nears() -> 
     clock, spool, sched, keeper = setup()
     tick(clock, sched, keeper)
     assert keeper.status()["status"] == "ok: nothing pending"
-    # First checkpoint: no cadence yet, the deadline is max_age_s (an hour): the configured floor.
+    # First checkpoint: no cadence yet, max_age_s unset: the deadline is an hour, the configured floor.
     checkpoint(clock, spool, sched, keeper)
     assert keeper.status()["deadline_s"] == 3600.0
     assert sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction == pytest.approx(0.02)
