@@ -19,9 +19,10 @@ from gateway.clock import SystemClock
 from gateway.config import Config, Credential, load_config
 from gateway.core.journal import JournalCorrupt
 from gateway.errors import ConfigError
-from gateway.http.app import LIFECYCLE_KEY, build_app, drain_for_shutdown, spool_dir, start_listeners
+from gateway.http.app import LIFECYCLE_KEY, build_app, drain_for_shutdown, start_listeners
 from gateway.logsetup import configure_logging
 from gateway.runtime.backend import Backend
+from gateway.runtime.wiring import spool_dir
 
 log = logging.getLogger("s3lanes")
 
