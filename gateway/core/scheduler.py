@@ -33,7 +33,7 @@ grant, so the total granted rate is ``C``. A weight-phase winner waits for it (n
 winner); a read-protected winner may borrow one bucket depth below zero, so a burst of reads goes at once
 while sustained overload still follows the weights. Reservation-phase grants only charge it, never wait
 for it: reservations sum to at most ``C``, and a lane within its reservation must not wait on the others
-(research §7.1: reads are admitted at once and charged; the others yield). A read overdraft is forgiven
+(reads are admitted at once and charged; the others yield). A read overdraft is forgiven
 beyond what can still be in flight, so the other lanes never wait out a stale debt. Every grant also needs
 the lane's ceiling bucket (GCRA with tau ``burst_bytes``; while reads are active, a capped lane that is not
 read-protected keeps, of the credit it earned while idle, only what its ceiling delivers in
