@@ -56,7 +56,7 @@ contracts: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m loadtests.bench_proxy $(BENCH_ARGS)
 
-## The write spool's benchmark (docs/benchmarks.md, "Write spool (issue 4)"); BENCH_ARGS=--quick for a short run.
+## The write spool's benchmark (docs/benchmarks.md, "Write spool"); BENCH_ARGS=--quick for a short run.
 .PHONY: bench-spool
 bench-spool: $(STAMP)
 	$(BIN)/python -m loadtests.bench_spool $(BENCH_ARGS)
@@ -71,7 +71,7 @@ bench-save: $(STAMP)
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-## The contention benchmark (docs/benchmarks.md, "Contention benchmark (issue 6)"): about 10 minutes, needs
+## The contention benchmark (docs/benchmarks.md, "Contention benchmark"): about 10 minutes, needs
 ## root for its netns testbed; BENCH_ARGS="--quick --testbed model" for a one-minute run without root.
 .PHONY: bench-contention
 bench-contention: $(STAMP)

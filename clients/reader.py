@@ -10,16 +10,15 @@ is bounded by ``block_bytes`` plus what the caller asks for. The object's size c
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from clients.sync import GatewayClient
+from clients.model import ObjectClient
 
 
 class ObjectReader(io.RawIOBase):
     def __init__(
         self,
-        client: GatewayClient,
+        client: ObjectClient,
         bucket: str,
         key: str,
         *,

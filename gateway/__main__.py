@@ -27,13 +27,13 @@ from gateway.http.app import (
     build_app,
     check_listen_addresses,
     drain_for_shutdown,
-    spool_dir,
     start_listeners,
     tls_context,
 )
 from gateway.http.status_page import PAGE_PATH
 from gateway.logsetup import configure_logging
 from gateway.runtime.backend import Backend
+from gateway.runtime.wiring import spool_dir
 
 log = logging.getLogger("s3lanes")
 

@@ -27,13 +27,13 @@ from urllib.parse import urlsplit
 from gateway.core.access import TenantPolicy
 from gateway.core.classify import Rule
 from gateway.core.lanes_config import (
-    LaneParams,
-    default_lane_params,
+    default_lanes,
     parse_lanes,
     parse_rules,
     parse_tenant_policies,
     parse_tenants,
 )
+from gateway.core.scheduler import LaneSpec
 from gateway.core.spool_deadline import DEFAULT_MAX_AGE_S
 from gateway.errors import ConfigError
 
@@ -303,7 +303,7 @@ class Config:
     # Named backends besides [backend] ("default"), and the buckets routed to them (docs/pools.md).
     backends: Mapping[str, BackendConfig] = field(default_factory=dict)
     routes: tuple[RouteConfig, ...] = ()
-    lanes: Mapping[str, LaneParams] = field(default_factory=default_lane_params)
+    lanes: Mapping[str, LaneSpec] = field(default_factory=default_lanes)
     rules: tuple[Rule, ...] = ()
     # access key -> lanes it may ask for with the x-s3lanes-lane hint (absent: every lane)
     tenant_lanes: Mapping[str, frozenset[str]] = field(default_factory=dict)

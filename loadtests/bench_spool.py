@@ -2,7 +2,7 @@
 
 Run it as ``python -m loadtests.bench_spool`` (``make bench-spool``); ``--help`` lists the knobs, ``--quick``
 is a one-to-two-minute sanity run. Results and their interpretation live in ``docs/benchmarks.md``
-("Write spool (issue 4)").
+("Write spool").
 
 Theory of operation
 -------------------

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 A cluster runs one gateway per GPU node, all draining into one store. A *shared* lane's cap (the checkpoint
 lane's 30% of the store's bandwidth while dataset reads are active anywhere) must hold for the sum of the
-nodes, not per node. There is no coordinator (anchors-scheduler.md 5.6, tier 1): every ``interval_s`` each
+nodes, not per node. There is no coordinator: every ``interval_s`` each
 node publishes a :class:`NodeReport` on a blackboard (Redis, ``gateway.runtime.cluster``) with a TTL, reads
 every live report back, and runs the same deterministic function, :func:`apportion`, on that snapshot. Since
 the nodes compute the same thing from (nearly) the same snapshot, each can take its own allowance without

@@ -9,7 +9,6 @@ import logging
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -17,8 +16,6 @@ from aiohttp import web
 from gateway.clock import Clock
 from gateway.config import DEFAULT_BACKEND, Config, Listen
 from gateway.core.classify import CheckpointPrefixes, Classifier
-from gateway.core.routing import RouteTable
-from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig
 from gateway.errors import S3Error, StartupError
 from gateway.http.admin import (
     ADMIN_METRICS_PATH,
@@ -42,11 +39,12 @@ from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.drainer import Drainer
 from gateway.runtime.keyfile import CredentialsFileWatcher, KeyTables
 from gateway.runtime.lane_metrics import pool_collector, scheduler_collector
-from gateway.runtime.pools import Pools, bottleneck_of
+from gateway.runtime.pools import Pools
 from gateway.runtime.reachability import ReachabilityProbe
 from gateway.runtime.spool import Spool, crash_on_failure
 from gateway.runtime.spool_deadline import DeadlineKeeper
 from gateway.runtime.spool_metrics import spool_collector
+from gateway.runtime.wiring import build_pools, spool_dir
 
 log = logging.getLogger("s3lanes.app")
 
@@ -66,41 +64,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # aiohttp's parser limits, set from config: S3 rejects header sections over 8 KiB.
 _MAX_FIELD_BYTES = 8190
 _PARSER_MAX_HEADERS = 4096
-
-
-_DEFAULT: Any = object()
-
-
-def scheduler_config(cfg: Config, bandwidth_bps: float | None = _DEFAULT) -> SchedulerConfig:
-    """The scheduler of one bottleneck: the lanes and scheduler settings, at that store's bandwidth (by
-    default the default backend's)."""
-    s = cfg.scheduler
-    lanes = tuple(
-        LaneSpec(
-            name=p.name,
-            reservation=p.reservation,
-            weight=p.weight,
-            limit=p.limit,
-            limit_while_reads_active=p.limit_while_reads_active,
-            read_protected=p.read_protected,
-            paced_by_guard=p.paced_by_guard,
-            floor=p.floor,
-            max_concurrency=p.max_concurrency,
-        )
-        for p in cfg.lanes.values()
-    )
-    return SchedulerConfig(
-        lanes=lanes,
-        capacity_bps=cfg.backend.bandwidth_bps if bandwidth_bps is _DEFAULT else bandwidth_bps,
-        write_cap_mode=s.write_cap_mode,
-        request_cost_bytes=s.request_cost_bytes,
-        burst_bytes=s.burst_bytes,
-        window_s=s.window_s,
-        latency_target_s=s.latency_target_s,
-        inflight_bytes_max=s.inflight_bytes_max,
-        inflight_requests_max=s.inflight_requests_max,
-        progress_interval_s=s.progress_interval_s if s.progress_interval_s > 0 else None,
-    )
 
 
 def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
@@ -272,24 +235,6 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     return app
 
 
-def build_pools(cfg: Config, backend: Backend, clock: Clock) -> Pools:
-    """The default backend (given: it may be the embedded one), the named ones, a scheduler per bottleneck."""
-    backends = {DEFAULT_BACKEND: backend}
-    for name, bcfg in cfg.backends.items():
-        assert bcfg.endpoint is not None  # validated
-        backends[name] = Backend(bcfg, bcfg.endpoint, clock, name=name)
-    configs = {DEFAULT_BACKEND: cfg.backend, **cfg.backends}
-    bottlenecks = {name: bottleneck_of(name, configs) for name in configs}
-    dispatchers = {
-        root: LaneDispatcher(
-            Scheduler(scheduler_config(cfg, configs[root].bandwidth_bps), clock.monotonic()), clock
-        )
-        for root in sorted(set(bottlenecks.values()))
-    }
-    table = RouteTable((r.bucket, r.backend, r.backend_bucket) for r in cfg.routes)
-    return Pools(table, backends, dispatchers, bottlenecks)
-
-
 async def bucket_exists(pools: Pools, keys: KeyTables, bucket: str, tenant: str | None) -> bool | None:
     """HEAD the bucket on its backend, as the signing tenant (a loopback flush: as the first key): False
     for 404, True for 2xx, None when the store cannot tell (403, 5xx, unreachable)."""
@@ -343,10 +288,6 @@ def _drain_status(drainer: Drainer, keeper: DeadlineKeeper | None) -> Callable[[
         return out
 
     return status
-
-
-def spool_dir(cfg: Config) -> Path:
-    return cfg.spool.dir if cfg.spool.dir is not None else cfg.server.state_dir / "spool"
 
 
 def _unless_signed(handler: Handler, proxy: S3Proxy) -> Handler:

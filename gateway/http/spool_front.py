@@ -954,7 +954,8 @@ class SpoolFront:
             if len(entries) + len(prefixes) > limit:
                 raise SlowDown(
                     f"The listing has more than {limit} keys under this prefix and cannot be merged with"
-                    " spooled writes; retry after they are uploaded."
+                    " spooled writes; retry after they are uploaded.",
+                    retry_after_s=self._cfg.spool.retry_after_s,
                 )
             if not page.is_truncated or not page.next_continuation_token:
                 return entries, prefixes
@@ -1065,7 +1066,8 @@ class SpoolFront:
             if len(versions) + len(prefixes) > limit:
                 raise SlowDown(
                     f"The listing has more than {limit} versions under this prefix and cannot be merged"
-                    " with spooled writes; retry after they are uploaded."
+                    " with spooled writes; retry after they are uploaded.",
+                    retry_after_s=self._cfg.spool.retry_after_s,
                 )
             following = (page.next_key_marker, page.next_version_id_marker)
             if not page.is_truncated or not page.next_key_marker or following == marker:
@@ -1537,7 +1539,10 @@ class SpoolFront:
                 raise PreconditionFailed()
             start, size = copy_range_span(copy_range, src.size) if copy_range is not None else (0, src.size)
             if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
-                raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
+                raise SlowDown(
+                    "The gateway's write spool cannot hold this part now; retry later.",
+                    retry_after_s=self._cfg.spool.retry_after_s,
+                )
             try:
                 try:
                     files = (
@@ -1604,7 +1609,10 @@ class SpoolFront:
                 )
             size = resp.content_length or 0
             if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
-                raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
+                raise SlowDown(
+                    "The gateway's write spool cannot hold this part now; retry later.",
+                    retry_after_s=self._cfg.spool.retry_after_s,
+                )
             try:
                 writer = self.spool.writer(size)
                 hasher = self._part_hasher(upload, writer)

@@ -930,7 +930,7 @@ async def _owned(fut: asyncio.Future[T], release: Callable[[T], object]) -> T:
 
 
 def crash_on_failure(task: asyncio.Task[Any]) -> None:
-    """A background task that dies takes the process down loudly (STYLE.md 10): a journal committer or a
+    """A background task that dies takes the process down loudly: a journal committer or a
     drainer that silently stopped would leave writers waiting forever."""
     if task.cancelled():
         return

@@ -1,4 +1,4 @@
-"""Hostile input against the pure cores (issue 8): property tests with hypothesis.
+"""Hostile input against the pure cores: property tests with hypothesis.
 
 What each core must do with any input, whatever it is:
 

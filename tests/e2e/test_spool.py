@@ -1084,6 +1084,41 @@ def test_full_spool_answers_slowdown_with_retry_after_then_accepts_again_after_t
     assert backend.get_object(Bucket=bucket, Key="huge")["Body"].read() == huge
 
 
+def set_drain_paused(gw: Gateway, paused: bool) -> None:
+    query = "pause=1" if paused else "resume=1"
+    req = urllib.request.Request(f"{gw.http_url}/_s3lanes/drain?{query}", method="POST")
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        assert json.loads(resp.read()) == {"paused": paused}
+
+
+@pytest.mark.parametrize("tiny_spool", ["slowdown"], indirect=True)
+def test_a_part_copy_the_spool_cannot_hold_answers_slowdown_with_the_configured_retry_after(
+    tiny_spool: PlainGateway, backend: Any, bucket: str
+) -> None:
+    gw = tiny_spool.gw
+    s3 = gw.client()
+    backend.put_object(Bucket=bucket, Key="copy-src/on-store", Body=os.urandom(1536 * KiB))
+    mpu = s3.create_multipart_upload(Bucket=bucket, Key="copy-dst")
+    assert mpu["UploadId"].startswith("s3lanes-"), "the upload is not held by the spool"
+    set_drain_paused(gw, True)
+    try:
+        fill_above_high_water(s3, bucket)  # 1.25 MiB of 2 MiB: neither 1.25 nor 1.5 MiB more fits
+        for copy_source in ("fill", "copy-src/on-store"):  # from the spool, from the store
+            with pytest.raises(ClientError) as err:
+                s3.upload_part_copy(
+                    Bucket=bucket,
+                    Key="copy-dst",
+                    UploadId=mpu["UploadId"],
+                    PartNumber=1,
+                    CopySource={"Bucket": bucket, "Key": copy_source},
+                )
+            assert client_error(err.value) == ("SlowDown", 503)
+            assert err.value.response["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "2", copy_source
+    finally:
+        set_drain_paused(gw, False)
+    s3.abort_multipart_upload(Bucket=bucket, Key="copy-dst", UploadId=mpu["UploadId"])
+
+
 @pytest.mark.parametrize("tiny_spool", ["write_through"], indirect=True)
 def test_full_spool_in_write_through_mode_sends_the_write_to_the_backend(
     tiny_spool: PlainGateway, backend: Any, bucket: str

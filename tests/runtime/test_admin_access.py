@@ -13,10 +13,12 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from gateway.clock import FakeClock
-from gateway.core.scheduler import Scheduler, SchedulerConfig, default_lanes
+from gateway.config import Config
+from gateway.core.scheduler import Scheduler
 from gateway.http.admin import Admin
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import LaneDispatcher
+from gateway.runtime.wiring import scheduler_config
 
 TOKEN = "0123456789abcdef-admin-token"
 
@@ -31,7 +33,7 @@ def request(peer: str, headers: dict[str, str] | None = None, path: str = "/_s3l
 
 def admin(*, open_to_all: bool = False, token: str | None = TOKEN) -> Admin:
     clock = FakeClock()
-    scheduler = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=1e9), clock.monotonic())
+    scheduler = Scheduler(scheduler_config(Config(), 1e9), clock.monotonic())
     return Admin(
         Metrics(), LaneDispatcher(scheduler, clock), clock, open_to_all=open_to_all, admin_token=token
     )
@@ -87,7 +89,7 @@ def test_flush_signed_by_a_restricted_tenant_needs_a_grant_on_the_prefix() -> No
     from gateway.core.access import Grant, TenantPolicy
 
     clock = SystemClock()
-    scheduler = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=1e9), clock.monotonic())
+    scheduler = Scheduler(scheduler_config(Config(), 1e9), clock.monotonic())
     a = Admin(
         Metrics(),
         LaneDispatcher(scheduler, clock),
@@ -150,7 +152,7 @@ def test_drain_switch_pauses_and_resumes_for_admins_only() -> None:
         return state["paused"]
 
     clock = FakeClock()
-    scheduler = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=1e9), clock.monotonic())
+    scheduler = Scheduler(scheduler_config(Config(), 1e9), clock.monotonic())
     a = Admin(
         Metrics(),
         LaneDispatcher(scheduler, clock),

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.clock import FakeClock
-from gateway.config import ClusterConfig
+from gateway.config import ClusterConfig, Config
 from gateway.core.cluster_budget import Mode
-from gateway.core.scheduler import Scheduler, SchedulerConfig, default_lanes
+from gateway.core.scheduler import Scheduler
 from gateway.metrics import Metrics
 from gateway.runtime.cluster import ClusterMember, MemoryBoard
+from gateway.runtime.wiring import scheduler_config
 
 C = 40_000_000.0
 MiB = 1024 * 1024
@@ -39,7 +41,7 @@ class Cluster:
         self.members: dict[str, ClusterMember] = {}
         for node in sorted(backlogs):
             sched = Scheduler(
-                SchedulerConfig(lanes=default_lanes(), capacity_bps=C, burst_bytes=MiB),
+                replace(scheduler_config(Config(), C), burst_bytes=MiB),
                 self.clock.monotonic(),
             )
             if node in readers:
@@ -126,7 +128,7 @@ async def test_a_second_gateway_with_the_same_node_id_is_reported() -> None:
     cl = Cluster({"n1": 0, "n2": 0}, readers=set())
     twin = ClusterMember(
         ClusterConfig(redis_url="redis://unused", node_id="n1", interval_s=INTERVAL),
-        Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=C), cl.clock.monotonic()),
+        Scheduler(scheduler_config(Config(), C), cl.clock.monotonic()),
         cl.clock,
         board=cl.board,
     )
@@ -146,7 +148,7 @@ async def test_a_restart_under_the_same_node_id_is_not_a_conflict() -> None:
     await cl.rounds(2)
     reborn = ClusterMember(
         ClusterConfig(redis_url="redis://unused", node_id="n1", interval_s=INTERVAL),
-        Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=C), cl.clock.monotonic()),
+        Scheduler(scheduler_config(Config(), C), cl.clock.monotonic()),
         cl.clock,
         board=cl.board,
     )

@@ -18,14 +18,16 @@ from typing import Any
 
 import pytest
 
-from gateway.core.scheduler import LaneSnapshot, Scheduler, SchedulerConfig, default_lanes
+from gateway.config import Config
+from gateway.core.scheduler import LaneSnapshot, Scheduler
 from gateway.runtime.dispatcher import ABANDON_POLL_S, LaneDispatcher, StreamBudget
+from gateway.runtime.wiring import scheduler_config
 
 KiB = 1024
 MiB = 1024 * KiB
 CAPACITY_BPS = 10e6
 REFILL_S = MiB / CAPACITY_BPS  # ~105 ms: how long the server bucket takes to refill one MiB of debt
-LANES = tuple(spec.name for spec in default_lanes())
+LANES = tuple(Config().lanes)
 
 
 class LoopClock:
@@ -42,7 +44,7 @@ class LoopClock:
 
 
 def make_dispatcher(**overrides: Any) -> LaneDispatcher:
-    cfg = SchedulerConfig(lanes=default_lanes(), capacity_bps=CAPACITY_BPS, burst_bytes=MiB)
+    cfg = replace(scheduler_config(Config(), CAPACITY_BPS), burst_bytes=MiB)
     clock = LoopClock(asyncio.get_running_loop())
     return LaneDispatcher(Scheduler(replace(cfg, **overrides), clock.monotonic()), clock)
 

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 import pytest
 
 from gateway.clock import FakeClock
-from gateway.core.scheduler import Scheduler, SchedulerConfig, default_lanes
+from gateway.config import Config
+from gateway.core.scheduler import Scheduler
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.spool_deadline import WARNING_INTERVAL_S, DeadlineKeeper
+from gateway.runtime.wiring import scheduler_config
 
 MiB = 1024 * 1024
 C = 40_000_000.0
@@ -54,7 +56,7 @@ class _Spool:
 
 def setup(max_age_s: float | None = None) -> tuple[FakeClock, _Spool, Scheduler, DeadlineKeeper]:
     clock = FakeClock()
-    sched = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=C), clock.monotonic())
+    sched = Scheduler(scheduler_config(Config(), C), clock.monotonic())
     spool = _Spool()
     keeper = DeadlineKeeper(spool, [LaneDispatcher(sched, clock)], ("checkpoint",), max_age_s, clock)
     return clock, spool, sched, keeper
