@@ -1295,6 +1295,11 @@ class SpoolFront:
             if self._spoolable(ctx, decision, bucket, key) and self._admit(src.size) is Admission.SPOOL:
                 try:
                     await self._check_bucket(ctx, bucket)
+                    if src.multipart:
+                        # Part for part, as the store copies a multipart object: the copy keeps the source's
+                        # multipart ETag (and the drain uploads it as the same parts).
+                        etag = await self._copy_parts(ctx, decision, bucket, key, meta, src, files)
+                        return self._response(ctx, decision, body=self._copy_result(etag))
                     writer = self.spool.writer(src.size)
                     await writer.open()
                     try:
@@ -1324,8 +1329,62 @@ class SpoolFront:
         finally:
             for fd, _, _ in files:
                 os.close(fd)
-        body = _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
-        return self._response(ctx, decision, body=body)
+        return self._response(ctx, decision, body=self._copy_result(etag))
+
+    def _copy_result(self, etag: str) -> bytes:
+        return _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
+
+    async def _copy_parts(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
+        meta: list[tuple[str, str]],
+        src: Entry,
+        files: list[tuple[int, int, int]],
+    ) -> str:
+        """Copy a spooled multipart object into the spool with its part layout: a spooled multipart upload
+        of the same parts, completed at once (the records a client's upload would journal). Its ETag."""
+        state = self.spool.state
+        upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
+        await self.spool.commit(
+            [
+                state.create_upload_record(
+                    upload_id=upload_id,
+                    bucket=bucket,
+                    key=key,
+                    meta=meta,
+                    access_key=ctx.auth.access_key,
+                    lane=decision.lane,
+                    now_wall=self._clock.wall(),
+                )
+            ]
+        )
+        try:
+            upload = state.uploads[upload_id]
+            spans = iter(files)  # one span per non-empty part, in order
+            requested: list[tuple[int, str]] = []
+            for number, size in enumerate(src.part_sizes, start=1):
+                writer = self.spool.writer(size)
+                await writer.open()
+                try:
+                    if size:
+                        await self._copy_files([next(spans)], writer)
+                    md5 = await writer.finish()
+                except BaseException:
+                    await writer.discard()
+                    raise
+                await self._commit_part(upload, number, writer, md5, None)
+                requested.append((number, md5))
+            rec = state.complete_record(upload, requested, self._clock.wall())
+            await self.spool.commit([rec])
+        except BaseException:
+            if upload_id in state.uploads:
+                with contextlib.suppress(Exception):
+                    await self.spool.commit([state.abort_record(upload_id)])
+            raise
+        return str(rec["etag"])
 
     async def _put_through(
         self,

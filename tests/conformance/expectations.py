@@ -287,20 +287,12 @@ WHY = {
         "ListParts of a spooled upload answers MaxParts 1000 and a NextPartNumberMarker (the store: "
         "MaxParts 10000, no NextPartNumberMarker)"
     ),
-    "copy.multipart_source": (
-        "CopyObject of a spooled multipart source: the copy's ETag is the MD5 of its bytes (the store "
-        "keeps the source's multipart ETag)"
-    ),
     "list.": (
         "merged listings: the store (SeaweedFS) leaves out keys below a marker/start-after that names a "
         '"directory" (a/b/c after a/b) and lists CommonPrefixes unsorted, where the merge follows S3\'s '
         "order; ListObjects V1 with a delimiter has no NextMarker; encoding-type=url encodes a space as "
         "%20 (the store: +); merged ListObjectVersions sends empty Prefix/KeyMarker/VersionIdMarker and "
         "EncodingType"
-    ),
-    "multipart.concurrent_part_reupload": (
-        "a part uploaded twice at once: Complete with the ETag of the upload that finished first "
-        "completes the other upload's bytes"
     ),
     "multipart.list_parts_and_uploads": (
         "spooled uploads: ListParts answers MaxParts 1000 and a NextPartNumberMarker (the store: 10000, "
@@ -345,16 +337,6 @@ EXPECTED_TO_DIFFER: tuple[KnownBug, ...] = (
         WHY["checksum."],
     ),
     KnownBug(
-        ("copy.multipart_source",),
-        frozenset({HELD}),
-        WHY["copy.multipart_source"],
-    ),
-    KnownBug(
-        ("copy.multipart_source",),
-        frozenset({FLUSHED}),
-        WHY["copy.multipart_source"],
-    ),
-    KnownBug(
         (
             "list.marker",
             "list.marker_delim",
@@ -377,24 +359,6 @@ EXPECTED_TO_DIFFER: tuple[KnownBug, ...] = (
         ),
         frozenset({HELD}),
         WHY["list."],
-    ),
-    KnownBug(
-        ("multipart.concurrent_part_reupload",),
-        frozenset({OFF}),
-        WHY["multipart.concurrent_part_reupload"],
-        strict=False,
-    ),
-    KnownBug(
-        ("multipart.concurrent_part_reupload",),
-        frozenset({HELD}),
-        WHY["multipart.concurrent_part_reupload"],
-        strict=False,
-    ),
-    KnownBug(
-        ("multipart.concurrent_part_reupload",),
-        frozenset({FLUSHED}),
-        WHY["multipart.concurrent_part_reupload"],
-        strict=False,
     ),
     KnownBug(
         ("multipart.list_parts_and_uploads",),

@@ -166,3 +166,12 @@ def test_progress_interval_and_the_spool_deadline_are_read_and_checked(tmp_path:
         load_config(path, env={})
     assert "progress_interval_s" in str(info.value)
     assert "max_age_s" in str(info.value)
+
+
+def test_the_spools_default_content_type_is_sniff_or_a_media_type(tmp_path: Path):
+    assert load_config(env={}).spool.default_content_type == "sniff"
+    path = write(tmp_path, '[spool]\ndefault_content_type = "binary/octet-stream"\n')
+    assert load_config(path, env={}).spool.default_content_type == "binary/octet-stream"
+    path = write(tmp_path, '[spool]\ndefault_content_type = "octet"\n')
+    with pytest.raises(ConfigError, match="default_content_type"):
+        load_config(path, env={})

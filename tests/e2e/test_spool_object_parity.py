@@ -169,3 +169,39 @@ def test_head_range_part_number_empty_metadata_and_an_unvalued_checksum_answer_a
     assert view(backend, bucket) == want
     drained = backend.head_object(Bucket=bucket, Key=ckey, ChecksumMode="ENABLED")
     assert drained.get("ChecksumCRC32") == _crc32(b"payload!")
+
+
+def test_a_copy_of_a_spooled_multipart_object_keeps_its_multipart_etag_as_on_the_store(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    """CopyObject of a multipart source: the store keeps the source's part layout and ETag; so does the
+    spool, in the spool and once the copy is drained."""
+    s3 = held.gw.client()
+    src, dst = f"{HELD}mp-src", f"{HELD}mp-copy"
+    parts = [b"a" * (5 * 1024 * 1024), b"tail"]
+    etags = {}
+    for client, name in ((s3, bucket), (backend, store_bucket)):
+        up = client.create_multipart_upload(Bucket=name, Key=src)
+        listed = [
+            {
+                "PartNumber": n,
+                "ETag": client.upload_part(
+                    Bucket=name, Key=src, UploadId=up["UploadId"], PartNumber=n, Body=body
+                )["ETag"],
+            }
+            for n, body in enumerate(parts, start=1)
+        ]
+        client.complete_multipart_upload(
+            Bucket=name, Key=src, UploadId=up["UploadId"], MultipartUpload={"Parts": listed}
+        )
+        copied = client.copy_object(Bucket=name, Key=dst, CopySource={"Bucket": name, "Key": src})
+        etags[name] = copied["CopyObjectResult"]["ETag"].strip('"')
+    assert etags[bucket] == etags[store_bucket]
+    assert etags[bucket].endswith("-2")
+    assert_spooled(held.gw, backend, bucket, dst)
+    got = s3.get_object(Bucket=bucket, Key=dst)
+    assert got["Body"].read() == b"".join(parts)
+    assert got["ETag"].strip('"') == etags[bucket]
+    assert not s3.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    _release_and_flush(held, bucket)
+    assert backend.head_object(Bucket=bucket, Key=dst)["ETag"].strip('"') == etags[bucket]
