@@ -26,6 +26,7 @@ FALLBACK = "application/octet-stream"
 _WHITESPACE = b"\t\n\x0c\r "
 _TAG_TERMINATORS = b" >"
 _HTML = "text/html; charset=utf-8"
+_BINARY_BYTE = re.compile(rb"[\x00-\x08\x0b\x0e-\x1a\x1c-\x1f]")  # no text has them (WHATWG 7.1 step 9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,7 @@ class _Exact:
     prefix: bytes
     content_type: str
 
-    def match(self, data: bytes, first_non_ws: int) -> str | None:
+    def match(self, data: bytes, rest: bytes) -> str | None:
         return self.content_type if data.startswith(self.prefix) else None
 
 
@@ -44,9 +45,9 @@ class _Masked:
     content_type: str
     skip_ws: bool = False
 
-    def match(self, data: bytes, first_non_ws: int) -> str | None:
+    def match(self, data: bytes, rest: bytes) -> str | None:
         if self.skip_ws:
-            data = data[first_non_ws:]
+            data = rest
         if len(data) < len(self.pattern):
             return None
         for byte, mask, want in zip(data, self.mask, self.pattern, strict=False):
@@ -61,23 +62,23 @@ class _Html:
 
     tag: bytes
 
-    def match(self, data: bytes, first_non_ws: int) -> str | None:
-        data = data[first_non_ws:]
-        if len(data) < len(self.tag) + 1:
+    def match(self, data: bytes, rest: bytes) -> str | None:
+        n = len(self.tag)
+        if len(rest) < n + 1 or rest[0] != 0x3C:  # every tag starts with "<"
             return None
-        for byte, want in zip(data, self.tag, strict=False):
+        for byte, want in zip(rest, self.tag, strict=False):
             if 0x41 <= want <= 0x5A:  # A-Z: compare case-insensitively
                 byte &= 0xDF
             if byte != want:
                 return None
-        return _HTML if data[len(self.tag)] in _TAG_TERMINATORS else None
+        return _HTML if rest[n] in _TAG_TERMINATORS else None
 
 
 @dataclass(frozen=True, slots=True)
 class _Mp4:
     """WHATWG "signature for MP4": an ``ftyp`` box whose brands include ``mp4``."""
 
-    def match(self, data: bytes, first_non_ws: int) -> str | None:
+    def match(self, data: bytes, rest: bytes) -> str | None:
         if len(data) < 12:
             return None
         (box_size,) = struct.unpack(">I", data[:4])
@@ -95,11 +96,8 @@ class _Mp4:
 class _Text:
     """Last: no binary control byte after the leading whitespace (WHATWG section 7.1 step 9)."""
 
-    def match(self, data: bytes, first_non_ws: int) -> str | None:
-        for byte in data[first_non_ws:]:
-            if byte <= 0x08 or byte == 0x0B or 0x0E <= byte <= 0x1A or 0x1C <= byte <= 0x1F:
-                return None
-        return "text/plain; charset=utf-8"
+    def match(self, data: bytes, rest: bytes) -> str | None:
+        return None if _BINARY_BYTE.search(rest) else "text/plain; charset=utf-8"
 
 
 _Sig = _Exact | _Masked | _Html | _Mp4 | _Text
@@ -173,11 +171,9 @@ _SIGNATURES: tuple[_Sig, ...] = (
 def detect_content_type(data: bytes) -> str:
     """Go's ``http.DetectContentType``: the Content-Type of a body from (at most) its first 512 bytes."""
     data = data[:SNIFF_BYTES]
-    first_non_ws = 0
-    while first_non_ws < len(data) and data[first_non_ws] in _WHITESPACE:
-        first_non_ws += 1
+    rest = data.lstrip(_WHITESPACE)
     for sig in _SIGNATURES:
-        found = sig.match(data, first_non_ws)
+        found = sig.match(data, rest)
         if found is not None:
             return found
     return FALLBACK
