@@ -34,6 +34,7 @@ from gateway.core.lanes_config import (
     parse_tenants,
 )
 from gateway.core.scheduler import LaneSpec
+from gateway.core.sniff import valid_default_content_type
 from gateway.core.spool_deadline import DEFAULT_MAX_AGE_S
 from gateway.errors import ConfigError
 
@@ -251,6 +252,12 @@ class SpoolConfig:
     # (a crash or an unanswered request left it there) before the key is read back and, if an older state
     # shows, the newest one applied again. None = [backend] read_timeout_s. See docs/spool.md (fencing).
     fence_s: float | None = None
+    # The Content-Type of a spooled object written without one, kept with it and sent by the drain, so that
+    # it answers the same in the spool and on the store: "sniff" (what SeaweedFS and Go-based stores pick:
+    # the body's sniffed type for a PutObject, application/octet-stream for a multipart upload,
+    # binary/octet-stream for a copy that replaces the headers) or one fixed type for every write (AWS S3:
+    # "binary/octet-stream"). See docs/spool.md.
+    default_content_type: str = "sniff"
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,6 +568,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "abandoned_upload_s": "float",
         "direct_io": "bool",
         "fence_s": "float",
+        "default_content_type": "str",
     },
     "cluster": {
         "redis_url": "opt_str",
@@ -1058,6 +1066,11 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[spool].capacity", "must not be negative")
     if sp.fence_s is not None and sp.fence_s < 0:
         problems.add("[spool].fence_s", "must not be negative")
+    if not valid_default_content_type(sp.default_content_type):
+        problems.add(
+            "[spool].default_content_type",
+            f"expected 'sniff' or a media type (binary/octet-stream), got {sp.default_content_type!r}",
+        )
     for lane in sp.lanes:
         if lane not in cfg.lanes:
             problems.add("[spool].lanes", f"unknown lane {lane!r} (lanes: {', '.join(sorted(cfg.lanes))})")

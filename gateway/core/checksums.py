@@ -290,6 +290,10 @@ class BodyVerifier:
         return self._algorithm
 
     @property
+    def checksum_in_trailer(self) -> bool:
+        return self._checksum_in_trailer
+
+    @property
     def verified_checksum(self) -> tuple[str, str] | None:
         """After a successful :meth:`finish`: ``(header name, base64 value)`` of the checksum checked."""
         return self._verified_checksum

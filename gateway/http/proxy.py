@@ -489,6 +489,11 @@ class S3Proxy:
         elif upload is not None:
             if upload.expected_bytes is not None and upload.expected_bytes <= SMALL_BODY_BYTES:
                 body = await read_small_body(request, upload)
+                if upload.checksum_in_trailer and upload.verified_checksum is not None:
+                    # The trailing checksum, verified, goes to the store as a header (the store keeps it,
+                    # as it keeps one sent in a trailer); a streamed body's trailer is verified only.
+                    name, value = upload.verified_checksum
+                    headers[name] = value
                 cost += len(body)
                 arrived = self._clock.monotonic()
             else:

@@ -40,6 +40,7 @@ from gateway.clock import Clock
 from gateway.config import Config, Credential
 from gateway.core.body import UploadBody
 from gateway.core.checksums import (
+    ALGORITHMS,
     CHECKSUM_HEADER_PREFIX,
     Checksum,
     check_content_md5,
@@ -88,6 +89,7 @@ from gateway.core.s3docs import (
     delete_objects_targets,
 )
 from gateway.core.s3request import query_names
+from gateway.core.sniff import SNIFF_BYTES, Written, default_content_type
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, SpoolSpace, Upload
 from gateway.core.uri import s3_quote
 from gateway.errors import (
@@ -199,6 +201,8 @@ def upload_meta(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for name, value in headers.items():
         if name.startswith("x-amz-meta-") or name in _KEEP_HEADERS:
+            if name.startswith("x-amz-meta-") and not value.strip():
+                continue  # the store drops user metadata with an empty value (it would after the drain)
             if name == "content-encoding":
                 value = without_aws_chunked(value)
                 if not value.strip():
@@ -564,12 +568,12 @@ class SpoolFront:
         counted in ``s3lanes_spool_write_through_total{reason}`` (called once per write)."""
         if decision.lane not in self._lanes and not self.spool.state.has_key(bucket, key):
             return False  # not a spooled lane: not a write-through either
-        reason = self._write_through_reason(ctx, key)
+        reason = self._write_through_reason(ctx, bucket, key)
         if reason is not None:
             self._metrics.spool_write_through.labels(reason).inc()
         return reason is None
 
-    def _write_through_reason(self, ctx: RequestContext, key: str) -> str | None:
+    def _write_through_reason(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
         h = ctx.view.headers
         if self.spool.degraded is not None:
             return "degraded"
@@ -590,7 +594,13 @@ class SpoolFront:
         if any(name.startswith("x-amz-object-lock-") for name in h):
             return "object_lock"
         if any(name in h for name in _WRITE_THROUGH_ONLY):
-            return "conditional"
+            # A conditional write of a key the spool holds is evaluated against the spool's newest write of
+            # it and spooled (see _put); of any other key the store evaluates it.
+            spooled_put = (
+                ctx.target.operation == "PutObject" and self.spool.state.lookup(bucket, key) is not None
+            )
+            if not (spooled_put and has_write_preconditions(h)):
+                return "conditional"
         return None
 
     async def _wait_clear(self, bucket: str, key: str) -> None:
@@ -702,6 +712,7 @@ class SpoolFront:
         extra: Checksum | None = None,
         *,
         room: _Room | None = None,
+        head: bytearray | None = None,
     ) -> str:
         """Stream the decoded, verified request body into a spool file; return its MD5. Discards on error.
 
@@ -710,7 +721,8 @@ class SpoolFront:
         payload's SHA-256, an ``x-amz-checksum-*``) are hashed by the writer too, on its I/O thread with the
         MD5, and checked once it has written the last byte, before anything is acknowledged. ``extra``: one
         more checksum the writer feeds (a part's, in its upload's algorithm, when the request sent none).
-        ``room``: a body of unknown length reserves its room in the spool as it arrives."""
+        ``room``: a body of unknown length reserves its room in the spool as it arrives. ``head``: filled with
+        the body's first :data:`SNIFF_BYTES` (to sniff its Content-Type)."""
         expected_md5 = upload.take_md5_check() if upload is not None else None
         if upload is not None:
             writer.extra_hashers = tuple(upload.delegate_hashing())
@@ -731,6 +743,8 @@ class SpoolFront:
                         if room is not None:
                             room.need(upload.seen_bytes)
                         for piece in pieces:
+                            if head is not None and len(head) < SNIFF_BYTES:
+                                head += piece[: SNIFF_BYTES - len(head)]
                             await writer.write(piece)
                 except (aiohttp.ClientPayloadError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
                     raise IncompleteBody(
@@ -738,6 +752,8 @@ class SpoolFront:
                     ) from exc
                 tail = upload.finish()
                 if tail:
+                    if head is not None and len(head) < SNIFF_BYTES:
+                        head += tail[: SNIFF_BYTES - len(head)]
                     await writer.write(tail)
             md5 = await writer.finish()
             if upload is not None:
@@ -776,25 +792,68 @@ class SpoolFront:
         try:
             await self._check_bucket(ctx, bucket)
             writer = self.spool.writer(size)
-            md5 = await self._write_body(request, upload, writer, room=room)
-            meta = upload_meta(ctx.view.headers)
-            if upload is not None and upload.verified_checksum is not None:
-                meta = sorted([*meta, upload.verified_checksum])  # kept, and sent with the drain's PUT
-            rec = self.spool.state.put_record(
-                bucket=bucket,
-                key=key,
-                file=writer.file_id,
-                size=writer.size,
-                md5=md5,
-                meta=meta,
-                access_key=ctx.auth.access_key,
-                lane=decision.lane,
-                now_wall=self._clock.wall(),
-            )
-            await self._commit_or_discard(writer, rec)
+            head = bytearray()
+            computed = self._unpromised_checksum(ctx, upload)
+            md5 = await self._write_body(request, upload, writer, computed, room=room, head=head)
+            meta = self._with_content_type(upload_meta(ctx.view.headers), Written.PUT, bytes(head))
+            checksum = upload.verified_checksum if upload is not None else None
+            if computed is not None:
+                checksum = (header_for(computed.algorithm), computed.digest_b64())
+            if checksum is not None:
+                meta = sorted([*meta, checksum])  # kept, and sent with the drain's PUT
+
+            def record() -> dict[str, Any]:
+                return self.spool.state.put_record(
+                    bucket=bucket,
+                    key=key,
+                    file=writer.file_id,
+                    size=writer.size,
+                    md5=md5,
+                    meta=meta,
+                    access_key=ctx.auth.access_key,
+                    lane=decision.lane,
+                    now_wall=self._clock.wall(),
+                )
+
+            if has_write_preconditions(ctx.view.headers):
+                # If-Match / If-None-Match against the object a client sees at the key now (the spool's
+                # newest write, else the store's), checked and committed under the key's lock, as for a
+                # conditional CompleteMultipartUpload: answered at once, without waiting for the drain.
+                async with self._key_lock(bucket, key):
+                    try:
+                        current = await self._current_etag(ctx, bucket, key)
+                        check_write_preconditions(current, ctx.view.headers)
+                    except BaseException:
+                        await writer.discard()
+                        raise
+                    await self._commit_or_discard(writer, record())
+            else:
+                await self._commit_or_discard(writer, record())
         finally:
             self.spool.space.release(size + (room.reserved if room is not None else 0))
-        return self._acked(ctx, decision, writer, md5, upload)
+        resp = self._acked(ctx, decision, writer, md5, upload)
+        if computed is not None and checksum is not None:
+            resp.headers[checksum[0]] = checksum[1]
+        return resp
+
+    @staticmethod
+    def _unpromised_checksum(ctx: RequestContext, upload: UploadBody | None) -> Checksum | None:
+        """An ``x-amz-sdk-checksum-algorithm`` without a checksum value (header or trailer): the store
+        computes that checksum and keeps it, so the spool computes it as it writes (None otherwise)."""
+        algorithm = ctx.view.headers.get("x-amz-sdk-checksum-algorithm", "").strip().upper()
+        if algorithm not in ALGORITHMS or (upload is not None and upload.checksum_algorithm is not None):
+            return None
+        return new_checksum(algorithm)
+
+    def _with_content_type(
+        self, meta: list[tuple[str, str]], written: Written, head: bytes = b""
+    ) -> list[tuple[str, str]]:
+        """``meta`` with a Content-Type: the request's, else the default the store would give (kept with the
+        object and sent by the drain, so that it answers the same before and after)."""
+        if any(k == "content-type" for k, _ in meta):
+            return meta
+        default = default_content_type(self._cfg.spool.default_content_type, written, head)
+        return sorted([*meta, ("content-type", default)])
 
     # -- GET / HEAD ------------------------------------------------------------------------------------------
 
@@ -1207,7 +1266,7 @@ class SpoolFront:
         ):
             raise PreconditionFailed()
         if h.get("x-amz-metadata-directive", "COPY").upper() == "REPLACE":
-            meta = upload_meta(h)
+            meta = self._with_content_type(upload_meta(h), Written.COPY)
         else:
             if src_bucket == bucket and src_key == key:
                 raise InvalidRequest(
@@ -1240,6 +1299,11 @@ class SpoolFront:
             if self._spoolable(ctx, decision, bucket, key) and self._admit(src.size) is Admission.SPOOL:
                 try:
                     await self._check_bucket(ctx, bucket)
+                    if src.multipart:
+                        # Part for part, as the store copies a multipart object: the copy keeps the source's
+                        # multipart ETag (and the drain uploads it as the same parts).
+                        etag = await self._copy_parts(ctx, decision, bucket, key, meta, src, files)
+                        return self._response(ctx, decision, body=self._copy_result(etag))
                     writer = self.spool.writer(src.size)
                     await writer.open()
                     try:
@@ -1269,8 +1333,62 @@ class SpoolFront:
         finally:
             for fd, _, _ in files:
                 os.close(fd)
-        body = _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
-        return self._response(ctx, decision, body=body)
+        return self._response(ctx, decision, body=self._copy_result(etag))
+
+    def _copy_result(self, etag: str) -> bytes:
+        return _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
+
+    async def _copy_parts(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
+        meta: list[tuple[str, str]],
+        src: Entry,
+        files: list[tuple[int, int, int]],
+    ) -> str:
+        """Copy a spooled multipart object into the spool with its part layout: a spooled multipart upload
+        of the same parts, completed at once (the records a client's upload would journal). Its ETag."""
+        state = self.spool.state
+        upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
+        await self.spool.commit(
+            [
+                state.create_upload_record(
+                    upload_id=upload_id,
+                    bucket=bucket,
+                    key=key,
+                    meta=meta,
+                    access_key=ctx.auth.access_key,
+                    lane=decision.lane,
+                    now_wall=self._clock.wall(),
+                )
+            ]
+        )
+        try:
+            upload = state.uploads[upload_id]
+            spans = iter(files)  # one span per non-empty part, in order
+            requested: list[tuple[int, str]] = []
+            for number, size in enumerate(src.part_sizes, start=1):
+                writer = self.spool.writer(size)
+                await writer.open()
+                try:
+                    if size:
+                        await self._copy_files([next(spans)], writer)
+                    md5 = await writer.finish()
+                except BaseException:
+                    await writer.discard()
+                    raise
+                await self._commit_part(upload, number, writer, md5, None)
+                requested.append((number, md5))
+            rec = state.complete_record(upload, requested, self._clock.wall())
+            await self.spool.commit([rec])
+        except BaseException:
+            if upload_id in state.uploads:
+                with contextlib.suppress(Exception):
+                    await self.spool.commit([state.abort_record(upload_id)])
+            raise
+        return str(rec["etag"])
 
     async def _put_through(
         self,
@@ -1324,7 +1442,7 @@ class SpoolFront:
         algo = upload_checksum(h.get("x-amz-checksum-algorithm"), h.get("x-amz-checksum-type"))
         await self._check_bucket(ctx, bucket)
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
-        meta = upload_meta(h)
+        meta = self._with_content_type(upload_meta(h), Written.MULTIPART)
         if algo is not None:  # kept with the upload, and sent with the drain's CreateMultipartUpload
             meta = sorted([*meta, ("x-amz-checksum-algorithm", algo[0]), ("x-amz-checksum-type", algo[1])])
         rec = self.spool.state.create_upload_record(

@@ -227,3 +227,12 @@ def test_a_credentials_file_adds_client_keys_and_its_mistakes_are_config_errors(
         with pytest.raises(ConfigError) as caught:
             load_config(env={"S3LANES_SERVER_CREDENTIALS_FILE": str(path)})
         assert f"[server].credentials_file: {message}" in str(caught.value).replace(f"{path} ", "")
+
+
+def test_the_spools_default_content_type_is_sniff_or_a_media_type(tmp_path: Path):
+    assert load_config(env={}).spool.default_content_type == "sniff"
+    path = write(tmp_path, '[spool]\ndefault_content_type = "binary/octet-stream"\n')
+    assert load_config(path, env={}).spool.default_content_type == "binary/octet-stream"
+    path = write(tmp_path, '[spool]\ndefault_content_type = "octet"\n')
+    with pytest.raises(ConfigError, match="default_content_type"):
+        load_config(path, env={})
