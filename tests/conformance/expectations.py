@@ -131,10 +131,6 @@ WHY = {
         "an object written without Content-Type: the spool answers binary/octet-stream (S3's default), "
         "the store its sniffed type"
     ),
-    "checksum.": (
-        "ListParts of a spooled upload answers MaxParts 1000 and a NextPartNumberMarker (the store: "
-        "MaxParts 10000, no NextPartNumberMarker)"
-    ),
     "cond.put_": (
         "a conditional PUT of a spooled key waits for the drain instead of being answered from the spool"
     ),
@@ -158,24 +154,12 @@ WHY = {
         "Last-Modified moves from the acknowledgement time to the drain time, so date conditions that "
         "compare with the earlier value change their answer after the drain"
     ),
-    "list.": (
-        "merged listings: the store (SeaweedFS) leaves out keys below a marker/start-after that names a "
-        '"directory" (a/b/c after a/b) and lists CommonPrefixes unsorted, where the merge follows S3\'s '
-        "order; ListObjects V1 with a delimiter has no NextMarker; encoding-type=url encodes a space as "
-        "%20 (the store: +); merged ListObjectVersions sends empty Prefix/KeyMarker/VersionIdMarker and "
-        "EncodingType"
-    ),
     "metadata.": (
         "user metadata of a spooled object: an empty value is kept by the spool, dropped by the store"
     ),
     "multipart.concurrent_part_reupload": (
         "a part uploaded twice at once: Complete with the ETag of the upload that finished first "
         "completes the other upload's bytes"
-    ),
-    "multipart.list_parts_and_uploads": (
-        "spooled uploads: ListParts answers MaxParts 1000 and a NextPartNumberMarker (the store: 10000, "
-        "none), ListMultipartUploads lists a StorageClass (the store: none), a second "
-        "AbortMultipartUpload answers NoSuchUpload (the store: 204)"
     ),
     "multipart.missing_part": (
         "Complete naming a part never uploaded answers InvalidPart (as AWS documents); the store answers"
@@ -191,10 +175,6 @@ WHY = {
     "object.put_get_": (
         "an object written without Content-Type: the spool answers binary/octet-stream (S3's default), "
         "the store its sniffed type"
-    ),
-    "object.key_": (
-        "keys: encoding-type=url encodes a space as %20 (the store: +); a key ending in / keeps its "
-        "bytes in the spool (SeaweedFS stores it as a directory and drops them)"
     ),
     "range.part_number": (
         "GET/HEAD with partNumber=1 of a spooled single-PUT object: no x-amz-mp-parts-count (the store: 1)"
@@ -214,10 +194,6 @@ WHY = {
     "raw.aws_chunked_trailer": (
         "an aws-chunked PUT with a trailing checksum: the trailing checksum is not kept, and the store "
         "also keeps Content-Encoding: aws-chunked where the gateway removes it"
-    ),
-    "versions.": (
-        "merged ListObjectVersions sends empty Prefix, KeyMarker, VersionIdMarker and EncodingType "
-        "elements (the store leaves them out)"
     ),
 }
 
@@ -251,32 +227,6 @@ EXPECTED_TO_DIFFER: tuple[KnownBug, ...] = (
         ("checksum.raw_crc32_right",),
         frozenset({HELD}),
         WHY["checksum.raw_crc32_right"],
-    ),
-    KnownBug(
-        (
-            "checksum.CRC32C_multipart_composite",
-            "checksum.CRC32C_multipart_full",
-            "checksum.CRC32_multipart_composite",
-            "checksum.CRC32_multipart_full",
-            "checksum.CRC64NVME_multipart_full",
-            "checksum.SHA1_multipart_composite",
-            "checksum.SHA256_multipart_composite",
-        ),
-        frozenset({HELD}),
-        WHY["checksum."],
-    ),
-    KnownBug(
-        (
-            "checksum.CRC32C_multipart_composite",
-            "checksum.CRC32C_multipart_full",
-            "checksum.CRC32_multipart_composite",
-            "checksum.CRC32_multipart_full",
-            "checksum.CRC64NVME_multipart_full",
-            "checksum.SHA1_multipart_composite",
-            "checksum.SHA256_multipart_composite",
-        ),
-        frozenset({FLUSHED}),
-        WHY["checksum."],
     ),
     KnownBug(
         (
@@ -364,30 +314,6 @@ EXPECTED_TO_DIFFER: tuple[KnownBug, ...] = (
         strict=False,
     ),
     KnownBug(
-        (
-            "list.marker",
-            "list.marker_delim",
-            "list.marker_delim_mixed",
-            "list.marker_mixed",
-            "list.max1",
-            "list.max1_mixed",
-            "list.odd_delimiter",
-            "list.odd_delimiter_mixed",
-            "list.overwritten_and_deleted",
-            "list.paginate_1",
-            "list.paginate_1_mixed",
-            "list.paginate_3",
-            "list.paginate_3_mixed",
-            "list.start_after",
-            "list.start_after_mixed",
-            "list.start_after_prefix",
-            "list.url",
-            "list.url_mixed",
-        ),
-        frozenset({HELD}),
-        WHY["list."],
-    ),
-    KnownBug(
         ("metadata.empty_value",),
         frozenset({HELD}),
         WHY["metadata."],
@@ -409,16 +335,6 @@ EXPECTED_TO_DIFFER: tuple[KnownBug, ...] = (
         frozenset({FLUSHED}),
         WHY["multipart.concurrent_part_reupload"],
         strict=False,
-    ),
-    KnownBug(
-        ("multipart.list_parts_and_uploads",),
-        frozenset({HELD}),
-        WHY["multipart.list_parts_and_uploads"],
-    ),
-    KnownBug(
-        ("multipart.list_parts_and_uploads",),
-        frozenset({FLUSHED}),
-        WHY["multipart.list_parts_and_uploads"],
     ),
     KnownBug(
         ("multipart.missing_part",),
@@ -471,15 +387,6 @@ EXPECTED_TO_DIFFER: tuple[KnownBug, ...] = (
         ),
         frozenset({HELD}),
         WHY["object.put_get_"],
-    ),
-    KnownBug(
-        (
-            "object.key_0",
-            "object.key_4",
-            "object.key_8",
-        ),
-        frozenset({HELD}),
-        WHY["object.key_"],
     ),
     KnownBug(
         ("range.part_number_1",),
@@ -537,25 +444,6 @@ EXPECTED_TO_DIFFER: tuple[KnownBug, ...] = (
         ("raw.aws_chunked_trailer",),
         frozenset({FLUSHED}),
         WHY["raw.aws_chunked_trailer"],
-    ),
-    KnownBug(
-        (
-            "versions.empty_bucket_1",
-            "versions.empty_bucket_1_settled",
-            "versions.empty_bucket_5",
-            "versions.empty_bucket_5_settled",
-            "versions.list_params",
-        ),
-        frozenset({HELD}),
-        WHY["versions."],
-    ),
-    KnownBug(
-        (
-            "versions.empty_bucket_1",
-            "versions.empty_bucket_5",
-        ),
-        frozenset({FLUSHED}),
-        WHY["versions."],
     ),
 )
 

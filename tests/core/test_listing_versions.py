@@ -6,10 +6,12 @@ import pytest
 
 from gateway.core.listing import (
     NULL_VERSION,
+    PartsPage,
     VersionEntry,
     VersionsRequest,
     add_listed_uploads,
     drop_listed_uploads,
+    list_parts_page,
     merge_versions_page,
     parse_backend_versions,
     parse_owner,
@@ -175,3 +177,34 @@ def test_spooled_uploads_are_merged_into_a_backend_page_in_key_order() -> None:
     assert add_listed_uploads(url, [("x", a_up)]).index(a_up) < url.index(b"<Upload>") + len(a_up)
     with pytest.raises(ValueError):
         add_listed_uploads(b"<Error/>", [("a", a_up)])
+
+
+def test_versions_answer_leaves_out_empty_markers_and_does_not_encode_as_the_store() -> None:
+    # The store shows Prefix, KeyMarker and VersionIdMarker only when given, and ignores encoding-type here
+    # (no EncodingType element, keys as they are): boto3, which asks for url encoding, decodes nothing.
+    plain = req(encoding_type="url")
+    body = render_versions_xml(plain, "bk", merge_versions_page(plain, [], [], [v("a b+c")], set()))
+    for element in (b"<Prefix>", b"<KeyMarker>", b"<VersionIdMarker>", b"<EncodingType>", b"<Delimiter>"):
+        assert element not in body
+    assert b"<Key>a b+c</Key>" in body
+    given = req(prefix="a", key_marker="a", version_id_marker="v1", delimiter="/")
+    body = render_versions_xml(given, "bk", merge_versions_page(given, [], [], [], set()))
+    assert b"<Prefix>a</Prefix>" in body and b"<KeyMarker>a</KeyMarker>" in body
+    assert b"<VersionIdMarker>v1</VersionIdMarker>" in body
+    assert b"<Delimiter>/</Delimiter>" in body
+
+
+@pytest.mark.parametrize(
+    ("marker", "max_parts", "expected"),
+    [
+        (0, None, PartsPage([1, 2, 3], 10000, False)),  # the store's default MaxParts
+        (0, "2", PartsPage([1, 2], 2, True)),
+        (1, "2", PartsPage([2, 3], 2, False)),
+        (3, None, PartsPage([], 10000, False)),
+        (0, "20000", PartsPage([1, 2, 3], 20000, False)),  # echoed, not capped
+        (0, "0", PartsPage([1, 2, 3], 0, False)),  # 0 limits nothing (SeaweedFS)
+        (0, "abc", PartsPage([1, 2, 3], 0, False)),  # not a number: 0
+    ],
+)
+def test_list_parts_pages_as_the_store(marker: int, max_parts: str | None, expected: PartsPage) -> None:
+    assert list_parts_page([3, 1, 2], marker, max_parts) == expected
