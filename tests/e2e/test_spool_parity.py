@@ -287,6 +287,27 @@ def test_merged_listings_page_order_and_encode_as_the_store_with_directory_shape
     assert source(s3.head_object(Bucket=bucket, Key=f"{HELD}a/b")) == "spool", "drained during the test"
 
 
+def test_a_key_ending_in_slash_goes_to_the_store_which_keeps_it_as_a_directory(
+    held: Held, backend: Any, bucket: str, store_bucket: str
+) -> None:
+    """SeaweedFS drops the bytes of a key ending in "/" (a directory); were it spooled, GET would answer them
+    until the drain. Written through, it reads the same at once as straight on the store. (Not under held/:
+    the held backend refuses every PUT there, the store's own included.)"""
+    s3 = held.gw.client()
+    before = write_through_count(held.gw, "key")
+    put = s3.put_object(Bucket=bucket, Key="dir/", Body=b"odd key")
+    assert source(put) is None
+    assert write_through_count(held.gw, "key") == before + 1
+    backend.put_object(Bucket=store_bucket, Key="dir/", Body=b"odd key")
+    got = s3.get_object(Bucket=bucket, Key="dir/")
+    want = backend.get_object(Bucket=store_bucket, Key="dir/")
+    assert (got["Body"].read(), got["ETag"], got["ContentLength"]) == (
+        want["Body"].read(),
+        want["ETag"],
+        want["ContentLength"],
+    )
+
+
 def _without_bucket(page: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in page.items() if k != "Name"}
 
