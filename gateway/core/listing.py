@@ -329,7 +329,9 @@ def roll_up(req: ListRequest, key: str) -> str | None:
 
 
 def prefix_visible(prefix: str, start: str) -> bool:
-    """Whether a listing continued after ``start`` shows common prefix ``prefix`` (see the module doc).
+    """Whether a version listing continued after ``start`` shows common prefix ``prefix``: S3's rule, in
+    S3's byte order, which the store follows for ListObjectVersions (ListObjects: :func:`listed_after`).
+    Shown iff ``prefix > start`` and ``start`` is not inside it.
 
     The second clause is implied by the first (a ``start`` inside ``prefix`` sorts at or after it); it is
     spelled out because it is the rule S3 clients rely on: a prefix is never listed twice.
@@ -394,8 +396,8 @@ def merge_page(
     the last one wins); they win over a backend entry of the same key. ``hidden_keys`` are the keys deleted
     in the spool; backend entries with those keys are dropped. Keys outside ``req.prefix`` are ignored, and
     with a delimiter a key rolls up into its common prefix (:func:`roll_up`). Only items after
-    ``req.start`` count (keys ``> start``, prefixes by :func:`prefix_visible`); keys and prefixes together
-    fill up to ``req.max_keys``.
+    ``req.start`` count (:func:`listed_after`); keys and prefixes together fill up to ``req.max_keys`` in
+    :func:`store_order` (one more where a key ``K`` is followed by ``K/``, see the module doc).
 
     ``max_keys == 0`` gives an empty page with ``is_truncated`` false. That is what S3 answers (ceph's
     s3-tests, written against AWS, pin it in ``test_bucket_list_maxkeys_zero``), and a truncated page with
