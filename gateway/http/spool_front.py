@@ -53,24 +53,25 @@ from gateway.core.checksums import (
 from gateway.core.classify import Decision
 from gateway.core.listing import (
     NULL_VERSION,
+    AnyListRequest,
+    BackendCursor,
     ListEntry,
     NotOurToken,
+    SpooledObject,
     VersionEntry,
     add_listed_uploads,
+    backend_query,
     decode_token,
     drop_listed_uploads,
+    expand_prefixes,
     iso8601,
-    merge_page,
-    merge_versions_page,
-    parse_backend_listing,
-    parse_backend_versions,
+    list_parts_page,
+    merged_listing_xml,
+    parse_backend_page,
     parse_list_request,
     parse_owner,
     parse_versions_request,
-    prefixes_to_expand,
-    render_list_xml,
-    render_versions_xml,
-    versions_prefixes_to_expand,
+    shows_owner,
 )
 from gateway.core.objectread import (
     DEFAULT_CONTENT_TYPE,
@@ -450,10 +451,10 @@ class SpoolFront:
                 # Merged while the prefix has spooled keys, and for every page after one of our tokens
                 # (the backend cannot continue a listing from a token it did not issue).
                 if state.has_bucket_prefix(bucket, q.get("prefix", "")) or _our_token(q):
-                    return await self._list(request, ctx, decision, bucket)
+                    return await self._list(ctx, decision, bucket, q)
             elif op == "ListObjectVersions":
                 if state.has_bucket_prefix(bucket, q.get("prefix", "")):
-                    return await self._list_versions(ctx, decision, bucket, q)
+                    return await self._list(ctx, decision, bucket, q)
             elif op in ("DeleteObjects", "DeleteBucket") and any(
                 b == bucket for b, _ in self.spool.unjournaled_keys
             ):
@@ -579,6 +580,10 @@ class SpoolFront:
             return "degraded"
         if self._closing:
             return "shutdown"
+        if key.endswith("/"):
+            # SeaweedFS stores a key ending in "/" as a directory (its bytes dropped, Content-Length 0): let
+            # the store answer it from the start, so that the object does not change at the drain.
+            return "key"
         if _odd_path_segments(key):
             # Stores disagree on keys with "."/".." or empty segments (SeaweedFS refuses or folds them):
             # let the backend answer such writes itself rather than acknowledge what may never drain.
@@ -937,60 +942,58 @@ class SpoolFront:
     # -- listings --------------------------------------------------------------------------------------------
 
     async def _list(
-        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
+        self, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
     ) -> web.StreamResponse | None:
-        query = query_names(ctx.view.raw_query)
+        """ListObjects (V1, V2) or ListObjectVersions over a prefix with spooled keys: the backend's whole
+        listing of the prefix merged with the spool (gateway/core/listing.py). None: a continuation token
+        the gateway did not issue, which the backend answers."""
         try:
-            req = parse_list_request(query)
+            req: AnyListRequest = (
+                parse_versions_request(q)
+                if ctx.target.operation == "ListObjectVersions"
+                else parse_list_request(q)
+            )
         except NotOurToken:
             return None
-        listed = await self._backend_listing(ctx, decision, bucket, req.prefix, req.delimiter)
+        listed = await self._backend_all(ctx, decision, bucket, req, req.prefix, req.delimiter)
         if isinstance(listed, web.Response):
             return listed
-        entries, prefixes = listed
-        spooled: list[ListEntry] = []
+        items, prefixes = listed
+        spooled: list[SpooledObject] = []
         hidden: set[str] = set()
-        show_owner = req.version == 1 or req.fetch_owner
         for entry in list(self.spool.state.live_under(bucket, req.prefix)):
             if entry.kind == "del":
                 hidden.add(entry.key)
-            else:
-                owner = await self._owner(ctx, bucket, entry.access_key) if show_owner else None
-                spooled.append(
-                    ListEntry(
-                        entry.key,
-                        entry.size,
-                        entry.etag,
-                        entry.acked_at,
-                        owner_id=owner[0] if owner else None,
-                        owner_name=owner[1] if owner else None,
-                    )
-                )
+                continue
+            owner = await self._owner(ctx, bucket, entry.access_key) if shows_owner(req) else None
+            spooled.append(SpooledObject(entry.key, entry.size, entry.etag, entry.acked_at, owner))
         # A backend common prefix whose keys may all be deleted in the spool: list it out key by key.
-        for prefix in prefixes_to_expand(req, prefixes, hidden):
-            expanded = await self._backend_listing(ctx, decision, bucket, prefix, "")
+        for prefix in expand_prefixes(req, prefixes, hidden):
+            expanded = await self._backend_all(ctx, decision, bucket, req, prefix, "")
             if isinstance(expanded, web.Response):
                 return expanded
             prefixes.remove(prefix)
-            entries.extend(expanded[0])
-        result = merge_page(req, entries, prefixes, spooled, hidden)
-        return self._response(ctx, decision, body=render_list_xml(req, bucket, result))
+            items.extend(expanded[0])
+        body = merged_listing_xml(req, bucket, items, prefixes, spooled, hidden)
+        return self._response(ctx, decision, body=body)
 
-    async def _backend_listing(
-        self, ctx: RequestContext, decision: Decision, bucket: str, prefix: str, delimiter: str
-    ) -> tuple[list[ListEntry], list[str]] | web.Response:
-        """The backend's whole listing of a prefix (its order and StartAfter are not trusted: all of it)."""
-        entries: list[ListEntry] = []
+    async def _backend_all(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        req: AnyListRequest,
+        prefix: str,
+        delimiter: str,
+    ) -> tuple[list[ListEntry | VersionEntry], list[str]] | web.Response:
+        """The backend's whole listing (or version listing, as ``req`` is) of a prefix, paged with its own
+        cursors (its order and StartAfter are not trusted: all of it)."""
+        items: list[ListEntry | VersionEntry] = []
         prefixes: list[str] = []
-        token: str | None = None
+        cursor: BackendCursor | None = None
         limit = self._cfg.spool.list_merge_max_keys
         while True:
-            params = [("list-type", "2"), ("encoding-type", "url"), ("max-keys", "1000"), ("prefix", prefix)]
-            params.append(("fetch-owner", "true"))
-            if delimiter:
-                params.append(("delimiter", delimiter))
-            if token:
-                params.append(("continuation-token", token))
+            params = backend_query(req, prefix, delimiter, cursor)
             raw_query = "&".join(f"{k}={s3_quote(v, safe='')}" for k, v in params)
             resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
             try:
@@ -1005,20 +1008,19 @@ class SpoolFront:
                 out.headers["x-amz-request-id"] = ctx.request_id
                 return out
             try:
-                page = parse_backend_listing(data)
+                page, page_prefixes, cursor = parse_backend_page(req, data, cursor)
             except ValueError as exc:
                 raise ServiceUnavailable(f"The backend's listing could not be parsed: {exc}") from exc
-            entries.extend(page.entries)
-            prefixes.extend(page.common_prefixes)
-            if len(entries) + len(prefixes) > limit:
+            items.extend(page)
+            prefixes.extend(page_prefixes)
+            if len(items) + len(prefixes) > limit:
                 raise SlowDown(
-                    f"The listing has more than {limit} keys under this prefix and cannot be merged with"
-                    " spooled writes; retry after they are uploaded.",
+                    f"The listing has more than {limit} keys or versions under this prefix and cannot be"
+                    " merged with spooled writes; retry after they are uploaded.",
                     retry_after_s=self._cfg.spool.retry_after_s,
                 )
-            if not page.is_truncated or not page.next_continuation_token:
-                return entries, prefixes
-            token = page.next_continuation_token
+            if cursor is None:
+                return items, prefixes
 
     async def _owner(
         self, ctx: RequestContext, bucket: str, writer_access_key: str
@@ -1050,88 +1052,6 @@ class SpoolFront:
         else:
             self._owners[ident] = owner
         return owner
-
-    async def _list_versions(
-        self, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
-    ) -> web.StreamResponse:
-        """ListObjectVersions over a prefix with spooled keys: the backend's whole version listing of the
-        prefix merged with the spool (a spooled key is one version, "null", the latest)."""
-        req = parse_versions_request(q)
-        listed = await self._backend_versions(ctx, decision, bucket, req.prefix, req.delimiter)
-        if isinstance(listed, web.Response):
-            return listed
-        versions, prefixes = listed
-        spooled: list[VersionEntry] = []
-        hidden: set[str] = set()
-        for entry in list(self.spool.state.live_under(bucket, req.prefix)):
-            if entry.kind == "del":
-                hidden.add(entry.key)
-                continue
-            owner = await self._owner(ctx, bucket, entry.access_key)
-            spooled.append(
-                VersionEntry(
-                    key=entry.key,
-                    version_id=NULL_VERSION,
-                    is_latest=True,
-                    last_modified=entry.acked_at,
-                    size=entry.size,
-                    etag=entry.etag,
-                    owner_id=owner[0] if owner else None,
-                    owner_name=owner[1] if owner else None,
-                )
-            )
-        for prefix in versions_prefixes_to_expand(req, prefixes, hidden):
-            expanded = await self._backend_versions(ctx, decision, bucket, prefix, "")
-            if isinstance(expanded, web.Response):
-                return expanded
-            prefixes.remove(prefix)
-            versions.extend(expanded[0])
-        page = merge_versions_page(req, versions, prefixes, spooled, hidden)
-        return self._response(ctx, decision, body=render_versions_xml(req, bucket, page))
-
-    async def _backend_versions(
-        self, ctx: RequestContext, decision: Decision, bucket: str, prefix: str, delimiter: str
-    ) -> tuple[list[VersionEntry], list[str]] | web.Response:
-        """The backend's whole version listing of a prefix, paged with its own markers."""
-        versions: list[VersionEntry] = []
-        prefixes: list[str] = []
-        marker: tuple[str, str] | None = None
-        limit = self._cfg.spool.list_merge_max_keys
-        while True:
-            params = [("versions", ""), ("max-keys", "1000"), ("prefix", prefix)]
-            if delimiter:
-                params.append(("delimiter", delimiter))
-            if marker is not None:
-                params.append(("key-marker", marker[0]))
-                if marker[1]:
-                    params.append(("version-id-marker", marker[1]))
-            raw_query = "&".join(f"{k}={s3_quote(v, safe='')}" for k, v in params)
-            resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
-            try:
-                data = await resp.read()
-                status = resp.status
-            finally:
-                resp.release()
-            if status != 200:
-                out = web.Response(status=status, body=data, content_type="application/xml")
-                out.headers["x-amz-request-id"] = ctx.request_id
-                return out
-            try:
-                page = parse_backend_versions(data)
-            except ValueError as exc:
-                raise ServiceUnavailable(f"The backend's version listing could not be parsed: {exc}") from exc
-            versions.extend(page.versions)
-            prefixes.extend(page.common_prefixes)
-            if len(versions) + len(prefixes) > limit:
-                raise SlowDown(
-                    f"The listing has more than {limit} versions under this prefix and cannot be merged"
-                    " with spooled writes; retry after they are uploaded.",
-                    retry_after_s=self._cfg.spool.retry_after_s,
-                )
-            following = (page.next_key_marker, page.next_version_id_marker)
-            if not page.is_truncated or not page.next_key_marker or following == marker:
-                return versions, prefixes
-            marker = following
 
     async def _list_uploads(
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
@@ -1166,7 +1086,7 @@ class SpoolFront:
             key = s3_quote(upload.key, safe="/") if encode else escape(upload.key)
             element = (
                 f"<Upload><Key>{key}</Key><UploadId>{upload.upload_id}</UploadId>"
-                f"<Initiated>{iso8601(upload.created_at)}</Initiated><StorageClass>STANDARD</StorageClass></Upload>"
+                f"<Initiated>{iso8601(upload.created_at)}</Initiated></Upload>"
             )
             extra.append((upload.key, element.encode()))
         try:
@@ -1478,6 +1398,10 @@ class SpoolFront:
             done = self._completed.get(upload_id)
             if done is not None and (done.bucket, done.key) == (ctx.target.bucket, ctx.target.key):
                 return await self._completed_upload_op(request, ctx, decision, op, upload_id, done)
+            if op == "AbortMultipartUpload":
+                # The store answers 204 to an abort of an upload id it issued but no longer knows (aborted
+                # or completed before), so a repeated abort of a spooled upload answers the same.
+                return self._response(ctx, decision, status=204)
         if upload is None or upload.bucket != ctx.target.bucket or upload.key != ctx.target.key:
             raise NoSuchUpload(UploadId=upload_id)
         await self._authorize_read(ctx, upload.bucket, upload.access_key)
@@ -1872,25 +1796,26 @@ class SpoolFront:
     def _list_parts(
         self, ctx: RequestContext, decision: Decision, upload: Upload, q: Mapping[str, str]
     ) -> web.StreamResponse:
+        """ListParts of a spooled upload, answered as the store (SeaweedFS) answers it: MaxParts 10000 when
+        not given, a max-parts that is not a positive integer echoed (0 if not a number) and not limiting,
+        NextPartNumberMarker only on a truncated page."""
         try:
             marker = int(q.get("part-number-marker", "0") or 0)
-            max_parts = min(1000, int(q.get("max-parts", "1000") or 1000))
         except ValueError:
-            raise InvalidArgument("part-number-marker and max-parts must be integers.") from None
-        numbers = sorted(n for n in upload.parts if n > marker)
-        page = numbers[:max_parts]
-        truncated = len(numbers) > max_parts
+            raise InvalidArgument("part-number-marker must be an integer.") from None
+        page = list_parts_page(sorted(upload.parts), marker, q.get("max-parts"))
         fields = [
             ("Bucket", upload.bucket),
             ("Key", upload.key),
             ("UploadId", upload.upload_id),
             ("PartNumberMarker", str(marker)),
-            ("NextPartNumberMarker", str(page[-1] if page else marker)),
-            ("MaxParts", str(max_parts)),
-            ("IsTruncated", "true" if truncated else "false"),
         ]
+        if page.is_truncated:
+            fields.append(("NextPartNumberMarker", str(page.parts[-1])))
+        fields.append(("MaxParts", str(page.max_parts)))
+        fields.append(("IsTruncated", "true" if page.is_truncated else "false"))
         inner = "".join(f"<{k}>{escape(v)}</{k}>" for k, v in fields)
-        for n in page:
+        for n in page.parts:
             part = upload.parts[n]
             inner += (
                 f"<Part><PartNumber>{n}</PartNumber><LastModified>{iso8601(upload.created_at)}</LastModified>"

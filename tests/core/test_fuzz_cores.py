@@ -41,7 +41,7 @@ import string
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, unquote_plus
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -805,10 +805,12 @@ def test_listing_xml_parses_and_shows_every_key_as_it_is(
     ns = "{http://s3.amazonaws.com/doc/2006-03-01/}"
     keys = [el.text or "" for el in root.iter(ns + "Key")]
     shown_prefixes = [el.text or "" for cp in root.iter(ns + "CommonPrefixes") for el in cp]
-    decode = unquote if url else (lambda v: v)
-    assert [decode(k) for k in keys] == [e.key for e in page_entries]
-    assert [decode(p) for p in shown_prefixes] == prefixes
-    assert decode(root.findtext(ns + "Prefix") or "") == prefix
+    # Under encoding-type=url keys come as the store writes them (space as "+" in the last segment),
+    # prefixes percent-encoded; the echoed Prefix as sent, unless XML cannot carry it.
+    assert [unquote_plus(k) if url else k for k in keys] == [e.key for e in page_entries]
+    assert [unquote(p) if url else p for p in shown_prefixes] == prefixes
+    echoed = root.findtext(ns + "Prefix") or ""
+    assert (unquote(echoed) if url and _NOT_XML.search(prefix) else echoed) == prefix
 
 
 # --------------------------------------------------------------------------------------------------
