@@ -213,17 +213,23 @@ class Admin:
                 durable=True, pending_objects=0, pending_bytes=0, oldest_pending_age_s=None, waited_s=0.0
             )
             return web.json_response(doc, headers={FLUSH_HEADER: "1"})
-        result = await self._spool.flush(bucket, prefix, timeout_s)
-        doc.update(plain(result))
         # Nothing pending says nothing about a bucket the spool never saw: ask the store.
         if (
-            result.durable
-            and not result.pending_objects
-            and self._bucket_exists is not None
+            self._bucket_exists is not None
+            and not self._spool.state.pending_under(bucket, prefix)[0]
             and await self._bucket_exists(bucket, tenant) is False
         ):
-            doc.update(durable=False, error=f"no bucket named {bucket!r} on the backend")
+            doc.update(
+                durable=False,
+                error=f"no bucket named {bucket!r} on the backend",
+                pending_objects=0,
+                pending_bytes=0,
+                oldest_pending_age_s=None,
+                waited_s=0.0,
+            )
             return web.json_response(doc, status=404, headers={FLUSH_HEADER: "1"})
+        result = await self._spool.flush(bucket, prefix, timeout_s)
+        doc.update(plain(result))
         return web.json_response(doc, status=200 if result.durable else 504, headers={FLUSH_HEADER: "1"})
 
     async def drain(self, request: web.Request) -> web.Response:

@@ -130,7 +130,7 @@ class Backend:
         if cfg.access_key is not None and cfg.secret_key is not None:
             self._static = SigningIdentity(cfg.access_key, cfg.secret_key)
         elif cfg.credential_source == "aws":
-            self.chain = ChainCredentials(name, cfg.aws_profile)
+            self.chain = ChainCredentials(name, cfg.aws_profile, wall=clock.wall)
 
     async def start(self) -> None:
         if self.chain is not None:  # first: a failure here leaves no session open

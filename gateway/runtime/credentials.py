@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from gateway.errors import StartupError
@@ -53,8 +54,11 @@ class ChainCredentials:
     """The AWS credential chain for one backend. :meth:`start` resolves it once (a clear error if it finds
     nothing) and keeps the snapshot fresh until :meth:`close`. Lives on the gateway's event loop."""
 
-    def __init__(self, backend_name: str, profile: str | None = None) -> None:
+    def __init__(
+        self, backend_name: str, profile: str | None = None, *, wall: Callable[[], float] = time.time
+    ) -> None:
         self.backend_name = backend_name
+        self._wall = wall  # the Clock's wall time: expiries are wall-clock instants
         self.profile = profile
         self._creds: Any = None  # botocore Credentials or RefreshableCredentials
         self._snapshot: SigningIdentity | None = None
@@ -115,7 +119,7 @@ class ChainCredentials:
             self.backend_name,
             self.method,
             self.current().access_key,
-            "" if self.expires_at is None else f", expiring in {self.expires_at - time.time():.0f} s",
+            "" if self.expires_at is None else f", expiring in {self.expires_at - self._wall():.0f} s",
         )
 
     def _resolve(self) -> Any:
@@ -144,7 +148,7 @@ class ChainCredentials:
     async def run(self) -> None:
         """Refresh before expiry until cancelled. Never raises otherwise: a failure is logged and retried."""
         while True:
-            wait_s = self.next_check_in(time.time())
+            wait_s = self.next_check_in(self._wall())
             if wait_s is None:
                 return
             await asyncio.sleep(wait_s)
