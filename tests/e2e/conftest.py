@@ -84,6 +84,14 @@ class Gateway:
         assert doc["durable"], doc
         return doc
 
+    def drain_paused(self, paused: bool) -> None:
+        """Pause (or resume) the spool's drain: what is spooled meanwhile stays in the spool, whatever the
+        machine's load. A flush waits for the drain, so resume it first."""
+        which = "pause" if paused else "resume"
+        req = urllib.request.Request(f"{self.http_url}/_s3lanes/drain?{which}=1", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read()) == {"paused": paused}
+
     def status(self) -> dict[str, Any]:
         with urllib.request.urlopen(f"{self.http_url}/_s3lanes/status", timeout=30) as resp:
             doc: dict[str, Any] = json.loads(resp.read())

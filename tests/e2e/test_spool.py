@@ -515,7 +515,7 @@ def test_listings_merge_spooled_and_backend_keys_exactly_once_in_order(
     }
     for key, body in on_backend.items():
         backend.put_object(Bucket=bucket, Key=key, Body=body)
-    hold_drain(s3, bucket, hold_s=2.0)  # the listings below take about a second
+    slow.gw.drain_paused(True)  # the spooled writes below stay pending while the listings run
     spooled = {
         "list/s-01": b"s1",
         "list/s-03": b"s3" * 100,
@@ -571,6 +571,7 @@ def test_listings_merge_spooled_and_backend_keys_exactly_once_in_order(
     assert set(all_keys(backend, bucket, "list/")) == set(on_backend), "the drain outran the test"
     assert backend_etag(backend, bucket, "list/over") == md5_etag(b"old")
 
+    slow.gw.drain_paused(False)
     slow.gw.flush(bucket)
     assert utf8_sorted(set(all_keys(backend, bucket, "list/"))) == expected
     for key, body in final.items():
@@ -588,7 +589,7 @@ def test_listing_continuation_token_issued_while_spooled_still_works_after_the_d
     s3 = slow.gw.client()
     for n in (0, 2, 4):
         backend.put_object(Bucket=bucket, Key=f"tok/k-{n}", Body=b"b")
-    hold_drain(s3, bucket, hold_s=0.8)
+    slow.gw.drain_paused(True)
     for n in (1, 3, 5):
         assert source(s3.put_object(Bucket=bucket, Key=f"tok/k-{n}", Body=b"s")) == "spool"
     expected = [f"tok/k-{n}" for n in range(6)]
@@ -601,6 +602,7 @@ def test_listing_continuation_token_issued_while_spooled_still_works_after_the_d
 
     # The client pages on after the spooled keys reached the backend (a listing racing the drain). The token
     # is the gateway's own; with nothing spooled under the prefix any more it must still be understood.
+    slow.gw.drain_paused(False)
     slow.gw.flush(bucket)
     rest = s3.list_objects_v2(
         Bucket=bucket, Prefix="tok/", MaxKeys=3, ContinuationToken=v2["NextContinuationToken"]
@@ -1084,13 +1086,6 @@ def test_full_spool_answers_slowdown_with_retry_after_then_accepts_again_after_t
     assert backend.get_object(Bucket=bucket, Key="huge")["Body"].read() == huge
 
 
-def set_drain_paused(gw: Gateway, paused: bool) -> None:
-    query = "pause=1" if paused else "resume=1"
-    req = urllib.request.Request(f"{gw.http_url}/_s3lanes/drain?{query}", method="POST")
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        assert json.loads(resp.read()) == {"paused": paused}
-
-
 @pytest.mark.parametrize("tiny_spool", ["slowdown"], indirect=True)
 def test_a_part_copy_the_spool_cannot_hold_answers_slowdown_with_the_configured_retry_after(
     tiny_spool: PlainGateway, backend: Any, bucket: str
@@ -1100,7 +1095,7 @@ def test_a_part_copy_the_spool_cannot_hold_answers_slowdown_with_the_configured_
     backend.put_object(Bucket=bucket, Key="copy-src/on-store", Body=os.urandom(1536 * KiB))
     mpu = s3.create_multipart_upload(Bucket=bucket, Key="copy-dst")
     assert mpu["UploadId"].startswith("s3lanes-"), "the upload is not held by the spool"
-    set_drain_paused(gw, True)
+    gw.drain_paused(True)
     try:
         fill_above_high_water(s3, bucket)  # 1.25 MiB of 2 MiB: neither 1.25 nor 1.5 MiB more fits
         for copy_source in ("fill", "copy-src/on-store"):  # from the spool, from the store
@@ -1115,7 +1110,7 @@ def test_a_part_copy_the_spool_cannot_hold_answers_slowdown_with_the_configured_
             assert client_error(err.value) == ("SlowDown", 503)
             assert err.value.response["ResponseMetadata"]["HTTPHeaders"]["retry-after"] == "2", copy_source
     finally:
-        set_drain_paused(gw, False)
+        gw.drain_paused(False)
     s3.abort_multipart_upload(Bucket=bucket, Key="copy-dst", UploadId=mpu["UploadId"])
 
 
