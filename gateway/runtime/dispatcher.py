@@ -5,7 +5,7 @@ asks for budget with :meth:`LaneDispatcher.acquire` (a *ticket* for ``cost_bytes
 submitted to the scheduler and the scheduler is pulled at once; when it grants right away (the common case
 when the backend has room) the caller does not even suspend. Otherwise the caller waits on a future that a
 later pull resolves. Pulls happen after every submit/complete/cancel and when the single timer fires: the
-scheduler answers ``WaitUntil(t)`` and the dispatcher arms one ``loop.call_at`` for the earliest such time
+scheduler answers ``WaitUntil(t)`` and the dispatcher arms one ``clock.call_at`` for the earliest such time
 (never one timer per waiter: aiolimiter #73's thundering herd).
 
 A waiter that is cancelled (timeout, shutdown) or whose client went away (the ``gone`` check: aiohttp does
@@ -17,10 +17,11 @@ could land anywhere in a spool commit) removes its ticket; a granted ticket is a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from gateway.clock import Clock
+from gateway.clock import Clock, Timer
 from gateway.core.scheduler import Grant, Scheduler, WaitUntil
 
 # How often a queued request checks that its client is still there.
@@ -35,7 +36,7 @@ class LaneDispatcher:
         self._clock = clock
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._granted: set[int] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_at: float | None = None
 
     # -- budget -------------------------------------------------------------------------------------------
@@ -57,7 +58,8 @@ class LaneDispatcher:
                     await fut
                 else:
                     while not fut.done():
-                        await asyncio.wait((fut,), timeout=ABANDON_POLL_S)
+                        with contextlib.suppress(TimeoutError):
+                            await self._clock.wait_for(asyncio.shield(fut), ABANDON_POLL_S)
                         if not fut.done() and gone():
                             raise ConnectionResetError("the client went away while its request was queued")
             except BaseException:
@@ -125,10 +127,8 @@ class LaneDispatcher:
         if self._timer is not None and self._timer_at is not None and self._timer_at <= at:
             return
         self._disarm()
-        loop = asyncio.get_running_loop()
-        delay = max(0.0, at - self._clock.monotonic())
         self._timer_at = at
-        self._timer = loop.call_at(loop.time() + delay, self._on_timer)
+        self._timer = self._clock.call_at(at, self._on_timer)
 
     def _disarm(self) -> None:
         if self._timer is not None:
