@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import FakeClock, Timer
+from gateway.clock import Clock, FakeClock, Timer
 from gateway.core.scheduler import LaneSnapshot, Scheduler, SchedulerConfig, default_lanes
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
 
@@ -29,9 +29,10 @@ REFILL_S = MiB / CAPACITY_BPS  # ~105 ms: how long the server bucket takes to re
 LANES = tuple(spec.name for spec in default_lanes())
 
 
-def make_dispatcher(clock: FakeClock | None = None, **overrides: Any) -> LaneDispatcher:
+def make_dispatcher(clock: Clock | None = None, **overrides: Any) -> LaneDispatcher:
     """A dispatcher on virtual time: by default a clock that jumps to the next timer whenever the loop is
-    idle; pass a clock without ``autojump`` to move time only by hand."""
+    idle; pass a clock without ``autojump`` to move time only by hand (or the real clock for a test whose
+    waits are on sockets, which an idle loop does not see)."""
     cfg = SchedulerConfig(lanes=default_lanes(), capacity_bps=CAPACITY_BPS, burst_bytes=MiB)
     clock = clock or FakeClock(autojump=True)
     return LaneDispatcher(Scheduler(replace(cfg, **overrides), clock.monotonic()), clock)

@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.clock import FakeClock
+from gateway.clock import FakeClock, SystemClock
 from gateway.config import SpoolConfig
 from gateway.core.spool_state import Entry
 from gateway.metrics import Metrics
@@ -221,7 +221,9 @@ async def test_a_file_body_reaches_the_connection_exactly_and_never_ahead_of_its
     connection stays in step for the second request, no byte arrives before the lane granted it, and the
     zero-copy counter says which way they went."""
     spool = await opened(tmp_path)
-    dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=256 * KiB)
+    # The grants are waited for while bodies are on a socket: on the real clock (an autojumping one would
+    # change how the writer and the answer interleave, and the connection's reuse depends on it).
+    dispatcher = make_dispatcher(SystemClock(), capacity_bps=1e9, burst_bytes=256 * KiB)
     sink = BodySink(dispatcher)
     url = await sink.start()
     metrics = Metrics()
