@@ -455,3 +455,42 @@ async def test_an_unanswered_completing_request_keeps_the_key_blocked_before_a_n
     finally:
         dispatcher.close()
         await spool.close()
+
+
+async def test_a_failed_drain_is_retried_when_its_hold_is_over_on_the_drainers_clock(tmp_path: Path) -> None:
+    """The drain loop sleeps until the earliest retry is due (never a fixed poll): each retry of a failing
+    upload starts when its backoff hold ends, on virtual time, and the data is drained once the store takes
+    it. Thirty seconds of backoff take no wall-clock time."""
+    clock = FakeClock(autojump=True)
+    spool = await opened(tmp_path, clock=clock)
+    dispatcher = make_dispatcher(clock, capacity_bps=1e9, burst_bytes=MiB)
+    drainer = _drainer(spool, dispatcher)
+    attempts_at: list[float] = []
+    holds: list[float] = []
+    real_backoff = drainer._backoff
+
+    def backoff(attempts: int) -> float:
+        holds.append(real_backoff(attempts))
+        return holds[-1]
+
+    async def upload(e: Entry) -> None:
+        attempts_at.append(clock.monotonic())
+        if len(attempts_at) < 6:
+            raise DrainError("the store is down")
+
+    drainer._backoff = backoff  # type: ignore[method-assign]
+    drainer._upload = upload  # type: ignore[method-assign]
+    try:
+        await put(spool, "k", b"data")
+        running = asyncio.create_task(drainer.run())
+        spool.drain_wakeup.set()
+        assert await asyncio.wait_for(spool.wait_empty(120.0), 10), "never drained"
+        assert len(attempts_at) == 6 and drainer.uploads_failed == 5 and drainer.uploads_ok == 1
+        for before, after, hold in zip(attempts_at, attempts_at[1:], holds, strict=False):
+            assert hold <= after - before <= hold + 0.01  # retried as the hold ends, not a poll later
+        assert attempts_at[-1] - attempts_at[0] >= 0.25 + 0.5 + 1 + 2 + 4  # at least half of each backoff cap
+    finally:
+        await drainer.close()
+        await asyncio.gather(running, return_exceptions=True)
+        dispatcher.close()
+        await spool.close()
