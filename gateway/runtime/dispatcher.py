@@ -17,7 +17,6 @@ could land anywhere in a spool commit) removes its ticket; a granted ticket is a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -58,8 +57,7 @@ class LaneDispatcher:
                     await fut
                 else:
                     while not fut.done():
-                        with contextlib.suppress(TimeoutError):
-                            await self._clock.wait_for(asyncio.shield(fut), ABANDON_POLL_S)
+                        await self._poll(fut)
                         if not fut.done() and gone():
                             raise ConnectionResetError("the client went away while its request was queued")
             except BaseException:
@@ -70,6 +68,21 @@ class LaneDispatcher:
                 self._pump()
                 raise
         return ticket
+
+    async def _poll(self, fut: asyncio.Future[None]) -> None:
+        """Wait until ``fut`` is done or :data:`ABANDON_POLL_S` has passed on the clock, whichever is first.
+        (``asyncio.wait``, not ``wait_for``: a cancellation that comes as ``fut`` completes is not lost.)"""
+        tick: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def ring() -> None:
+            if not tick.done():
+                tick.set_result(None)
+
+        timer = self._clock.call_at(self._clock.monotonic() + ABANDON_POLL_S, ring)
+        try:
+            await asyncio.wait((fut, tick), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
 
     def release(self, ticket: int, bytes_done: int | None = None) -> None:
         """The granted work finished (or was abandoned): free its in-flight share."""
