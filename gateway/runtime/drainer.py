@@ -231,7 +231,7 @@ class Drainer:
         wakeup = self._spool.drain_wakeup
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), timeout=self._next_timeout())
+                await self._clock.wait_for(wakeup.wait(), self._next_timeout())
             wakeup.clear()
             if self._closing:
                 return
@@ -514,7 +514,7 @@ class Drainer:
             exc,
             self._in_doubt_hold_s,
         )
-        await asyncio.sleep(self._in_doubt_hold_s)
+        await self._clock.sleep(self._in_doubt_hold_s)
 
     async def _wire(self, entry: Entry) -> None:
         """Journal that a request completing ``entry`` may be on its way to the store, before it is sent:
@@ -549,7 +549,7 @@ class Drainer:
         slow_looks = 0
         try:
             while True:
-                await asyncio.sleep(self._fence_s)
+                await self._clock.sleep(self._fence_s)
                 if entry.superseded:
                     raise Superseded()  # the newer entry of the key is fenced in its turn
                 started = self._clock.monotonic()
@@ -787,7 +787,7 @@ class Drainer:
                 await self._resolve_intent(token)
                 if token not in state.backend_intents or self._spool.degraded is not None:
                     break
-                await asyncio.sleep(max(0.05, self._fence_left(token)))
+                await self._clock.sleep(max(0.05, self._fence_left(token)))
             journaled = True
             if token not in state.backend_intents:
                 try:

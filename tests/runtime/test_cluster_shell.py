@@ -4,9 +4,11 @@ backoff), recover, and show it all in metrics and status. The Redis board: tests
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,8 +36,8 @@ def samples(metrics: Metrics) -> dict[str, float]:
 
 
 class Cluster:
-    def __init__(self, backlogs: dict[str, int], readers: set[str]) -> None:
-        self.clock = FakeClock()
+    def __init__(self, backlogs: dict[str, int], readers: set[str], clock: FakeClock | None = None) -> None:
+        self.clock = clock or FakeClock()
         self.board = MemoryBoard(self.clock)
         self.backlogs = backlogs
         self.members: dict[str, ClusterMember] = {}
@@ -165,3 +167,28 @@ async def test_garbage_on_the_board_is_counted_and_ignored() -> None:
     m = cl.members["n1"]
     assert m.bad_reports == 1 and m.redis_up
     assert m.lease.mode is Mode.LEARNING
+
+
+async def test_each_member_runs_a_round_every_interval_on_its_clock() -> None:
+    clock = FakeClock(autojump=True)
+    cl = Cluster({"n1": 10**10, "n2": 0}, readers=set(), clock=clock)
+    rounds: dict[str, list[float]] = {n: [] for n in cl.members}
+    for node, m in cl.members.items():
+        real_step = m.step
+
+        async def counted(node: str = node, real_step: Any = real_step) -> None:
+            rounds[node].append(clock.monotonic())
+            await real_step()
+
+        m.step = counted  # type: ignore[method-assign]
+    t0 = clock.monotonic()
+    tasks = [asyncio.create_task(m.run()) for m in cl.members.values()]
+    try:
+        await clock.sleep(10 * INTERVAL + INTERVAL / 2)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for node in cl.members:
+        assert rounds[node] == pytest.approx([t0 + i * INTERVAL for i in range(11)])
+    assert cl.limit("n1") == pytest.approx(C - 0.02 * C)  # the rounds did their work
