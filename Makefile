@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The torch extra (clients.torch) is for the tests and the type check only: setup and run stay without it.
 TORCH_STAMP := $(VENV)/.installed-torch
 
-.PHONY: setup run test check lint typecheck contracts bench clean
+.PHONY: setup run test test-fast check lint spelling typecheck contracts bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,12 +24,25 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/s3lanes serve
 
-## Quick start 2: the whole test suite (starts its own SeaweedFS).
+## Quick start 2: the whole test suite (starts its own SeaweedFS): the pure layers first, then the rest.
 test: $(TORCH_STAMP)
 	scripts/system-deps
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PURE_TESTS) $(PYTEST_ARGS)
+	$(BIN)/pytest $(addprefix --ignore=,$(PURE_TESTS)) $(PYTEST_ARGS)
 
-check: lint typecheck contracts
+## The pure layers alone (no store, no gateway), each property test with a tenth of its examples
+## (tests/budget.py), and the coverage floor of gateway/core (lines and branches). Seconds.
+PURE_TESTS := tests/core tests/sim
+CORE_COVERAGE_FLOOR := 97
+test-fast: $(STAMP)
+	S3LANES_TEST_FAST=1 $(BIN)/coverage run --data-file=.coverage.fast --source=gateway/core \
+		-m pytest -q -p no:cacheprovider $(PURE_TESTS) $(PYTEST_ARGS)
+	$(BIN)/coverage report --data-file=.coverage.fast --fail-under=$(CORE_COVERAGE_FLOOR) --show-missing --skip-covered
+
+check: lint spelling typecheck contracts
+
+spelling: $(STAMP)
+	$(BIN)/codespell
 
 lint: $(STAMP)
 	$(BIN)/ruff check gateway clients tests loadtests
@@ -56,7 +69,7 @@ bench-save: $(STAMP)
 	$(BIN)/python -m loadtests.bench_save $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*
 
 ## The contention benchmark (docs/benchmarks.md, "Contention benchmark"): about 10 minutes, needs
 ## root for its netns testbed; BENCH_ARGS="--quick --testbed model" for a one-minute run without root.

@@ -409,7 +409,7 @@ def parse_copy_range(header: str) -> tuple[int, int]:
 
 def copy_range_span(header: str, size: int) -> tuple[int, int]:
     """(start, length) of a copy range within a source of ``size`` bytes. A range that reaches past the
-    end is refused with InvalidRange (416), as the store does, rather than clamped as a GET's Range is."""
+    end is refused with InvalidRange (416), as the store does, rather than clamped as a GET Range is."""
     first, last = parse_copy_range(header)
     if last >= size:
         raise InvalidRange(RangeRequested=header, ActualObjectSize=str(size))
