@@ -98,7 +98,7 @@ def test_a_new_lane_starts_unguaranteed_and_paced():
     assert isinstance(lanes["eval"].weight, float)
 
 
-def test_the_example_from_the_issue_parses_and_its_one_contradiction_is_named():
+def test_a_full_example_parses_and_its_one_contradiction_is_named():
     doc = tomllib.loads(
         """
 [lanes.dataset]

@@ -1,0 +1,194 @@
+"""Edges of the pure cores that the behaviour tests do not reach: every refusal of a nonsensical setting,
+and the accessors the shells read. Each names what it pins."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from gateway.config import Config
+from gateway.core.lanes_config import parse_rules, parse_tenant_policies, parse_tenants
+from gateway.core.objectread import StoredObject, object_attributes_xml
+from gateway.core.routing import RouteTable, rename_in_xml, rename_location
+from gateway.core.s3request import parse_target, split_target
+from gateway.core.sched_alloc import LaneDemand, allocate
+from gateway.core.scheduler import LaneSpec, Scheduler
+from gateway.core.sigv4 import EMPTY_SHA256, parse_auth, sign_headers, signing_key, verify
+from gateway.core.spool_deadline import CheckpointCadence
+from gateway.errors import AccessDenied, InvalidArgument, InvalidRequest
+from gateway.runtime.wiring import scheduler_config
+from tests.core.test_sigv4 import GOOD_AUTH, PRESIGNED_QUERY, S3_HOST, S3_NOW, S3_SECRET, request
+
+C = 100e6
+SRC = "s3lanes.toml"
+
+
+def test_a_lane_without_a_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs a name"):
+        LaneSpec("")
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"lanes": ()}, "at least one lane"),
+        ({"initial_capacity_bps": 0.0}, "initial_capacity_bps"),
+        ({"write_cap_mode": "sometimes"}, "write_cap_mode"),
+        ({"request_cost_bytes": -1}, "request_cost_bytes"),
+        ({"burst_bytes": 0}, "burst_bytes"),
+        ({"window_s": 0.0}, "window_s"),
+        ({"read_idle_s": -1.0}, "read_idle_s"),
+        ({"read_active_min_fraction": 1.0}, "read_active_min_fraction"),
+        ({"latency_target_s": 0.0}, "latency_target_s"),
+        ({"inflight_bytes_max": 0}, "inflight_bytes_max"),
+        ({"inflight_requests_max": 0}, "inflight_requests_max"),
+        ({"progress_interval_s": 0.0}, "progress_interval_s"),
+    ],
+)
+def test_scheduler_config_refuses_nonsense(change: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        replace(scheduler_config(Config(), C), **change)  # type: ignore[arg-type]
+
+
+def test_the_scheduler_reports_its_config_capacity_activity_and_deliveries() -> None:
+    cfg = scheduler_config(Config(), C)
+    s = Scheduler(cfg, 0.0)
+    assert s.config is cfg
+    assert s.capacity_bps == C
+    assert s.reads_active is False
+    assert s.delivered_bytes("dataset") == 0
+    s.observe_delivered("dataset", 1234, 0.01)
+    assert s.delivered_bytes("dataset") == 1234
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"reservation_bps": -1.0},
+        {"limit_bps": -1.0},
+        {"demand_bps": -1.0},
+        {"weight": 0.0},
+    ],
+)
+def test_a_lane_demand_with_negative_rates_or_no_weight_is_refused(bad: dict[str, float]) -> None:
+    base = {"reservation_bps": 0.0, "weight": 1.0, "limit_bps": math.inf, "demand_bps": math.inf}
+    with pytest.raises(ValueError):
+        LaneDemand(**{**base, **bad})
+
+
+def test_allocate_refuses_a_negative_or_unknown_capacity_and_gives_nothing_of_nothing() -> None:
+    lane = LaneDemand(reservation_bps=0.0, weight=1.0, limit_bps=math.inf, demand_bps=math.inf)
+    for bad in (-1.0, math.nan):
+        with pytest.raises(ValueError):
+            allocate(bad, [lane])
+    assert allocate(0.0, [lane, lane]) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(("quiet_s", "history"), [(0.0, 4), (1.0, 0)])
+def test_checkpoint_cadence_refuses_a_zero_quiet_time_or_history(quiet_s: float, history: int) -> None:
+    with pytest.raises(ValueError):
+        CheckpointCadence(quiet_s, history)
+
+
+def test_a_rule_name_that_is_not_a_string_is_reported() -> None:
+    problems: list[str] = []
+    assert parse_rules([{"lane": "dataset", "name": 7}], {"dataset"}, SRC, problems) == ()
+    assert problems == [f"{SRC} rules[0].name: expected a string (got 7)"]
+
+
+def test_a_tenant_table_without_an_access_key_name_is_reported() -> None:
+    problems: list[str] = []
+    assert parse_tenants({"": {"lanes": ["dataset"]}}, {"dataset"}, SRC, problems) == {}
+    assert problems == [f"{SRC} [tenants.]: the table name must be an access key"]
+
+
+def test_tenant_grants_that_are_not_a_list_of_strings_are_reported() -> None:
+    problems: list[str] = []
+    parse_tenant_policies({"AKIA1": {"read": 5, "write": ["b/p"]}}, SRC, problems)
+    assert problems == [f"{SRC} [tenants.AKIA1].read: expected a list of 'bucket' or 'bucket/prefix' (got 5)"]
+
+
+def test_a_route_table_lists_its_routes_and_says_whether_it_is_empty() -> None:
+    assert RouteTable(()).empty and RouteTable(()).routes == ()
+    table = RouteTable([("ckpt", "fast", "ckpt-store")])
+    assert not table.empty
+    assert [(r.bucket, r.backend, r.backend_bucket) for r in table.routes] == [("ckpt", "fast", "ckpt-store")]
+
+
+def test_renaming_to_the_same_bucket_or_an_empty_body_changes_nothing() -> None:
+    body = b"<Name>b</Name>"
+    assert rename_in_xml(body, "b", "b") is body
+    assert rename_in_xml(b"", "x", "y") == b""
+    assert rename_location("/b/key", "b", "b") == "/b/key"
+
+
+def test_a_date_header_without_a_zone_is_no_request_date() -> None:
+    headers = {
+        "host": "h",
+        "x-amz-content-sha256": EMPTY_SHA256,
+        "authorization": GOOD_AUTH,
+        "date": "Fri, 24 May 2013 00:00:00 -0000",
+    }
+    with pytest.raises(AccessDenied, match="valid Date or x-amz-date"):
+        parse_auth(request("GET", "/", "", headers))
+
+
+def test_verify_refuses_a_claim_whose_date_is_impossible() -> None:
+    # parse_auth refuses such a date already; verify does not rely on it.
+    req = request("GET", "/test.txt", PRESIGNED_QUERY, {"host": S3_HOST})
+    auth = parse_auth(req)
+    assert auth is not None
+    with pytest.raises(AccessDenied, match="valid Date or x-amz-date"):
+        verify(req, replace(auth, amz_date="20131324T000000Z"), S3_SECRET, S3_NOW)
+
+
+def test_an_expiry_beyond_the_calendar_is_reported_as_a_number() -> None:
+    req = request("GET", "/test.txt", PRESIGNED_QUERY, {"host": S3_HOST})
+    auth = parse_auth(req)
+    assert auth is not None
+    with pytest.raises(AccessDenied, match="expired") as caught:
+        verify(req, auth, S3_SECRET, 1e20)
+    assert caught.value.extra["ServerTime"] == "1e+20"
+
+
+def test_signing_refuses_a_request_without_a_host() -> None:
+    with pytest.raises(ValueError, match="host"):
+        sign_headers(
+            "GET",
+            "/",
+            "",
+            {},
+            access_key="AK",
+            secret_key="SK",
+            region="r",
+            payload_hash=EMPTY_SHA256,
+            now_wall=0.0,
+        )
+
+
+def test_a_signing_key_of_a_secret_with_a_lone_surrogate_is_still_a_key() -> None:
+    assert len(signing_key("\ud800", "20130524", "us-east-1", "s3")) == 32
+
+
+def test_object_attributes_name_the_storage_class_and_refuse_a_bad_max_parts() -> None:
+    obj = StoredObject(
+        size=7, etag='"a-2"', last_modified=0.0, content_type="x", headers=(), part_sizes=(5, 2)
+    )
+    xml = object_attributes_xml(obj, {"x-amz-object-attributes": "StorageClass"}, "GLACIER")
+    assert b"<StorageClass>GLACIER</StorageClass>" in xml
+    for bad in ("-1", "x", "1234567890"):
+        wanted = {"x-amz-object-attributes": "ObjectParts", "x-amz-max-parts": bad}
+        with pytest.raises(InvalidArgument):
+            object_attributes_xml(obj, wanted, "STANDARD")
+
+
+def test_a_request_target_that_is_not_an_absolute_path_is_invalid() -> None:
+    with pytest.raises(InvalidRequest, match="absolute path"):
+        parse_target("GET", "bucket/key", "", {"host": "h"}, ())
+
+
+def test_split_target_separates_path_and_query() -> None:
+    assert split_target("/b/k?x=1&y") == ("/b/k", "x=1&y")
+    assert split_target("/b/k") == ("/b/k", "")
