@@ -3,22 +3,46 @@ and the accessors the shells read. Each names what it pins."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
+import zlib
 from dataclasses import replace
 
 import pytest
 
 from gateway.config import Config
+from gateway.core.access import Grant, TenantPolicy
+from gateway.core.body import UploadBody
+from gateway.core.checksums import BodyVerifier
+from gateway.core.chunked import AwsChunkedDecoder, encode_aws_chunked
+from gateway.core.classify import CheckpointPrefixes, Classifier, Rule, rule_problems
+from gateway.core.cluster_budget import ReportError, decode_report
 from gateway.core.lanes_config import parse_rules, parse_tenant_policies, parse_tenants
 from gateway.core.objectread import StoredObject, object_attributes_xml
 from gateway.core.routing import RouteTable, rename_in_xml, rename_location
 from gateway.core.s3request import parse_target, split_target
 from gateway.core.sched_alloc import LaneDemand, allocate
 from gateway.core.scheduler import LaneSpec, Scheduler
-from gateway.core.sigv4 import EMPTY_SHA256, parse_auth, sign_headers, signing_key, verify
+from gateway.core.sigv4 import (
+    EMPTY_SHA256,
+    UNSIGNED_PAYLOAD,
+    ChunkSignatureChain,
+    parse_auth,
+    sign_headers,
+    signing_key,
+    verify,
+)
 from gateway.core.spool_deadline import CheckpointCadence
-from gateway.errors import AccessDenied, InvalidArgument, InvalidRequest
+from gateway.errors import (
+    AccessDenied,
+    InvalidArgument,
+    InvalidRequest,
+    MalformedTrailerError,
+    S3Error,
+)
 from gateway.runtime.wiring import scheduler_config
+from tests.core.test_chunked import decode, make_verified, signer_for
 from tests.core.test_sigv4 import GOOD_AUTH, PRESIGNED_QUERY, S3_HOST, S3_NOW, S3_SECRET, request
 
 C = 100e6
@@ -192,3 +216,67 @@ def test_a_request_target_that_is_not_an_absolute_path_is_invalid() -> None:
 def test_split_target_separates_path_and_query() -> None:
     assert split_target("/b/k?x=1&y") == ("/b/k", "x=1&y")
     assert split_target("/b/k") == ("/b/k", "")
+
+
+@pytest.mark.parametrize(
+    ("lanes", "what"),
+    [('"lanes":[]', "'lanes' must be a table"), ('"lanes":{"c":5}', "lane 'c' must be a table")],
+)
+def test_a_report_whose_lanes_are_not_tables_is_refused(lanes: str, what: str) -> None:
+    raw = '{"v":1,"node":"a","inst":"x","at":1,"cap":1,"reads":true,"mode":"normal",' + lanes + "}"
+    with pytest.raises(ReportError, match=what):
+        decode_report(raw)
+
+
+def test_a_rule_with_an_empty_prefix_is_reported() -> None:
+    assert ("prefixes", "empty prefix (omit prefixes to match every key)") in rule_problems(
+        Rule("dataset", prefixes=("",)), {"dataset"}
+    )
+
+
+def test_an_empty_hint_names_no_lane() -> None:
+    c = Classifier((), frozenset(Config().lanes), {}, CheckpointPrefixes())
+    assert c.allowed_hint(None, "AK") is None
+    assert c.allowed_hint("", "AK") is None
+
+
+def test_a_copy_without_a_source_is_denied_and_so_is_reading_a_bucket_configuration_unowned() -> None:
+    policy = TenantPolicy(read=(Grant("data", "p/"),), write=(Grant("data", "p/"),))
+    with pytest.raises(AccessDenied):
+        policy.check("CopyObject", "data", "p/k", {}, copy_source=None)
+    with pytest.raises(AccessDenied):
+        policy.check("GetBucketPolicy", "data", None, {})
+
+
+def test_an_upload_body_names_its_checksum_hands_out_its_md5_check_and_skips_empty_pieces() -> None:
+    data = b"hello"
+    md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+    headers = {
+        "content-md5": md5,
+        "x-amz-checksum-crc32": base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode(),
+    }
+    body = UploadBody(
+        verifier=BodyVerifier.from_headers(headers, UNSIGNED_PAYLOAD), decoder=None, expected_bytes=len(data)
+    )
+    assert body.checksum_algorithm == "CRC32"
+    assert body.take_md5_check() == md5
+    assert body.feed(b"") == []
+    assert body.feed(data) == []  # held back until the end is verified
+    assert body.finish() == data
+
+
+def test_a_trailer_signature_that_is_not_hex_is_malformed() -> None:
+    body = encode_aws_chunked([b"data"], signer=signer_for(make_verified()))[:-2]
+    body += b"x-amz-checksum-crc32c:sOO8/Q==\r\nx-amz-trailer-signature:" + b"z" * 64 + b"\r\n\r\n"
+    with pytest.raises(MalformedTrailerError, match="64 hexadecimal"):
+        decode(body, chain=ChunkSignatureChain(make_verified()), trailer_names=("x-amz-checksum-crc32c",))
+
+
+def test_a_body_cut_before_its_last_chunk_is_refused_and_stays_refused() -> None:
+    decoder = AwsChunkedDecoder(chain=None, trailer_names=(), decoded_length=10)
+    assert decoder.feed(encode_aws_chunked([b"data"])[:-5]) == [b"data"]
+    with pytest.raises(S3Error) as first:
+        decoder.finish()
+    with pytest.raises(S3Error) as again:
+        decoder.finish()
+    assert again.value is first.value
