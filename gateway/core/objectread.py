@@ -304,7 +304,7 @@ def _http_date(value: str | None) -> int | None:
         parsed = parsed.replace(tzinfo=UTC)
     try:
         return math.floor(parsed.timestamp())
-    except (OverflowError, ValueError, OSError):
+    except (OverflowError, ValueError, OSError):  # pragma: no cover - parsed dates lie within years 1-9999
         return None
 
 

@@ -18,6 +18,7 @@ from gateway.core.checksums import BodyVerifier
 from gateway.core.chunked import AwsChunkedDecoder, encode_aws_chunked
 from gateway.core.classify import CheckpointPrefixes, Classifier, Rule, rule_problems
 from gateway.core.cluster_budget import ReportError, decode_report
+from gateway.core.journal import Replay, encode_record, file_header, replay
 from gateway.core.lanes_config import parse_rules, parse_tenant_policies, parse_tenants
 from gateway.core.objectread import StoredObject, object_attributes_xml
 from gateway.core.routing import RouteTable, rename_in_xml, rename_location
@@ -280,3 +281,37 @@ def test_a_body_cut_before_its_last_chunk_is_refused_and_stays_refused() -> None
     with pytest.raises(S3Error) as again:
         decoder.finish()
     assert again.value is first.value
+
+
+def test_feeding_a_finished_upload_body_is_a_bug() -> None:
+    verifier = BodyVerifier.from_headers({}, UNSIGNED_PAYLOAD)
+    body = UploadBody(verifier=verifier, decoder=None, expected_bytes=0)
+    assert body.finish() == b""
+    with pytest.raises(AssertionError, match="after finish"):
+        body.feed(b"x")
+
+
+def test_a_body_verifier_refuses_a_malformed_payload_hash_and_a_checksum_given_twice() -> None:
+    none = {"content_md5_b64": None, "checksum_algorithm": None, "checksum_b64": None}
+    with pytest.raises(InvalidArgument):
+        BodyVerifier(sha256_hex="not-hex", expect_checksum_in_trailer=False, **none)
+    with pytest.raises(ValueError, match="not both"):
+        BodyVerifier(
+            sha256_hex=None,
+            content_md5_b64=None,
+            checksum_algorithm="CRC32",
+            checksum_b64="AAAAAA==",
+            expect_checksum_in_trailer=True,
+        )
+
+
+def test_two_holes_in_the_newest_batch_are_a_torn_tail() -> None:
+    # The write-back of the last batch persisted frames 2 and 4 of it, not 1 and 3: a torn tail, no damage.
+    first = file_header() + encode_record({"x": 0, "_b": 1})
+    frames = [encode_record({"x": n, "_b": 2}) for n in range(1, 5)]
+    hole = bytes(len(frames[0]))
+    data = first + hole + frames[1] + hole + frames[3]
+    got = replay(data)
+    assert isinstance(got, Replay)
+    assert got.records == [{"x": 0, "_b": 1}]
+    assert got.valid_bytes == len(first)
