@@ -35,6 +35,7 @@ from gateway.core.sigv4 import (
     verify,
 )
 from gateway.core.spool_deadline import CheckpointCadence
+from gateway.core.spool_state import SpoolState, checksum_of_meta
 from gateway.errors import (
     AccessDenied,
     InvalidArgument,
@@ -45,6 +46,8 @@ from gateway.errors import (
 from gateway.runtime.wiring import scheduler_config
 from tests.core.test_chunked import decode, make_verified, signer_for
 from tests.core.test_sigv4 import GOOD_AUTH, PRESIGNED_QUERY, S3_HOST, S3_NOW, S3_SECRET, request
+from tests.core.test_spool_state import MARKERS
+from tests.core.test_spool_state import Spool as SpoolHarness
 
 C = 100e6
 SRC = "s3lanes.toml"
@@ -315,3 +318,33 @@ def test_two_holes_in_the_newest_batch_are_a_torn_tail() -> None:
     assert isinstance(got, Replay)
     assert got.records == [{"x": 0, "_b": 1}]
     assert got.valid_bytes == len(first)
+
+
+def test_an_upload_checksum_the_store_would_refuse_reads_back_as_none() -> None:
+    assert checksum_of_meta([("x-amz-checksum-algorithm", "MD4")]) is None
+
+
+def test_an_empty_spool_has_no_oldest_write_and_a_keyless_done_record_settles_its_entry() -> None:
+    sp = SpoolHarness()
+    assert sp.state.oldest_acked_at() is None
+    entry = sp.put("k")
+    assert sp.state.oldest_acked_at() == entry.acked_at
+    sp.state.start_upload(entry)
+    sp.state.upload_succeeded(entry)
+    assert SpoolState.done_record(entry.seq) == {"t": "done", "s": entry.seq}
+    sp.apply(SpoolState.done_record(entry.seq))  # as older journals wrote it
+    assert entry.seq not in sp.state.entries
+    sp.assert_files_accounted()
+
+
+def test_uploads_older_than_the_age_limit_are_expired_and_backend_uploads_survive_compaction() -> None:
+    sp = SpoolHarness()
+    upload = sp.create("big", "up-1")
+    assert sp.state.expired_uploads(upload.created_at + 10, 60) == []
+    assert sp.state.expired_uploads(upload.created_at + 61, 60) == [upload]
+    entry = sp.put("other")
+    sp.apply(SpoolState.backend_upload_record("bk-1", entry))
+    rebuilt = SpoolState(MARKERS)
+    for rec in sp.state.snapshot_records():
+        rebuilt.apply(rec)
+    assert rebuilt.backend_uploads == sp.state.backend_uploads
