@@ -24,6 +24,13 @@ from gateway.core.objectread import StoredObject, object_attributes_xml
 from gateway.core.routing import RouteTable, rename_in_xml, rename_location
 from gateway.core.s3request import parse_target, split_target
 from gateway.core.sched_alloc import LaneDemand, allocate
+from gateway.core.sched_control import (
+    BASELINE_HISTORY_S,
+    GUARD_MIN_GOOD_SAMPLES,
+    GUARD_MIN_READ_SHARE,
+    LatencyGuard,
+    TokenBucket,
+)
 from gateway.core.scheduler import LaneSpec, Scheduler
 from gateway.core.sigv4 import (
     EMPTY_SHA256,
@@ -348,3 +355,27 @@ def test_uploads_older_than_the_age_limit_are_expired_and_backend_uploads_surviv
     for rec in sp.state.snapshot_records():
         rebuilt.apply(rec)
     assert rebuilt.backend_uploads == sp.state.backend_uploads
+
+
+def test_a_bucket_that_never_fills_is_never_ready() -> None:
+    bucket = TokenBucket(0.0, 1000.0, 0.0, full=False)
+    assert bucket.ready_at(500.0, 0.0) == math.inf
+
+
+def test_a_trickle_of_late_reads_does_not_cut_the_paced_lanes() -> None:
+    guard = LatencyGuard(0.005, 0.1, 0.0)
+    for i in range(20):
+        guard.observe(1.0, 0.0, 0.01 + i * 0.001)  # every read far over the target
+    verdict = guard.tick(0.1, quiet=False, read_share=GUARD_MIN_READ_SHARE / 2, can_cut=True)
+    assert not verdict.missed and verdict.multiplier == 1.0
+
+
+def test_the_guard_forgets_latency_history_older_than_its_window() -> None:
+    guard = LatencyGuard(0.005, 0.1, 0.0)
+    now = 0.0
+    while now < BASELINE_HISTORY_S + 5.0:
+        for i in range(GUARD_MIN_GOOD_SAMPLES + 1):
+            guard.observe(0.001, 0.002, now + i * 0.001)
+        now += 1.0
+        guard.tick(now, quiet=True, read_share=1.0, can_cut=False)
+    assert guard.baseline_s == pytest.approx(0.002)
