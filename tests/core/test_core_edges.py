@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from gateway.config import Config
-from gateway.core.access import Grant, TenantPolicy
+from gateway.core.access import Grant as AccessGrant
+from gateway.core.access import TenantPolicy
 from gateway.core.body import UploadBody
 from gateway.core.checksums import BodyVerifier
 from gateway.core.chunked import AwsChunkedDecoder, encode_aws_chunked
@@ -31,7 +32,7 @@ from gateway.core.sched_control import (
     LatencyGuard,
     TokenBucket,
 )
-from gateway.core.scheduler import LaneSpec, Scheduler
+from gateway.core.scheduler import Grant, LaneSpec, Scheduler, WaitUntil
 from gateway.core.sigv4 import (
     EMPTY_SHA256,
     UNSIGNED_PAYLOAD,
@@ -52,6 +53,7 @@ from gateway.errors import (
 )
 from gateway.runtime.wiring import scheduler_config
 from tests.core.test_chunked import decode, make_verified, signer_for
+from tests.core.test_scheduler_progress import cut_guard
 from tests.core.test_sigv4 import GOOD_AUTH, PRESIGNED_QUERY, S3_HOST, S3_NOW, S3_SECRET, request
 from tests.core.test_spool_state import MARKERS
 from tests.core.test_spool_state import Spool as SpoolHarness
@@ -252,7 +254,7 @@ def test_an_empty_hint_names_no_lane() -> None:
 
 
 def test_a_copy_without_a_source_is_denied_and_so_is_reading_a_bucket_configuration_unowned() -> None:
-    policy = TenantPolicy(read=(Grant("data", "p/"),), write=(Grant("data", "p/"),))
+    policy = TenantPolicy(read=(AccessGrant("data", "p/"),), write=(AccessGrant("data", "p/"),))
     with pytest.raises(AccessDenied):
         policy.check("CopyObject", "data", "p/k", {}, copy_source=None)
     with pytest.raises(AccessDenied):
@@ -379,3 +381,24 @@ def test_the_guard_forgets_latency_history_older_than_its_window() -> None:
         now += 1.0
         guard.tick(now, quiet=True, read_share=1.0, can_cut=False)
     assert guard.baseline_s == pytest.approx(0.002)
+
+
+def test_a_cut_guard_scales_a_paced_lanes_concurrency_down_but_never_below_one() -> None:
+    cfg = scheduler_config(Config(), C)
+    lanes = tuple(replace(x, max_concurrency=8) if x.name == "checkpoint" else x for x in cfg.lanes)
+    s = Scheduler(replace(cfg, lanes=lanes, burst_bytes=1024 * 1024, progress_interval_s=None), 1000.0)
+    cut_guard(s, 1000.0)
+    now = 1000.8
+    s.submit("dataset", 1024 * 1024, now)  # reads active: the lane is paced
+    for _ in range(8):
+        s.submit("checkpoint", 1024, now)
+    granted = 0
+    while now < 1001.5:  # while the reads are still active
+        d = s.pull(now)
+        if isinstance(d, WaitUntil):
+            now = d.at
+        elif isinstance(d, Grant):
+            granted += d.lane == "checkpoint"
+        else:
+            break
+    assert granted == 1  # 8 x the multiplier (1/32) rounds to 0: at least one; none completes here
