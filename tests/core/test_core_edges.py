@@ -402,3 +402,11 @@ def test_a_cut_guard_scales_a_paced_lanes_concurrency_down_but_never_below_one()
         else:
             break
     assert granted == 1  # 8 x the multiplier (1/32) rounds to 0: at least one; none completes here
+
+
+def test_a_keyless_done_record_of_an_entry_already_gone_changes_nothing() -> None:
+    sp = SpoolHarness()
+    entry = sp.put("k")
+    before = (dict(sp.state.entries), sp.state.bytes_on_disk)
+    sp.apply(SpoolState.done_record(entry.seq + 100))  # an older journal's record of a superseded entry
+    assert (dict(sp.state.entries), sp.state.bytes_on_disk) == before
