@@ -410,3 +410,32 @@ def test_a_keyless_done_record_of_an_entry_already_gone_changes_nothing() -> Non
     before = (dict(sp.state.entries), sp.state.bytes_on_disk)
     sp.apply(SpoolState.done_record(entry.seq + 100))  # an older journal's record of a superseded entry
     assert (dict(sp.state.entries), sp.state.bytes_on_disk) == before
+
+
+def test_setting_the_same_external_limit_or_floor_again_changes_nothing() -> None:
+    s = Scheduler(scheduler_config(Config(), C), 0.0)
+    s.set_external_limit("checkpoint", C / 10, 0.0)
+    s.set_floor("checkpoint", 0.1, 0.0)
+    before = s.snapshot(0.0).lane("checkpoint")
+    s.set_external_limit("checkpoint", C / 10, 0.0)
+    s.set_floor("checkpoint", 0.1, 0.0)
+    assert s.snapshot(0.0).lane("checkpoint") == before
+
+
+def test_a_slowdown_on_an_uncapped_lane_cuts_it_below_what_it_achieved() -> None:
+    s = Scheduler(scheduler_config(Config(), C), 0.0)
+    now = 0.0
+    for _ in range(20):  # the metadata lane alone, uncapped, for 2 s
+        t = s.submit("metadata", 1024 * 1024, now)
+        d = s.pull(now)
+        while not isinstance(d, Grant):
+            assert isinstance(d, WaitUntil)
+            now = d.at
+            d = s.pull(now)
+        assert d.ticket == t
+        s.complete(t, now)
+        now += 0.1
+    assert s.snapshot(now).lane("metadata").limit_bps is None  # no limit
+    s.observe_backend("metadata", 503, now)
+    after = s.snapshot(now).lane("metadata")
+    assert after.slowdown_fraction is not None and after.slowdown_fraction < 1.0
