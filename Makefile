@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The torch extra (clients.torch) is for the tests and the type check only: setup and run stay without it.
 TORCH_STAMP := $(VENV)/.installed-torch
 
-.PHONY: help setup run test check lint typecheck contracts bench clean
+.PHONY: help setup run test test-fast check lint spelling typecheck contracts bench clean
 
 ## This list of targets.
 help:
@@ -31,13 +31,27 @@ setup: $(STAMP)
 run: $(STAMP)
 	$(BIN)/s3lanes serve
 
-## Quick start 2: the whole test suite (starts its own SeaweedFS).
+## Quick start 2: the whole test suite (starts its own SeaweedFS): the pure layers first, then the rest.
 test: $(TORCH_STAMP)
 	scripts/system-deps
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PURE_TESTS) $(PYTEST_ARGS)
+	$(BIN)/pytest $(addprefix --ignore=,$(PURE_TESTS)) $(PYTEST_ARGS)
 
-## Lint, type check and import contracts (what CI runs besides the tests).
-check: lint typecheck contracts
+PURE_TESTS := tests/core tests/sim
+CORE_COVERAGE_FLOOR := 99.2
+
+## The pure layers alone (no store, no gateway; property tests with a tenth of their examples) and the gateway/core coverage floor.
+test-fast: $(STAMP)
+	S3LANES_TEST_FAST=1 $(BIN)/coverage run --data-file=.coverage.fast --source=gateway/core \
+		-m pytest -q -p no:cacheprovider $(PURE_TESTS) $(PYTEST_ARGS)
+	$(BIN)/coverage report --data-file=.coverage.fast --fail-under=$(CORE_COVERAGE_FLOOR) --show-missing --skip-covered
+
+## Lint, spelling, type check and import contracts (what CI runs besides the tests).
+check: lint spelling typecheck contracts
+
+## codespell over the repository.
+spelling: $(STAMP)
+	$(BIN)/codespell
 
 ## ruff check and ruff format --check.
 lint: $(STAMP)
@@ -69,7 +83,7 @@ bench-save: $(STAMP)
 
 ## Remove .venv/ and build and tool caches (not .s3lanes/, the gateway's state).
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*
 
 ## The contention benchmark (docs/benchmarks.md, "Contention benchmark"): about 10 minutes, needs
 ## root for its netns testbed; BENCH_ARGS="--quick --testbed model" for a one-minute run without root.

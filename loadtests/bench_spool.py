@@ -386,7 +386,7 @@ async def relay_serve(target: Endpoint, rate_bps: float, ready_file: Path) -> No
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     server.close()
-    # Cut the connections still open (idle keep-alives): their pipes end on the error, not by cancellation.
+    # Cut the connections still open (idle, kept alive): their pipes end on the error, not by cancellation.
     for w in list(writers):
         w.transport.abort()
     await asyncio.gather(*handlers, return_exceptions=True)

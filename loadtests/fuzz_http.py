@@ -2577,7 +2577,7 @@ async def case_pipeline(c: Case) -> None:
                 want is not None and (ans.status != 200 or ans.body != want)
             ):
                 if not ans.from_handler and ans.closes:
-                    # aiohttp parses what one read brought as a whole: an unparseable request in it gets the
+                    # aiohttp parses what one read brought as a whole: an unparsable request in it gets the
                     # whole batch one 400 and the connection closed. Nothing ran; not a desync.
                     c.run.figures.pipelines_refused_whole += 1
                     break

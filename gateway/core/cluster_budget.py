@@ -130,10 +130,8 @@ def encode_report(r: NodeReport) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _num(doc: Mapping[str, Any], key: str, *, optional: bool = False) -> Any:
+def _num(doc: Mapping[str, Any], key: str) -> Any:
     v = doc.get(key)
-    if v is None and optional:
-        return None
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
         raise ReportError(f"{key!r} must be a finite number >= 0, got {v!r}")
     return v
@@ -347,7 +345,7 @@ class NodeLease:
         self._safe_from: dict[str, float] = {}
 
     def _to(self, mode: Mode, now: float) -> None:
-        if mode not in _TRANSITIONS[self.mode]:
+        if mode not in _TRANSITIONS[self.mode]:  # pragma: no cover - a bug in this module, not an input
             raise RuntimeError(f"cluster lease: illegal transition {self.mode.name} -> {mode.name}")
         self.mode = mode
         self.since = now

@@ -307,7 +307,7 @@ def _http_date(value: str | None) -> int | None:
         parsed = parsed.replace(tzinfo=UTC)
     try:
         return math.floor(parsed.timestamp())
-    except (OverflowError, ValueError, OSError):
+    except (OverflowError, ValueError, OSError):  # pragma: no cover - parsed dates lie within years 1-9999
         return None
 
 
@@ -414,7 +414,7 @@ def parse_copy_range(header: str) -> tuple[int, int]:
 
 def copy_range_span(header: str, size: int) -> tuple[int, int]:
     """(start, length) of a copy range within a source of ``size`` bytes. A range that reaches past the
-    end is refused with InvalidRange (416), as the store does, rather than clamped as a GET's Range is."""
+    end is refused with InvalidRange (416), as the store does, rather than clamped as a GET Range is."""
     first, last = parse_copy_range(header)
     if last >= size:
         raise InvalidRange(RangeRequested=header, ActualObjectSize=str(size))

@@ -72,6 +72,7 @@ from gateway.core.sigv4 import (
 )
 from gateway.errors import AccessDenied, S3Error
 from gateway.http.s3xml import error_xml
+from tests.budget import examples
 
 # --------------------------------------------------------------------------------------------------
 # Profiles: "ci" (default) and "fuzz", chosen with HYPOTHESIS_PROFILE. Registered here unless the suite
@@ -88,9 +89,9 @@ for _name, _examples in (("ci", 200), ("fuzz", FUZZ_EXAMPLES)):
 
 def fuzz_settings(ci_examples: int) -> settings:
     """``ci_examples`` under the ci profile; the profile's own count (thousands) under any other."""
-    examples = ci_examples if PROFILE == "ci" else settings.get_profile(PROFILE).max_examples
+    n = examples(ci_examples) if PROFILE == "ci" else settings.get_profile(PROFILE).max_examples
     return settings(
-        max_examples=examples,
+        max_examples=n,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
     )

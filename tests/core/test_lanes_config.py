@@ -46,6 +46,9 @@ def tenants_of(raw: Any) -> tuple[dict[str, frozenset[str]], list[str]]:
     return parse_tenants(raw, LANES, SRC, problems), problems
 
 
+MISSPELT = "weigth"  # codespell:ignore (a misspelt setting name, on purpose)
+
+
 # --- lanes --------------------------------------------------------------------------------------------------
 
 
@@ -95,7 +98,7 @@ def test_a_new_lane_starts_unguaranteed_and_paced():
     assert isinstance(lanes["eval"].weight, float)
 
 
-def test_the_example_from_the_issue_parses_and_its_one_contradiction_is_named():
+def test_a_full_example_parses_and_its_one_contradiction_is_named():
     doc = tomllib.loads(
         """
 [lanes.dataset]
@@ -120,7 +123,7 @@ paced_by_guard = false
 def test_every_lane_mistake_is_reported_at_once_with_its_place():
     lanes, problems = lanes_of(
         {
-            "dataset": {"weigth": 5, "reservation": "70%"},
+            "dataset": {MISSPELT: 5, "reservation": "70%"},
             "checkpoint": {"limit": 0, "floor": -0.1, "max_concurrency": 2.5, "paced_by_guard": "yes"},
             "restore": {"weight": 0, "reservation": True, "limit_while_reads_active": float("nan")},
             "metadata": {"reservation": 1.5, "max_concurrency": 0},
@@ -129,8 +132,8 @@ def test_every_lane_mistake_is_reported_at_once_with_its_place():
         }
     )
     assert problems == [
-        "s3lanes.toml [lanes.dataset].weigth: unknown setting (known: floor, limit, limit_while_reads_active,"
-        " max_concurrency, paced_by_guard, read_protected, reservation, weight)",
+        f"s3lanes.toml [lanes.dataset].{MISSPELT}: unknown setting (known: floor, limit,"
+        " limit_while_reads_active, max_concurrency, paced_by_guard, read_protected, reservation, weight)",
         "s3lanes.toml [lanes.dataset].reservation: expected a fraction of backend capacity between 0 and 1"
         " (got '70%')",
         "s3lanes.toml [lanes.checkpoint].limit: expected a fraction of backend capacity greater than 0 and at"
@@ -337,7 +340,7 @@ def test_every_tenant_mistake_is_reported_at_once():
     tenants, problems = tenants_of(
         {
             "AKGOOD": {"lanes": ["restore"]},
-            "AKTYPO": {"lanes": ["restor", "fast"]},
+            "AKTYPO": {"lanes": ["restor", "fast"]},  # codespell:ignore
             "AKEXTRA": {"lanes": ["dataset"], "buckets": ["x"]},
             "AKNOLANES": {},
             "AKSTRING": {"lanes": "dataset"},

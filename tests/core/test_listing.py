@@ -37,6 +37,7 @@ from gateway.core.listing import (
     render_list_xml,
 )
 from gateway.errors import InvalidArgument
+from tests.budget import examples
 
 T0 = 1_790_000_000.0
 
@@ -239,7 +240,7 @@ def page_items(page: ListPage) -> list[tuple[str, ListEntry | None]]:
     return sorted(items, key=lambda item: path_order(item[0]))
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(scenarios(), st.randoms(use_true_random=False))
 def test_paging_to_the_end_lists_exactly_the_merged_view_once(s: Scenario, rng: random.Random) -> None:
     """A client paging as botocore's paginator does (the token, or NextMarker / last key, parsed by
@@ -283,7 +284,7 @@ def test_paging_to_the_end_lists_exactly_the_merged_view_once(s: Scenario, rng: 
     assert seen == expected
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(scenarios(), st.randoms(use_true_random=False), st.randoms(use_true_random=False))
 def test_backend_order_does_not_change_the_page(
     s: Scenario, rng1: random.Random, rng2: random.Random

@@ -21,6 +21,7 @@ from gateway.core.objectread import (
     plan_read,
 )
 from gateway.errors import InvalidArgument, InvalidRange, InvalidRequest, PreconditionFailed, S3Error
+from tests.budget import examples
 
 LAST_MODIFIED = 1_700_000_000.75  # a fraction of a second: HTTP dates (and comparisons) use whole seconds
 LM_SECOND = 1_700_000_000
@@ -570,7 +571,7 @@ def check_consistent(plan: ReadPlan, size: int) -> None:
         assert content_range is None
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(size=sizes, first=positions, last=st.none() | positions)
 def test_any_first_last_range_is_within_the_object(size: int, first: int, last: int | None) -> None:
     if last is not None and last < first:
@@ -587,7 +588,7 @@ def test_any_first_last_range_is_within_the_object(size: int, first: int, last: 
     assert plan.length == (size - first if last is None else min(last, size - 1) - first + 1)
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(size=sizes, suffix=positions)
 def test_any_suffix_range_is_within_the_object(size: int, suffix: int) -> None:
     if size == 0 or suffix == 0:
@@ -601,7 +602,7 @@ def test_any_suffix_range_is_within_the_object(size: int, suffix: int) -> None:
     assert plan.length == min(suffix, size)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(part_sizes=st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=30))
 def test_parts_tile_the_object_in_order(part_sizes: list[int]) -> None:
     stored = obj(sum(part_sizes), part_sizes=tuple(part_sizes))
@@ -614,7 +615,7 @@ def test_parts_tile_the_object_in_order(part_sizes: list[int]) -> None:
     assert offset == stored.size
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(500))
 @given(
     range_header=st.text(max_size=30) | st.from_regex(r"\A[ Bbytes]{0,6}=?[-0-9, ]{0,12}\Z"),
     date=st.text(max_size=40),

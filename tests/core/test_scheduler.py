@@ -32,6 +32,7 @@ from gateway.core.scheduler import (
     WaitUntil,
 )
 from gateway.runtime.wiring import scheduler_config
+from tests.budget import examples
 
 MiB = 1024 * 1024
 C = 100_000_000.0  # 100 MB/s: one MiB every ~10.5 ms
@@ -859,7 +860,7 @@ def test_allocation_respects_reservations_limits_and_capacity(
                     assert b / y.weight >= a / x.weight - 1e-6 * capacity
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(params=st.lists(lane_params, min_size=2, max_size=5), cost_kib=st.sampled_from([64, 256, 1024]))
 def test_discrete_scheduler_realises_the_fluid_allocation_for_backlogged_lanes(
     params: list[tuple[float, float, float | None]], cost_kib: int

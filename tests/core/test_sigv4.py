@@ -61,6 +61,7 @@ from gateway.errors import (
     S3Error,
     SignatureDoesNotMatch,
 )
+from tests.budget import examples
 
 
 def epoch(amz_date: str) -> float:
@@ -1140,7 +1141,7 @@ _query_part = st.one_of(
 _query = st.lists(_query_part, max_size=8).map("&".join)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     method=st.sampled_from(["GET", "PUT", "", "ü"]),
     path=_any_text,
@@ -1161,7 +1162,7 @@ def test_fuzz_parse_and_verify_only_raise_s3_errors(
         pass
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     method=st.sampled_from(["GET", "PUT", "DELETE"]),
     path=st.text(max_size=40),

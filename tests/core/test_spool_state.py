@@ -33,6 +33,7 @@ from gateway.core.spool_state import (
     multipart_etag,
 )
 from gateway.errors import EntityTooSmall, InvalidPart, InvalidPartOrder, MalformedXML, S3Error
+from tests.budget import examples
 
 MARKERS = (".metadata", "COMMIT")
 B = "bkt"
@@ -729,7 +730,7 @@ def assert_equivalent(live: SpoolState, fresh: SpoolState) -> None:
     assert fresh.wires == live.wires
 
 
-@settings(max_examples=200, stateful_step_count=100, deadline=None)
+@settings(max_examples=examples(200), stateful_step_count=100, deadline=None)
 class SpoolMachine(RuleBasedStateMachine):
     """Random operations against a live SpoolState, with a drainer that starts, fails and finishes uploads.
     After every step the journal so far (which may begin with an earlier compaction) and a fresh snapshot
@@ -1107,7 +1108,7 @@ OPS = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(ops=OPS, seed=st.integers(0, 2**32 - 1))
 def test_backend_ends_with_the_last_acknowledged_operation_per_key_and_markers_land_last(
     ops: list[tuple[str, int]], seed: int

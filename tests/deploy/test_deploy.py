@@ -162,7 +162,7 @@ def test_dockerignore_keeps_everything_the_build_copies() -> None:
 
 
 def test_builder_stage_context_builds_a_complete_wheel(tmp_path: Path) -> None:
-    """What `docker build` cannot show here: the files the builder stage COPYs are enough for a wheel that
+    """What `docker build` cannot show here: the files the builder stage copies are enough for a wheel that
     holds every module and package-data file (the status page), as the image's `pip wheel` step builds it."""
     instructions = dockerfile_instructions(DOCKERFILE)
     runtime_at = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
