@@ -685,6 +685,43 @@ def test_every_alert_has_a_unit_test_where_it_fires() -> None:
     assert {f"S3lanes{n}" for n in required} <= alerts
 
 
+RUNBOOK = REPO / "docs" / "runbook.md"
+
+
+def _markdown_anchors(text: str) -> set[str]:
+    """The fragment ids GitHub (and most Markdown renderers) give the headings of a document."""
+    anchors = set()
+    for line in text.splitlines():
+        m = re.match(r"#{1,6}\s+(.+?)\s*#*$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+def test_every_alert_links_its_section_of_the_runbook() -> None:
+    """runbook_url on every alert, pointing at docs/runbook.md#<anchor>, and that heading exists; every
+    section of the runbook belongs to an alert (no stale ones after a rename)."""
+    anchors = _markdown_anchors(RUNBOOK.read_text())
+    linked = set()
+    for group in load_yaml(ALERTS)["groups"]:
+        for rule in group["rules"]:
+            if "alert" not in rule:
+                continue
+            url = rule.get("annotations", {}).get("runbook_url")
+            assert url, f"{rule['alert']} has no runbook_url annotation"
+            parts = urlsplit(url)
+            assert parts.scheme == "https" and parts.path.endswith("/docs/runbook.md"), url
+            assert parts.fragment in anchors, f"{rule['alert']}: no #{parts.fragment} heading in runbook.md"
+            assert parts.fragment == rule["alert"].lower(), f"{rule['alert']} links another alert's section"
+            linked.add(parts.fragment)
+    sections = {a for a in anchors if a.startswith("s3lanes")}
+    assert sections == linked, f"runbook sections without an alert: {sorted(sections - linked)}"
+    for heading in re.split(r"^## ", RUNBOOK.read_text(), flags=re.M)[1:]:
+        for part in ("**Meaning.**", "**Check.**", "**Do.**"):
+            assert part in heading, f"runbook section {heading.splitlines()[0]} lacks {part}"
+
+
 def test_gateway_down_alert_watches_the_job_the_scrape_configs_define() -> None:
     expr = next(
         r["expr"]
@@ -777,7 +814,7 @@ def test_dashboard_is_a_provisionable_grafana_dashboard() -> None:
         assert len(refs) == len(set(refs)), f"panel {p['title']!r}: duplicate refIds"
 
 
-def test_dashboard_covers_lanes_spool_backend_and_cluster() -> None:
+def test_dashboard_covers_client_latency_lanes_spool_backend_cluster_and_process() -> None:
     used = set().union(*(metric_names(e) for _, e in dashboard_expressions(_dashboard())))
     required = {
         "s3lanes_lane_bytes_total",  # per-lane throughput
@@ -790,6 +827,10 @@ def test_dashboard_covers_lanes_spool_backend_and_cluster() -> None:
         "s3lanes_spool_oldest_pending_age_seconds",
         "s3lanes_spool_drained_bytes_total",  # drain rate
         "s3lanes_backend_errors_total",
+        "s3lanes_request_duration_seconds_bucket",  # client-visible latency
+        "process_resident_memory_bytes",  # process health
+        "process_open_fds",
+        "s3lanes_event_loop_tasks",
         *CLUSTER_ONLY_METRICS,
     }
     assert required <= used, f"dashboard lacks {sorted(required - used)}"
