@@ -955,13 +955,16 @@ class SpoolFront:
             )
         except NotOurToken:
             return None
+        # The spool first, then the backend: an entry that drains meanwhile is then in the spool's snapshot,
+        # on the backend, or both (the spool's wins), never in neither (the other order lost such keys).
+        snapshot = list(self.spool.state.live_under(bucket, req.prefix))
         listed = await self._backend_all(ctx, decision, bucket, req, req.prefix, req.delimiter)
         if isinstance(listed, web.Response):
             return listed
         items, prefixes = listed
         spooled: list[SpooledObject] = []
         hidden: set[str] = set()
-        for entry in list(self.spool.state.live_under(bucket, req.prefix)):
+        for entry in snapshot:
             if entry.kind == "del":
                 hidden.add(entry.key)
                 continue
