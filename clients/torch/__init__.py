@@ -12,7 +12,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("clients.torch needs PyTorch: pip install 's3lanes[torch]'") from exc
 
 from clients.torch.checkpoint import load_checkpoint, save_checkpoint
-from clients.torch.datasets import S3Item, S3IterableDataset, S3MapDataset, Sample, key_and_bytes
+from clients.torch.datasets import S3Item, S3IterableDataset, S3MapDataset, Sample, identity, key_and_bytes
 from clients.torch.dcp import S3StorageReader, S3StorageWriter
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "S3StorageReader",
     "S3StorageWriter",
     "Sample",
+    "identity",
     "key_and_bytes",
     "load_checkpoint",
     "save_checkpoint",
