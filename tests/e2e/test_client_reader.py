@@ -11,6 +11,7 @@ import tarfile
 from typing import IO, Any, cast
 
 import pytest
+from torch.utils.data import DataLoader
 
 from clients import ClientConfig, GatewayClient, ObjectReader
 from clients.torch import S3IterableDataset, S3MapDataset
@@ -78,11 +79,16 @@ def test_tar_streams_are_read_member_by_member_from_a_lazy_reader(
         reader_block_bytes=4 * KiB,  # several ranged GETs per shard: the stream crosses block boundaries
         readahead=2,
     )
-    got = dict(dataset)
-    assert got == {
+    expected = {
         key: [(name, hashlib.sha256(data).hexdigest()) for name, data in members.items()]
         for key, members in shards.items()
     }
+    assert dict(dataset) == expected
+    # The same in two DataLoader workers: each makes its readers (and client) in its own process.
+    loader = DataLoader(dataset, batch_size=None, num_workers=2)
+    got = [(key, [tuple(m) for m in members]) for key, members in loader]
+    assert sorted(k for k, _ in got) == sorted(expected)
+    assert dict(got) == expected
 
 
 def one_member(reader: ObjectReader) -> tuple[bytes, int, int]:
