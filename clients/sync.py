@@ -298,9 +298,14 @@ class GatewayClient:
         lane: str | None = "restore",
         block_bytes: int = 8 * MiB,
         size: int | None = None,
+        start: int = 0,
+        end: int | None = None,
     ) -> ObjectReader:
-        """A seekable read-only stream over one object, fetched with ranged GETs of ``block_bytes``."""
-        return ObjectReader(self, bucket, key, lane=lane, block_bytes=block_bytes, size=size)
+        """A seekable read-only stream over one object (or its bytes ``[start, end)``), fetched lazily with
+        ranged GETs of ``block_bytes``; see :class:`clients.reader.ObjectReader`."""
+        return ObjectReader(
+            self, bucket, key, lane=lane, block_bytes=block_bytes, size=size, start=start, end=end
+        )
 
     # -- durability --------------------------------------------------------------------------------------
 
