@@ -1,0 +1,201 @@
+"""The small-object phase of ``make bench``: concurrent GETs of objects already on the store, req/s and CPU
+per request, direct vs through a gateway with the default configuration (spool on).
+
+A dataset of small files read by many loader workers is the commonest read pattern of a training job; what
+limits it is the CPU each request costs, not bandwidth. Each object set below is read by ``concurrency``
+workers, each looping over the set's keys with the lean client of :mod:`loadtests.bench_proxy` (its own
+SigV4 signature per request, keep-alive connections), in rounds ordered A/B/B/A against direct SeaweedFS and
+the gateway. Every round records the user+sys CPU of the gateway, SeaweedFS and the client from ``/proc``,
+so the report gives CPU per request of each process on both sides: what the store does per GET when the
+gateway is in front of it, next to what it does when the client talks to it.
+
+The gateway of this phase is its own ``s3lanes serve`` with the spool on (started with
+:func:`loadtests.bench_spool.start_gateway`, the spool benchmark's helper): the objects were uploaded to
+SeaweedFS directly, so every GET goes to the store, as a dataset read does.
+
+Run only this phase with ``python -m loadtests.bench_proxy --phases objects`` (``--quick`` for a short run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from loadtests.bench_proxy import (
+    MIB,
+    BenchError,
+    CpuMeter,
+    Endpoint,
+    Round,
+    abba,
+    expect,
+    med,
+    run_all,
+)
+
+if TYPE_CHECKING:
+    from loadtests.bench_proxy import Bench
+    from loadtests.bench_spool import Proc
+
+KIB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectSet:
+    label: str
+    size_bytes: int
+    concurrency: int
+    objects: int
+    requests: int  # per round and side (a quick run reads a fifth)
+
+    @property
+    def phase(self) -> str:
+        return "objects " + self.label
+
+
+def object_sets(large_mib: int) -> tuple[ObjectSet, ...]:
+    return (
+        ObjectSet("16 KiB", 16 * KIB, 64, 512, 6000),
+        ObjectSet("110 KiB", 110 * KIB, 16, 256, 4000),
+        ObjectSet("1 MiB", MIB, 16, 64, 1000),
+        ObjectSet(f"{large_mib} MiB", large_mib * MIB, 1, 1, 4),
+    )
+
+
+def key_of(s: ObjectSet, j: int) -> str:
+    return f"obj-{s.size_bytes}-{j}"
+
+
+async def object_phase(bench: Bench) -> None:
+    """Upload the sets directly, start the spooling gateway, run the interleaved rounds, stop it."""
+    from loadtests.bench_spool import start_gateway, stop_proc
+
+    o = bench.opts
+    stack = bench.stack
+    sets = object_sets(o.large_mib)
+    direct = stack.direct
+    t0 = time.perf_counter()
+    jobs = [
+        (key_of(s, j), s.size_bytes, 1000 + s.size_bytes % 997 + j) for s in sets for j in range(s.objects)
+    ]
+    bench.log(f"objects: uploading {len(jobs)} objects directly to SeaweedFS")
+    sem = asyncio.Semaphore(8)
+
+    async def up(key: str, size: int, seed: int) -> None:
+        async with sem:
+            expect(await bench.client.put(direct, key, size, seed, signed_payload=False), 200, f"PUT {key}")
+
+    await bench.bounded("objects set-up", run_all(up(*j) for j in jobs))
+    bench.log(
+        f"objects: set-up done in {time.perf_counter() - t0:.1f} s; starting a gateway with the spool on"
+    )
+    gw: Proc = await asyncio.to_thread(
+        start_gateway, stack.tmp, "objects", stack.weed.endpoint_url, stack.tmp / "spool-objects", None
+    )
+    try:
+        meter = CpuMeter({"gateway": gw.pid, "seaweedfs": stack.weed.pid or 0})
+        eps = {"direct": direct, "gateway": gw.endpoint}
+        bench.results.facts["objects gateway"] = "its own s3lanes serve, default config with [spool] enabled"
+        for s in sets:
+            n = s.requests if not o.quick else max(s.requests // 5, 1)
+            for side in ("direct", "gateway"):  # warm-up: connections, page cache, the gateway's pool
+                await bench.bounded("warm-up", _gets(bench, eps[side], s, min(n, s.objects + s.concurrency)))
+            for i, side in abba(o.rounds):
+                async with bench.profiled(f"objects-{s.size_bytes}-r{i}", side, gw.pid):
+                    meter.start()
+                    t = time.perf_counter()
+                    await bench.bounded(s.phase, _gets(bench, eps[side], s, n))
+                    seconds = time.perf_counter() - t
+                    cpu = meter.stop()
+                r = Round(s.phase, side, i, s.size_bytes * n, seconds, cpu, requests=n)
+                bench.results.object_rounds.append(r)
+                bench.log(
+                    f"GET {s.label} x{s.concurrency} {side:7s} round {i}: {n / seconds:7.0f} req/s  "
+                    + "  ".join(f"{k} {v / n * 1e6:.0f} us" for k, v in cpu.items() if k != "other")
+                )
+    finally:
+        await asyncio.to_thread(stop_proc, gw)
+
+
+async def _gets(bench: Bench, ep: Endpoint, s: ObjectSet, n: int) -> None:
+    """``n`` GETs by ``s.concurrency`` workers, each taking the next key of the set in turn."""
+    next_i = 0
+    client = bench.client
+
+    async def worker() -> None:
+        nonlocal next_i
+        while next_i < n:
+            key = key_of(s, next_i % s.objects)
+            next_i += 1
+            reply = await client.get(ep, key)
+            if reply.status != 200 or reply.body_bytes != s.size_bytes:
+                expect(reply, 200, f"GET {key}", s.size_bytes)
+
+    await run_all(worker() for _ in range(s.concurrency))
+
+
+def summary(rounds: list[Round], large_mib: int) -> list[dict[str, Any]]:
+    out = []
+    for s in object_sets(large_mib):
+        d = [r for r in rounds if r.phase == s.phase and r.side == "direct"]
+        g = [r for r in rounds if r.phase == s.phase and r.side == "gateway"]
+        if not d or not g:
+            continue
+
+        def rps(rs: list[Round]) -> float:
+            return med([r.requests / r.seconds for r in rs])
+
+        def us(rs: list[Round], who: str) -> float:
+            return med([r.cpu_s[who] / r.requests * 1e6 for r in rs])
+
+        md, mg = rps(d), rps(g)
+        out.append(
+            {
+                "objects": s.label,
+                "concurrency": s.concurrency,
+                "direct_rps": md,
+                "gateway_rps": mg,
+                "ratio": mg / md if md else float("nan"),
+                # The ratio of each round pair (A/B/B/A: rounds of one index ran back to back).
+                "pair_ratios": [
+                    round((rg.requests / rg.seconds) / (rd.requests / rd.seconds), 3)
+                    for rd, rg in zip(d, g, strict=False)
+                ],
+                "direct_rounds_rps": [round(r.requests / r.seconds) for r in d],
+                "gateway_rounds_rps": [round(r.requests / r.seconds) for r in g],
+                "gateway_cpu_us": us(g, "gateway"),
+                "store_cpu_us": {"direct": us(d, "seaweedfs"), "gateway": us(g, "seaweedfs")},
+                "client_cpu_us": {"direct": us(d, "client"), "gateway": us(g, "client")},
+                "other_cores": {
+                    "direct": med([r.other_cores for r in d]),
+                    "gateway": med([r.other_cores for r in g]),
+                },
+                "requests_per_round": d[0].requests,
+            }
+        )
+    return out
+
+
+def report(rows: list[dict[str, Any]], rounds: int) -> str:
+    if not rows:
+        raise BenchError("the objects phase recorded no rounds")
+    lines = [
+        f"### Objects already on the store: concurrent GETs ({rounds} rounds per side, A/B/B/A, medians)",
+        "",
+        "| objects | concurrency | direct req/s | gateway req/s | ratio (pairs) | gateway CPU per request "
+        "| store CPU per request, direct / behind the gateway | client CPU per request, direct / gateway "
+        "| other processes, cores busy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for x in rows:
+        lines.append(
+            f"| {x['objects']} | {x['concurrency']} | {x['direct_rps']:,.0f} | {x['gateway_rps']:,.0f} "
+            f"| {x['ratio']:.2f} ({', '.join(f'{p:.2f}' for p in x['pair_ratios'])}) "
+            f"| {x['gateway_cpu_us']:,.0f} us "
+            f"| {x['store_cpu_us']['direct']:,.0f} / {x['store_cpu_us']['gateway']:,.0f} us "
+            f"| {x['client_cpu_us']['direct']:,.0f} / {x['client_cpu_us']['gateway']:,.0f} us "
+            f"| {x['other_cores']['direct']:.2f} / {x['other_cores']['gateway']:.2f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""``bench_proxy --phases`` and the small-object phase's summary: req/s and CPU per request, both sides."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtests.bench_objects import object_sets, report, summary
+from loadtests.bench_proxy import PHASES, Round, parse_args
+
+
+def test_phases_are_parsed_and_checked() -> None:
+    assert parse_args([]).phases == frozenset(PHASES)
+    assert parse_args(["--phases", "objects"]).phases == frozenset({"objects"})
+    assert parse_args(["--phases", "large, objects"]).phases == frozenset({"large", "objects"})
+    with pytest.raises(SystemExit):
+        parse_args(["--phases", "objects,nonsense"])
+    with pytest.raises(SystemExit):
+        parse_args(["--phases", ","])
+
+
+def _round(phase: str, side: str, i: int, seconds: float, gateway_s: float, store_s: float) -> Round:
+    cpu = {"gateway": gateway_s, "seaweedfs": store_s, "client": 0.5, "other": 0.1}
+    return Round(phase, side, i, 1000 * 16384, seconds, cpu, requests=1000)
+
+
+def test_summary_gives_medians_ratios_and_cpu_per_request_of_each_process() -> None:
+    s = object_sets(64)[0]
+    rounds = [
+        _round(s.phase, "direct", 0, 0.5, 0.0, 0.3),  # 2000 req/s, store 300 us
+        _round(s.phase, "gateway", 0, 1.0, 0.4, 0.35),  # 1000 req/s, gateway 400 us, store 350 us
+        _round(s.phase, "gateway", 1, 1.25, 0.5, 0.4),
+        _round(s.phase, "direct", 1, 0.4, 0.0, 0.28),
+        _round(s.phase, "direct", 2, 0.5, 0.0, 0.3),
+        _round(s.phase, "gateway", 2, 1.0, 0.4, 0.35),
+    ]
+    (row,) = summary(rounds, 64)
+    assert row["objects"] == "16 KiB" and row["concurrency"] == 64
+    assert row["direct_rps"] == pytest.approx(2000)
+    assert row["gateway_rps"] == pytest.approx(1000)
+    assert row["ratio"] == pytest.approx(0.5)
+    assert row["pair_ratios"] == [0.5, 0.32, 0.5]
+    assert row["gateway_cpu_us"] == pytest.approx(400)
+    assert row["store_cpu_us"] == {"direct": pytest.approx(300), "gateway": pytest.approx(350)}
+    text = report([row], 3)
+    assert "| 16 KiB | 64 | 2,000 | 1,000 | 0.50 (0.50, 0.32, 0.50) | 400 us | 300 / 350 us |" in text
