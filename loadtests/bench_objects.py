@@ -94,15 +94,26 @@ async def object_phase(bench: Bench) -> None:
     gw: Proc = await asyncio.to_thread(
         start_gateway, stack.tmp, "objects", stack.weed.endpoint_url, stack.tmp / "spool-objects", None
     )
+    other: Proc | None = None
     try:
-        meter = CpuMeter({"gateway": gw.pid, "seaweedfs": stack.weed.pid or 0})
+        store = stack.weed.pid or 0
+        meters = {side: CpuMeter({"gateway": gw.pid, "seaweedfs": store}) for side in ("direct", "gateway")}
         eps = {"direct": direct, "gateway": gw.endpoint}
         bench.results.facts["objects gateway"] = "its own s3lanes serve, default config with [spool] enabled"
+        if o.compare_tree is not None:
+            other = await asyncio.to_thread(
+                start_gateway, stack.tmp, "objects-compare", stack.weed.endpoint_url,
+                stack.tmp / "spool-objects-compare", None, source=o.compare_tree.resolve(),
+            )  # fmt: skip
+            meters["compare"] = CpuMeter({"gateway": other.pid, "seaweedfs": store})
+            eps["compare"] = other.endpoint
+            bench.results.facts["objects compare"] = f"the same, run from {o.compare_tree} (side 'compare')"
         for s in sets:
             n = s.requests if not o.quick else max(s.requests // 5, 1)
-            for side in ("direct", "gateway"):  # warm-up: connections, page cache, the gateway's pool
+            for side in eps:  # warm-up: connections, page cache, the gateway's pool
                 await bench.bounded("warm-up", _gets(bench, eps[side], s, min(n, s.objects + s.concurrency)))
-            for i, side in abba(o.rounds):
+            for i, side in rounds_of(o.rounds, tuple(eps)):
+                meter = meters[side]
                 async with bench.profiled(f"objects-{s.size_bytes}-r{i}", side, gw.pid):
                     meter.start()
                     t = time.perf_counter()
@@ -117,6 +128,15 @@ async def object_phase(bench: Bench) -> None:
                 )
     finally:
         await asyncio.to_thread(stop_proc, gw)
+        if other is not None:
+            await asyncio.to_thread(stop_proc, other)
+
+
+def rounds_of(rounds: int, sides: tuple[str, ...]) -> list[tuple[int, str]]:
+    """A/B/B/A for two sides; with a third, A/B/C/C/B/A: each side as often early as late in a pair."""
+    if len(sides) == 2:
+        return list(abba(rounds))
+    return [(i, side) for i in range(rounds) for side in (sides if i % 2 == 0 else sides[::-1])]
 
 
 async def _gets(bench: Bench, ep: Endpoint, s: ObjectSet, n: int) -> None:
@@ -151,8 +171,24 @@ def summary(rounds: list[Round], large_mib: int) -> list[dict[str, Any]]:
             return med([r.cpu_s[who] / r.requests * 1e6 for r in rs])
 
         md, mg = rps(d), rps(g)
+        c = [r for r in rounds if r.phase == s.phase and r.side == "compare"]
+        compare: dict[str, Any] | None = None
+        if c:
+            compare = {
+                "rps": rps(c),
+                "ratio": rps(c) / md if md else float("nan"),
+                "gateway_cpu_us": us(c, "gateway"),
+                "store_cpu_us": us(c, "seaweedfs"),
+                # Per round pair: this tree's gateway CPU per request over the compared tree's.
+                "gateway_cpu_pairs": [
+                    round(rg.cpu_s["gateway"] / rg.requests / (rc.cpu_s["gateway"] / rc.requests), 3)
+                    for rg, rc in zip(g, c, strict=False)
+                    if rc.cpu_s["gateway"] > 0
+                ],
+            }
         out.append(
             {
+                "compare": compare,
                 "objects": s.label,
                 "concurrency": s.concurrency,
                 "direct_rps": md,
@@ -198,4 +234,24 @@ def report(rows: list[dict[str, Any]], rounds: int) -> str:
             f"| {x['client_cpu_us']['direct']:,.0f} / {x['client_cpu_us']['gateway']:,.0f} us "
             f"| {x['other_cores']['direct']:.2f} / {x['other_cores']['gateway']:.2f} |"
         )
+    compared = [x for x in rows if x.get("compare")]
+    if compared:
+        lines += [
+            "",
+            "The same rounds, the compared tree's gateway (side 'compare') next to this tree's:",
+            "",
+            "| objects | concurrency | compared req/s (ratio to direct) | this tree req/s (ratio) "
+            "| gateway CPU per request, compared / this tree | this / compared, per round | store CPU per "
+            "request behind the compared / this tree |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for x in compared:
+            c = x["compare"]
+            lines.append(
+                f"| {x['objects']} | {x['concurrency']} | {c['rps']:,.0f} ({c['ratio']:.2f}) "
+                f"| {x['gateway_rps']:,.0f} ({x['ratio']:.2f}) "
+                f"| {c['gateway_cpu_us']:,.0f} / {x['gateway_cpu_us']:,.0f} us "
+                f"| {', '.join(f'{p:.2f}' for p in c['gateway_cpu_pairs'])} "
+                f"| {c['store_cpu_us']:,.0f} / {x['store_cpu_us']['gateway']:,.0f} us |"
+            )
     return "\n".join(lines)

@@ -134,6 +134,7 @@ class Options:
     gateway_toml: Path | None
     gateway_cpus: frozenset[int] | None = None
     phases: frozenset[str] = frozenset(PHASES)
+    compare_tree: Path | None = None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -181,8 +182,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "small-object phase (loadtests/bench_objects.py: concurrent GETs of 16 KiB, 110 KiB, 1 MiB and one "
         "large object, req/s and CPU per request, against a gateway with the spool on)",
     )
+    p.add_argument(
+        "--compare-tree",
+        type=Path,
+        help="objects phase: also run a gateway from this directory (holding another version's gateway/ "
+        "package, e.g. a `git archive` of a base commit) as a third side, in the same interleaved rounds",
+    )
     a = p.parse_args(argv)
     q = a.quick
+    if a.compare_tree is not None and not (a.compare_tree / "gateway" / "__main__.py").is_file():
+        p.error(f"--compare-tree: {a.compare_tree} holds no gateway/__main__.py")
     phases = frozenset(x.strip() for x in a.phases.split(",") if x.strip())
     if not phases or not phases <= set(PHASES):
         p.error(f"--phases: some of {','.join(PHASES)}, not {a.phases!r}")
@@ -223,6 +232,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         gateway_toml=a.gateway_toml,
         gateway_cpus=gateway_cpus,
         phases=phases,
+        compare_tree=a.compare_tree,
     )
 
 

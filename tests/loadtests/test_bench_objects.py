@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtests.bench_objects import object_sets, report, summary
+from loadtests.bench_objects import object_sets, report, rounds_of, summary
 from loadtests.bench_proxy import PHASES, Round, parse_args
 
 
@@ -43,3 +43,25 @@ def test_summary_gives_medians_ratios_and_cpu_per_request_of_each_process() -> N
     assert row["store_cpu_us"] == {"direct": pytest.approx(300), "gateway": pytest.approx(350)}
     text = report([row], 3)
     assert "| 16 KiB | 64 | 2,000 | 1,000 | 0.50 (0.50, 0.32, 0.50) | 400 us | 300 / 350 us |" in text
+
+
+def test_three_sides_alternate_order_and_the_compared_tree_is_summarised() -> None:
+    sides = ("direct", "gateway", "compare")
+    assert rounds_of(2, sides) == [
+        (0, "direct"), (0, "gateway"), (0, "compare"), (1, "compare"), (1, "gateway"), (1, "direct"),
+    ]  # fmt: skip
+    assert rounds_of(2, sides[:2]) == [(0, "direct"), (0, "gateway"), (1, "gateway"), (1, "direct")]
+    s = object_sets(64)[0]
+    rounds = [
+        _round(s.phase, "direct", 0, 0.5, 0.0, 0.3),
+        _round(s.phase, "gateway", 0, 1.0, 0.4, 0.35),
+        _round(s.phase, "compare", 0, 2.0, 0.5, 0.45),  # 500 req/s, 500 us of gateway CPU
+    ]
+    (row,) = summary(rounds, 64)
+    assert row["compare"]["rps"] == pytest.approx(500)
+    assert row["compare"]["ratio"] == pytest.approx(0.25)
+    assert row["compare"]["gateway_cpu_pairs"] == [0.8]
+    assert "| 16 KiB | 64 | 500 (0.25) | 1,000 (0.50) | 500 / 400 us | 0.80 | 450 / 350 us |" in report(
+        [row], 1
+    )
+    assert summary(rounds[:2], 64)[0]["compare"] is None
