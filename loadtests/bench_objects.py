@@ -126,6 +126,8 @@ async def object_phase(bench: Bench) -> None:
                     f"GET {s.label} x{s.concurrency} {side:7s} round {i}: {n / seconds:7.0f} req/s  "
                     + "  ".join(f"{k} {v / n * 1e6:.0f} us" for k, v in cpu.items() if k != "other")
                 )
+            if s.concurrency > 1:
+                await _paced_rounds(bench, s, n, meters["direct"])
     finally:
         await asyncio.to_thread(stop_proc, gw)
         if other is not None:
@@ -139,16 +141,45 @@ def rounds_of(rounds: int, sides: tuple[str, ...]) -> list[tuple[int, str]]:
     return [(i, side) for i in range(rounds) for side in (sides if i % 2 == 0 else sides[::-1])]
 
 
-async def _gets(bench: Bench, ep: Endpoint, s: ObjectSet, n: int) -> None:
-    """``n`` GETs by ``s.concurrency`` workers, each taking the next key of the set in turn."""
+async def _paced_rounds(bench: Bench, s: ObjectSet, n: int, meter: CpuMeter) -> None:
+    """The store's own cost at the gateway's rate: direct GETs paced to the req/s each gateway round of
+    this set reached ("direct-paced"). A server's CPU per request depends on how busy it is kept; this
+    separates that from anything the gateway sends."""
+    gateway_rounds = [r for r in bench.results.object_rounds if r.phase == s.phase and r.side == "gateway"]
+    for r in gateway_rounds:
+        rate = r.requests / r.seconds
+        meter.start()
+        t = time.perf_counter()
+        await bench.bounded(s.phase, _gets(bench, bench.stack.direct, s, n, rate=rate))
+        seconds = time.perf_counter() - t
+        cpu = meter.stop()
+        bench.results.object_rounds.append(
+            Round(s.phase, "direct-paced", r.index, s.size_bytes * n, seconds, cpu, requests=n)
+        )
+        bench.log(
+            f"GET {s.label} x{s.concurrency} direct paced to {rate:.0f} req/s, round {r.index}: "
+            f"{n / seconds:7.0f} req/s  seaweedfs {cpu['seaweedfs'] / n * 1e6:.0f} us"
+        )
+
+
+async def _gets(bench: Bench, ep: Endpoint, s: ObjectSet, n: int, *, rate: float | None = None) -> None:
+    """``n`` GETs by ``s.concurrency`` workers, each taking the next key of the set in turn; with ``rate``,
+    request ``i`` starts no sooner than ``i / rate`` seconds after the first."""
     next_i = 0
     client = bench.client
+    t0 = time.perf_counter()
 
     async def worker() -> None:
         nonlocal next_i
         while next_i < n:
             key = key_of(s, next_i % s.objects)
-            next_i += 1
+            if rate is not None:
+                delay = t0 + next_i / rate - time.perf_counter()
+                next_i += 1
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            else:
+                next_i += 1
             reply = await client.get(ep, key)
             if reply.status != 200 or reply.body_bytes != s.size_bytes:
                 expect(reply, 200, f"GET {key}", s.size_bytes)
@@ -186,9 +217,11 @@ def summary(rounds: list[Round], large_mib: int) -> list[dict[str, Any]]:
                     if rc.cpu_s["gateway"] > 0
                 ],
             }
+        paced = [r for r in rounds if r.phase == s.phase and r.side == "direct-paced"]
         out.append(
             {
                 "compare": compare,
+                "paced": {"rps": rps(paced), "store_cpu_us": us(paced, "seaweedfs")} if paced else None,
                 "objects": s.label,
                 "concurrency": s.concurrency,
                 "direct_rps": md,
@@ -234,6 +267,23 @@ def report(rows: list[dict[str, Any]], rounds: int) -> str:
             f"| {x['client_cpu_us']['direct']:,.0f} / {x['client_cpu_us']['gateway']:,.0f} us "
             f"| {x['other_cores']['direct']:.2f} / {x['other_cores']['gateway']:.2f} |"
         )
+    paced = [x for x in rows if x.get("paced")]
+    if paced:
+        lines += [
+            "",
+            "SeaweedFS's CPU per request when the direct client is paced to each gateway round's req/s "
+            "(side 'direct-paced': the store's cost at the gateway's rate, same wire as direct):",
+            "",
+            "| objects | concurrency | paced req/s "
+            "| store CPU per request: direct / paced direct / behind the gateway |",
+            "|---|---|---|---|",
+        ]
+        for x in paced:
+            lines.append(
+                f"| {x['objects']} | {x['concurrency']} | {x['paced']['rps']:,.0f} "
+                f"| {x['store_cpu_us']['direct']:,.0f} / {x['paced']['store_cpu_us']:,.0f} "
+                f"/ {x['store_cpu_us']['gateway']:,.0f} us |"
+            )
     compared = [x for x in rows if x.get("compare")]
     if compared:
         lines += [

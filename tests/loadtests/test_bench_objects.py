@@ -65,3 +65,15 @@ def test_three_sides_alternate_order_and_the_compared_tree_is_summarised() -> No
         [row], 1
     )
     assert summary(rounds[:2], 64)[0]["compare"] is None
+
+
+def test_paced_direct_rounds_give_the_stores_cost_at_the_gateways_rate() -> None:
+    s = object_sets(64)[0]
+    rounds = [
+        _round(s.phase, "direct", 0, 0.5, 0.0, 0.3),
+        _round(s.phase, "gateway", 0, 1.0, 0.4, 0.6),
+        _round(s.phase, "direct-paced", 0, 1.0, 0.0, 0.58),
+    ]
+    (row,) = summary(rounds, 64)
+    assert row["paced"] == {"rps": pytest.approx(1000), "store_cpu_us": pytest.approx(580)}
+    assert "| 16 KiB | 64 | 1,000 | 300 / 580 / 600 us |" in report([row], 1)
