@@ -19,6 +19,7 @@ Run only this phase with ``python -m loadtests.bench_proxy --phases objects`` (`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -128,6 +129,8 @@ async def object_phase(bench: Bench) -> None:
                 )
             if s.concurrency > 1:
                 await _paced_rounds(bench, s, n, meters["direct"])
+            if other is not None and s.concurrency > 1:
+                await _mixed_rounds(bench, s, n, gw, other)
     finally:
         await asyncio.to_thread(stop_proc, gw)
         if other is not None:
@@ -139,6 +142,27 @@ def rounds_of(rounds: int, sides: tuple[str, ...]) -> list[tuple[int, str]]:
     if len(sides) == 2:
         return list(abba(rounds))
     return [(i, side) for i in range(rounds) for side in (sides if i % 2 == 0 else sides[::-1])]
+
+
+async def _mixed_rounds(bench: Bench, s: ObjectSet, n: int, gw: Proc, other: Proc) -> None:
+    """Both gateways at once, half the workers and half the requests each ("mixed"): their CPU per request
+    is then measured over the same seconds, so a shared machine's changing load cancels out of the ratio."""
+    half = dataclasses.replace(s, concurrency=s.concurrency // 2)
+    meter = CpuMeter({"gateway": gw.pid, "compare": other.pid, "seaweedfs": bench.stack.weed.pid or 0})
+    for i in range(bench.opts.rounds):
+        meter.start()
+        t = time.perf_counter()
+        jobs = [_gets(bench, gw.endpoint, half, n // 2), _gets(bench, other.endpoint, half, n // 2)]
+        await bench.bounded(s.phase, run_all(jobs))
+        seconds = time.perf_counter() - t
+        cpu = meter.stop()
+        bench.results.object_rounds.append(
+            Round(s.phase, "mixed", i, s.size_bytes * n, seconds, cpu, requests=n // 2)
+        )
+        bench.log(
+            f"GET {s.label} x{s.concurrency} both gateways at once, round {i}: gateway "
+            f"{cpu['gateway'] / (n // 2) * 1e6:.0f} us, compared {cpu['compare'] / (n // 2) * 1e6:.0f} us"
+        )
 
 
 async def _paced_rounds(bench: Bench, s: ObjectSet, n: int, meter: CpuMeter) -> None:
@@ -217,6 +241,12 @@ def summary(rounds: list[Round], large_mib: int) -> list[dict[str, Any]]:
                     if rc.cpu_s["gateway"] > 0
                 ],
             }
+        mixed = [r for r in rounds if r.phase == s.phase and r.side == "mixed"]
+        if compare is not None and mixed:
+            compare["mixed_cpu_us"] = {"gateway": us(mixed, "gateway"), "compare": us(mixed, "compare")}
+            compare["mixed_pairs"] = [
+                round(r.cpu_s["gateway"] / r.cpu_s["compare"], 3) for r in mixed if r.cpu_s["compare"] > 0
+            ]
         paced = [r for r in rounds if r.phase == s.phase and r.side == "direct-paced"]
         out.append(
             {
@@ -304,4 +334,22 @@ def report(rows: list[dict[str, Any]], rounds: int) -> str:
                 f"| {', '.join(f'{p:.2f}' for p in c['gateway_cpu_pairs'])} "
                 f"| {c['store_cpu_us']:,.0f} / {x['store_cpu_us']['gateway']:,.0f} us |"
             )
+        mixed = [x for x in compared if x["compare"].get("mixed_cpu_us")]
+        if mixed:
+            lines += [
+                "",
+                "Both gateways serving at once (half the workers each, same seconds: the machine's load "
+                "cancels out):",
+                "",
+                "| objects | concurrency | gateway CPU per request, compared / this tree | this / compared, "
+                "per round |",
+                "|---|---|---|---|",
+            ]
+            for x in mixed:
+                c = x["compare"]
+                pairs = ", ".join(f"{p:.2f}" for p in c["mixed_pairs"])
+                lines.append(
+                    f"| {x['objects']} | {x['concurrency']} | {c['mixed_cpu_us']['compare']:,.0f} / "
+                    f"{c['mixed_cpu_us']['gateway']:,.0f} us | {pairs} |"
+                )
     return "\n".join(lines)

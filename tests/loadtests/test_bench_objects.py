@@ -77,3 +77,19 @@ def test_paced_direct_rounds_give_the_stores_cost_at_the_gateways_rate() -> None
     (row,) = summary(rounds, 64)
     assert row["paced"] == {"rps": pytest.approx(1000), "store_cpu_us": pytest.approx(580)}
     assert "| 16 KiB | 64 | 1,000 | 300 / 580 / 600 us |" in report([row], 1)
+
+
+def test_mixed_rounds_compare_both_gateways_over_the_same_seconds() -> None:
+    s = object_sets(64)[0]
+    mixed = Round(s.phase, "mixed", 0, 1000 * 16384, 1.0, {"gateway": 0.45, "compare": 0.5, "seaweedfs": 0.6})
+    mixed.requests = 1000
+    rounds = [
+        _round(s.phase, "direct", 0, 0.5, 0.0, 0.3),
+        _round(s.phase, "gateway", 0, 1.0, 0.4, 0.35),
+        _round(s.phase, "compare", 0, 2.0, 0.5, 0.45),
+        mixed,
+    ]
+    (row,) = summary(rounds, 64)
+    assert row["compare"]["mixed_cpu_us"] == {"gateway": pytest.approx(450), "compare": pytest.approx(500)}
+    assert row["compare"]["mixed_pairs"] == [0.9]
+    assert "| 16 KiB | 64 | 500 / 450 us | 0.90 |" in report([row], 1)
