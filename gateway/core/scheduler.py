@@ -1012,8 +1012,9 @@ class Scheduler:
     def _deactivation_time(self) -> float:
         if not self._reads_active:
             return math.inf
-        if any(ln.queued_tickets or ln.inflight_tickets for ln in self._read_lanes):
-            return math.inf
+        for ln in self._read_lanes:  # a loop, not any(genexpr): this runs several times per request
+            if ln.queued_tickets or ln.inflight_tickets:
+                return math.inf
         return self._last_read_at + self._cfg.read_idle_s
 
     def _note_read_demand(self, cost: int, now: float) -> None:

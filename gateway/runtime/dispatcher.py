@@ -89,7 +89,7 @@ class LaneDispatcher:
         if ticket in self._granted:
             self._granted.discard(ticket)
             self.scheduler.complete(ticket, self._clock.monotonic(), bytes_done=bytes_done)
-            self._pump()
+            self._pump_for_waiters()
 
     @asynccontextmanager
     async def hold(self, lane: str, cost_bytes: int) -> AsyncIterator[int]:
@@ -106,7 +106,7 @@ class LaneDispatcher:
 
     def observe_backend(self, lane: str, status: int) -> None:
         self.scheduler.observe_backend(lane, status, self._clock.monotonic())
-        self._pump()
+        self._pump_for_waiters()
 
     def observe_delivered(self, lane: str, nbytes: int) -> None:
         self.scheduler.observe_delivered(lane, nbytes, self._clock.monotonic())
@@ -116,6 +116,14 @@ class LaneDispatcher:
         self._pump()
 
     # -- the one timer ------------------------------------------------------------------------------------
+
+    def _pump_for_waiters(self) -> None:
+        """Pump after a completion or a backend answer, which can only grant a waiting ticket: with none
+        waiting the scheduler has nothing queued (every submit has its waiter until granted or cancelled),
+        its pull would answer Idle, and the per-request cost of two such pulls is saved. A timer armed
+        earlier may still fire; it pumps then, which is harmless."""
+        if self._waiters:
+            self._pump()
 
     def _pump(self) -> None:
         now = self._clock.monotonic()
@@ -129,6 +137,10 @@ class LaneDispatcher:
                     continue
                 self._granted.add(decision.ticket)
                 fut.set_result(None)
+                if not self._waiters:
+                    # Nothing left queued (see _pump_for_waiters): the next pull would answer Idle.
+                    self._disarm()
+                    return
                 continue
             if isinstance(decision, WaitUntil):
                 self._arm(decision.at)
