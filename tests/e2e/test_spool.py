@@ -538,7 +538,7 @@ def test_listings_merge_spooled_and_backend_keys_exactly_once_in_order(
         del final[key]
     expected = utf8_sorted(set(final))
 
-    def check_listings(dirs: list[str]) -> None:
+    def check_listings(dirs: list[str], dirs_v1: list[str] | None = None) -> None:
         # Whole listing: every key once, S3 order, sizes and ETags of the newest version.
         page = s3.list_objects_v2(Bucket=bucket, Prefix="list/")
         assert [o["Key"] for o in page["Contents"]] == expected
@@ -554,7 +554,7 @@ def test_listings_merge_spooled_and_backend_keys_exactly_once_in_order(
             keys, prefixes = listed_v2(s3, bucket, delimited_page, Prefix="list/", Delimiter="/")
             assert (keys, prefixes) == (top, dirs), delimited_page
             keys, prefixes = listed_v1(s3, bucket, delimited_page, Prefix="list/", Delimiter="/")
-            assert (keys, prefixes) == (top, dirs), delimited_page
+            assert (keys, prefixes) == (top, dirs if dirs_v1 is None else dirs_v1), delimited_page
         # A narrower prefix: one spooled and one backend key.
         assert listed_v2(s3, bucket, 1, Prefix="list/dir1/") == (["list/dir1/b-x", "list/dir1/s-a"], [])
         # Deleted while spooled: not readable either, although the backend still has one of them.
@@ -578,9 +578,11 @@ def test_listings_merge_spooled_and_backend_keys_exactly_once_in_order(
         assert backend.get_object(Bucket=bucket, Key=key)["Body"].read() == body
     for key in gone:
         assert not object_exists(backend, bucket, key)
-    # SeaweedFS keeps an emptied directory as a common prefix: after the drain the backend decides.
-    on_backend_dirs = backend.list_objects_v2(Bucket=bucket, Prefix="list/", Delimiter="/")["CommonPrefixes"]
-    check_listings([p["Prefix"] for p in on_backend_dirs])
+    # SeaweedFS may keep an emptied directory as a common prefix, and its V1 and V2 listings need not agree
+    # on it: after the drain the backend decides, per API.
+    on_backend_v2 = backend.list_objects_v2(Bucket=bucket, Prefix="list/", Delimiter="/")["CommonPrefixes"]
+    on_backend_v1 = backend.list_objects(Bucket=bucket, Prefix="list/", Delimiter="/")["CommonPrefixes"]
+    check_listings([p["Prefix"] for p in on_backend_v2], [p["Prefix"] for p in on_backend_v1])
 
 
 def test_listing_continuation_token_issued_while_spooled_still_works_after_the_drain(
