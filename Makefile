@@ -6,7 +6,13 @@ STAMP  := $(VENV)/.installed
 # The torch extra (clients.torch) is for the tests and the type check only: setup and run stay without it.
 TORCH_STAMP := $(VENV)/.installed-torch
 
-.PHONY: setup run test check lint typecheck contracts bench clean
+.PHONY: help setup run test test-fast check lint spelling typecheck contracts bench clean
+
+## This list of targets.
+help:
+	@awk '/^\.PHONY/ {next} /^## / {if (!doc) doc = substr($$0, 4); next} \
+		/^[a-z][a-z-]*:/ {if (doc) {split($$0, t, ":"); printf "  make %-18s %s\n", t[1], doc}} {doc = ""}' \
+		$(firstword $(MAKEFILE_LIST))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,33 +24,53 @@ $(TORCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[test,dev,bench,torch]'
 	touch $(TORCH_STAMP)
 
+## Create .venv/ with the gateway and its test, dev and bench tools.
 setup: $(STAMP)
 
 ## Quick start 1: run the gateway with an embedded SeaweedFS backend.
 run: $(STAMP)
 	$(BIN)/s3lanes serve
 
-## Quick start 2: the whole test suite (starts its own SeaweedFS).
+## Quick start 2: the whole test suite (starts its own SeaweedFS): the pure layers first, then the rest.
 test: $(TORCH_STAMP)
 	scripts/system-deps
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PURE_TESTS) $(PYTEST_ARGS)
+	$(BIN)/pytest $(addprefix --ignore=,$(PURE_TESTS)) $(PYTEST_ARGS)
 
-check: lint typecheck contracts
+PURE_TESTS := tests/core tests/sim
+CORE_COVERAGE_FLOOR := 99.2
 
+## The pure layers alone (no store, no gateway; property tests with a tenth of their examples) and the gateway/core coverage floor.
+test-fast: $(STAMP)
+	S3LANES_TEST_FAST=1 $(BIN)/coverage run --data-file=.coverage.fast --source=gateway/core \
+		-m pytest -q -p no:cacheprovider $(PURE_TESTS) $(PYTEST_ARGS)
+	$(BIN)/coverage report --data-file=.coverage.fast --fail-under=$(CORE_COVERAGE_FLOOR) --show-missing --skip-covered
+
+## Lint, spelling, type check and import contracts (what CI runs besides the tests).
+check: lint spelling typecheck contracts
+
+## codespell over the repository.
+spelling: $(STAMP)
+	$(BIN)/codespell
+
+## ruff check and ruff format --check.
 lint: $(STAMP)
 	$(BIN)/ruff check gateway clients tests loadtests
 	$(BIN)/ruff format --check gateway clients tests loadtests
 
+## mypy --strict over gateway/ and clients/.
 typecheck: $(TORCH_STAMP)
 	$(BIN)/mypy
 
+## The import layering (lint-imports).
 contracts: $(STAMP)
 	$(BIN)/lint-imports
 
+## The proxy benchmark (BENCH_ARGS to pass options).
 bench: $(STAMP)
 	$(BIN)/python -m loadtests.bench_proxy $(BENCH_ARGS)
 
-## The write spool's benchmark (docs/benchmarks.md, "Write spool (issue 4)"); BENCH_ARGS=--quick for a short run.
+## The write spool's benchmark (docs/benchmarks.md, "Write spool"); BENCH_ARGS=--quick for a short run.
 .PHONY: bench-spool
 bench-spool: $(STAMP)
 	$(BIN)/python -m loadtests.bench_spool $(BENCH_ARGS)
@@ -55,10 +81,11 @@ bench-spool: $(STAMP)
 bench-save: $(STAMP)
 	$(BIN)/python -m loadtests.bench_save $(BENCH_ARGS)
 
+## Remove .venv/ and build and tool caches (not .s3lanes/, the gateway's state).
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*
 
-## The contention benchmark (docs/benchmarks.md, "Contention benchmark (issue 6)"): about 10 minutes, needs
+## The contention benchmark (docs/benchmarks.md, "Contention benchmark"): about 10 minutes, needs
 ## root for its netns testbed; BENCH_ARGS="--quick --testbed model" for a one-minute run without root.
 .PHONY: bench-contention
 bench-contention: $(STAMP)

@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from clients.config import ClientConfig
-from clients.durability import DurabilityStatus
 from clients.errors import (
     FlushUnsupported,
     InvalidS3URI,
@@ -29,7 +28,7 @@ from clients.errors import (
     UploadFailed,
 )
 from clients.hints import LANE_HEADER, WRITE_THROUGH_HEADER, Lane
-from clients.model import ObjectInfo, RetryEvent
+from clients.model import DurabilityStatus, ObjectInfo, RetryEvent
 from clients.multipart import MultipartWriter
 from clients.reader import ObjectReader
 from clients.retry import Failure, RetryPolicy

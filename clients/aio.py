@@ -25,7 +25,6 @@ from clients._signing import signed_headers
 from clients.config import ClientConfig
 from clients.durability import (
     POLL_S,
-    DurabilityStatus,
     Pending,
     Transient,
     flush_url,
@@ -34,9 +33,9 @@ from clients.durability import (
 )
 from clients.errors import NotDurableError, RetriesExhausted
 from clients.hints import HintHooks
-from clients.model import ObjectInfo, RetryEvent
+from clients.model import UNSET, DurabilityStatus, ObjectInfo, RetryEvent
 from clients.retry import Failure, GiveUp, RetryPolicy, RetryState
-from clients.sync import _UNSET, hint_params, range_header
+from clients.sync import hint_params, range_header
 
 T = TypeVar("T")
 
@@ -145,7 +144,7 @@ class AsyncGatewayClient:
         operation: str,
         /,
         *,
-        lane: str | None = _UNSET,
+        lane: str | None = UNSET,
         write_through: bool = False,
         policy: RetryPolicy | None = None,
         **params: Any,
@@ -177,7 +176,7 @@ class AsyncGatewayClient:
         *,
         start: int | None = None,
         end: int | None = None,
-        lane: str | None = _UNSET,
+        lane: str | None = UNSET,
     ) -> bytes:
         """Bytes ``[start, end)`` of the object (all by default), the body read inside the retry loop."""
         if start is not None and end is not None and end == start:
@@ -201,7 +200,7 @@ class AsyncGatewayClient:
         key: str,
         data: bytes | bytearray | memoryview,
         *,
-        lane: str | None = _UNSET,
+        lane: str | None = UNSET,
         write_through: bool = False,
         **params: Any,
     ) -> dict[str, Any]:
@@ -210,7 +209,7 @@ class AsyncGatewayClient:
             "put_object", Bucket=bucket, Key=key, Body=body, lane=lane, write_through=write_through, **params
         )
 
-    async def head(self, bucket: str, key: str, *, lane: str | None = _UNSET) -> ObjectInfo | None:
+    async def head(self, bucket: str, key: str, *, lane: str | None = UNSET) -> ObjectInfo | None:
         try:
             r = await self.call("head_object", Bucket=bucket, Key=key, lane=lane)
         except ClientError as exc:
@@ -220,7 +219,7 @@ class AsyncGatewayClient:
         return ObjectInfo(key=key, size=int(r["ContentLength"]), etag=str(r.get("ETag", "")).strip('"'))
 
     async def list_objects(
-        self, bucket: str, prefix: str = "", *, lane: str | None = _UNSET, page_size: int = 1000
+        self, bucket: str, prefix: str = "", *, lane: str | None = UNSET, page_size: int = 1000
     ) -> AsyncIterator[ObjectInfo]:
         token: str | None = None
         while True:
@@ -236,7 +235,7 @@ class AsyncGatewayClient:
             if not page.get("IsTruncated") or not token:
                 return
 
-    async def delete(self, bucket: str, key: str, *, lane: str | None = _UNSET) -> None:
+    async def delete(self, bucket: str, key: str, *, lane: str | None = UNSET) -> None:
         await self.call("delete_object", Bucket=bucket, Key=key, lane=lane)
 
     # -- durability --------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from urllib.parse import quote, urlencode
 
 from clients._failures import RETRYABLE_STATUSES
 from clients.errors import FlushUnsupported
+from clients.model import DurabilityStatus
 from clients.retry import Failure, parse_retry_after
 
 FLUSH_PATH = "/_s3lanes/flush"
@@ -37,21 +38,6 @@ FLUSH_HEADER = "x-s3lanes-flush"
 GATEWAY_HEADER_PREFIX = "x-s3lanes-"
 POLL_S = 60  # longest single flush request; longer waits poll again
 EMPTY_SHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
-
-
-@dataclass(frozen=True, slots=True)
-class DurabilityStatus:
-    """What the gateway reported. ``gateway`` is False against plain S3 (``durable`` is then True: a store
-    that acknowledged a write has it)."""
-
-    durable: bool
-    bucket: str
-    prefix: str
-    gateway: bool = True
-    pending_objects: int = 0
-    pending_bytes: int = 0
-    oldest_pending_age_s: float | None = None
-    waited_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

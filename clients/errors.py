@@ -17,11 +17,8 @@ for boto3 keeps working.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from clients.durability import DurabilityStatus
-    from clients.retry import Failure
+from clients.model import DurabilityStatus
+from clients.retry import Failure
 
 
 class S3LanesClientError(Exception):

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from botocore.exceptions import ClientError
 
 from clients.errors import UploadFailed
-
-if TYPE_CHECKING:
-    from clients.sync import GatewayClient
+from clients.model import ObjectClient
 
 MiB = 1024 * 1024
 MIN_PART_BYTES = 5 * MiB  # S3's minimum for every part but the last
@@ -37,7 +35,7 @@ MAX_PARTS = 10_000
 class MultipartWriter:
     def __init__(
         self,
-        client: GatewayClient,
+        client: ObjectClient,
         bucket: str,
         key: str,
         *,

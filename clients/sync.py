@@ -13,7 +13,7 @@ import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import boto3
 import botocore.handlers
@@ -26,7 +26,6 @@ from clients._signing import signed_headers
 from clients.config import ClientConfig, MiB
 from clients.durability import (
     POLL_S,
-    DurabilityStatus,
     Pending,
     Transient,
     flush_url,
@@ -35,15 +34,12 @@ from clients.durability import (
 )
 from clients.errors import NotDurableError, RetriesExhausted
 from clients.hints import LANE_PARAM, WRITE_THROUGH_PARAM, HintHooks, check_lane
-from clients.model import ObjectInfo, RetryEvent
+from clients.model import UNSET, DurabilityStatus, ObjectInfo, RetryEvent
+from clients.multipart import MultipartWriter
+from clients.reader import ObjectReader
 from clients.retry import Failure, GiveUp, RetryPolicy, RetryState
 
-if TYPE_CHECKING:
-    from clients.multipart import MultipartWriter
-    from clients.reader import ObjectReader
-
 T = TypeVar("T")
-_UNSET: Any = object()  # "no per-call lane given": the client's default applies
 
 
 def range_header(start: int | None, end: int | None) -> str | None:
@@ -59,9 +55,9 @@ def range_header(start: int | None, end: int | None) -> str | None:
 
 
 def hint_params(lane: Any, write_through: bool) -> dict[str, Any]:
-    """The extra API parameters the hint hooks turn into headers (``lane=_UNSET``: the client default)."""
+    """The extra API parameters the hint hooks turn into headers (``lane=UNSET``: the client default)."""
     params: dict[str, Any] = {}
-    if lane is not _UNSET:
+    if lane is not UNSET:
         params[LANE_PARAM] = check_lane(lane) or ""
     if write_through:
         params[WRITE_THROUGH_PARAM] = True
@@ -169,7 +165,7 @@ class GatewayClient:
         operation: str,
         /,
         *,
-        lane: str | None = _UNSET,
+        lane: str | None = UNSET,
         write_through: bool = False,
         policy: RetryPolicy | None = None,
         **params: Any,
@@ -203,7 +199,7 @@ class GatewayClient:
         *,
         start: int | None = None,
         end: int | None = None,
-        lane: str | None = _UNSET,
+        lane: str | None = UNSET,
     ) -> bytes:
         """The object's bytes ``[start, end)`` (the whole object by default). The body is read inside the
         retry loop, so a connection cut mid-body is retried too."""
@@ -228,7 +224,7 @@ class GatewayClient:
         key: str,
         data: bytes | bytearray | memoryview,
         *,
-        lane: str | None = _UNSET,
+        lane: str | None = UNSET,
         write_through: bool = False,
         **params: Any,
     ) -> dict[str, Any]:
@@ -238,7 +234,7 @@ class GatewayClient:
             "put_object", Bucket=bucket, Key=key, Body=body, lane=lane, write_through=write_through, **params
         )
 
-    def head(self, bucket: str, key: str, *, lane: str | None = _UNSET) -> ObjectInfo | None:
+    def head(self, bucket: str, key: str, *, lane: str | None = UNSET) -> ObjectInfo | None:
         """HeadObject; None if there is no such object."""
         try:
             r = self.call("head_object", Bucket=bucket, Key=key, lane=lane)
@@ -249,7 +245,7 @@ class GatewayClient:
         return ObjectInfo(key=key, size=int(r["ContentLength"]), etag=str(r.get("ETag", "")).strip('"'))
 
     def list_objects(
-        self, bucket: str, prefix: str = "", *, lane: str | None = _UNSET, page_size: int = 1000
+        self, bucket: str, prefix: str = "", *, lane: str | None = UNSET, page_size: int = 1000
     ) -> Iterator[ObjectInfo]:
         """Every object under ``prefix`` in key order (ListObjectsV2, each page retried on its own)."""
         token: str | None = None
@@ -266,7 +262,7 @@ class GatewayClient:
             if not page.get("IsTruncated") or not token:
                 return
 
-    def delete(self, bucket: str, key: str, *, lane: str | None = _UNSET) -> None:
+    def delete(self, bucket: str, key: str, *, lane: str | None = UNSET) -> None:
         self.call("delete_object", Bucket=bucket, Key=key, lane=lane)
 
     def open_writer(
@@ -283,8 +279,6 @@ class GatewayClient:
         """A write-only stream that uploads as it goes (parallel multipart, bounded memory); see
         :class:`clients.multipart.MultipartWriter`. ``close()`` commits, ``abort()`` or an exception in a
         ``with`` block leaves nothing."""
-        from clients.multipart import MultipartWriter
-
         return MultipartWriter(
             self,
             bucket,
@@ -304,11 +298,14 @@ class GatewayClient:
         lane: str | None = "restore",
         block_bytes: int = 8 * MiB,
         size: int | None = None,
+        start: int = 0,
+        end: int | None = None,
     ) -> ObjectReader:
-        """A seekable read-only stream over one object, fetched with ranged GETs of ``block_bytes``."""
-        from clients.reader import ObjectReader
-
-        return ObjectReader(self, bucket, key, lane=lane, block_bytes=block_bytes, size=size)
+        """A seekable read-only stream over one object (or its bytes ``[start, end)``), fetched lazily with
+        ranged GETs of ``block_bytes``; see :class:`clients.reader.ObjectReader`."""
+        return ObjectReader(
+            self, bucket, key, lane=lane, block_bytes=block_bytes, size=size, start=start, end=end
+        )
 
     # -- durability --------------------------------------------------------------------------------------
 

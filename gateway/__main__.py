@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 import signal
 import sys
 import time
@@ -18,12 +19,26 @@ from gateway import __version__
 from gateway.clock import SystemClock
 from gateway.config import Config, Credential, load_config
 from gateway.core.journal import JournalCorrupt
-from gateway.errors import ConfigError
-from gateway.http.app import LIFECYCLE_KEY, build_app, drain_for_shutdown, spool_dir, start_listeners
+from gateway.errors import ConfigError, StartupError
+from gateway.http.admin import METRICS_PATH
+from gateway.http.app import (
+    LIFECYCLE_KEY,
+    PROBE_KEY,
+    build_app,
+    check_listen_addresses,
+    drain_for_shutdown,
+    start_listeners,
+    tls_context,
+)
+from gateway.http.status_page import PAGE_PATH
 from gateway.logsetup import configure_logging
 from gateway.runtime.backend import Backend
+from gateway.runtime.wiring import spool_dir
 
 log = logging.getLogger("s3lanes")
+
+# How long the start waits for every backend's first answer before announcing itself (it serves anyway).
+STARTUP_PROBE_WAIT_S = 3.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the gateway's endpoint (default http://127.0.0.1:9000)",
     )
     status.add_argument("--json", action="store_true", help="print the raw status document")
+    status.add_argument(
+        "--token",
+        default=os.environ.get("S3LANES_SERVER_ADMIN_TOKEN"),
+        help="the gateway's [server] admin_token, needed from another host"
+        " (default: $S3LANES_SERVER_ADMIN_TOKEN)",
+    )
     flush = sub.add_parser(
         "flush", help="wait until what the gateway's spool holds under bucket/prefix is on the backend"
     )
@@ -108,10 +129,15 @@ def flush_command(url: str, bucket: str, prefix: str, timeout_s: float, region: 
         with urllib.request.urlopen(req, timeout=timeout_s + 30) as resp:
             doc = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
+        body = exc.read()
         if exc.code != 504:
-            print(f"s3lanes flush: {url} answered {exc.code}: {exc.read()[:300]!r}", file=sys.stderr)
+            try:
+                why = str(json.loads(body)["error"])
+            except (ValueError, KeyError, TypeError):
+                why = body[:300].decode(errors="replace").strip()
+            print(f"s3lanes flush: {url} answered {exc.code}: {why}", file=sys.stderr)
             return 1
-        doc = json.loads(exc.read())
+        doc = json.loads(body)
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"s3lanes flush: cannot reach {url}: {exc}", file=sys.stderr)
         return 1
@@ -128,14 +154,21 @@ def flush_command(url: str, bucket: str, prefix: str, timeout_s: float, region: 
     return 3
 
 
-def status_command(url: str, as_json: bool) -> int:
-    """Fetch /_s3lanes/status and print it as a table (admin endpoints answer loopback peers)."""
+def status_command(url: str, as_json: bool, token: str | None = None) -> int:
+    """Fetch /_s3lanes/status and print it as a table (admin endpoints answer loopback peers, and others
+    with the admin token)."""
     import urllib.error
     import urllib.request
 
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url.rstrip("/") + "/_s3lanes/status", headers=headers)
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/_s3lanes/status", timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10) as resp:
             doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        why = exc.read()[:500].decode(errors="replace").strip()
+        print(f"s3lanes status: {url} answered {exc.code}: {why}", file=sys.stderr)
+        return 1
     except (urllib.error.URLError, OSError, ValueError) as exc:
         print(f"s3lanes status: cannot read {url}/_s3lanes/status: {exc}", file=sys.stderr)
         return 1
@@ -231,6 +264,9 @@ def embedded_credentials(state_dir: Path) -> tuple[Credential, ...]:
 
 async def serve(cfg: Config, ready_file: Path | None) -> int:
     clock = SystemClock()
+    # A taken port or an unreadable TLS key fails here, before anything starts (StartupError).
+    check_listen_addresses(cfg)
+    tls_context(cfg)
     weed = None
     endpoint = cfg.backend.endpoint
     if endpoint is None:
@@ -260,7 +296,8 @@ async def serve(cfg: Config, ready_file: Path | None) -> int:
     runner = None
     try:
         runner, urls = await start_listeners(cfg, app)
-        _banner(cfg, urls, endpoint, embedded=weed is not None)
+        await app[PROBE_KEY].wait_first_round(STARTUP_PROBE_WAIT_S)  # warns if a backend does not answer
+        _banner(cfg, urls, endpoint, embedded=weed is not None, silent=app[PROBE_KEY].never_answered())
         if ready_file is not None:
             tmp = ready_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"endpoints": urls, "backend": endpoint, "pid": os.getpid()}))
@@ -303,15 +340,23 @@ async def serve(cfg: Config, ready_file: Path | None) -> int:
             await weed.astop()
 
 
-def _banner(cfg: Config, urls: list[str], backend: str, *, embedded: bool) -> None:
-    lines = [f"s3lanes {__version__} serving S3 on " + ", ".join(urls), f"backend: {backend}"]
+def _banner(cfg: Config, urls: list[str], backend: str, *, embedded: bool, silent: list[str]) -> None:
+    url = urls[0]
+    lines = [
+        f"s3lanes {__version__} serving S3 on " + ", ".join(urls),
+        f"backend: {backend}" + (" (embedded SeaweedFS)" if embedded else ""),
+        f"status page: {url}{PAGE_PATH}  metrics: {url}{METRICS_PATH}  (loopback peers: docs/operations.md)",
+    ]
+    if silent:
+        ready = "not ready until they do" if cfg.server.ready_requires_backend else "ready anyway"
+        lines.append(f"WARNING: no answer yet from backend {', '.join(silent)}; {ready} (see the log)")
     if embedded:
         c = cfg.credentials[0]
         lines += [
-            "embedded SeaweedFS backend; use these credentials:",
-            f"  AWS_ACCESS_KEY_ID={c.access_key}",
-            f"  AWS_SECRET_ACCESS_KEY={c.secret_key}",
-            f"  e.g. aws --endpoint-url {urls[0]} s3 mb s3://demo",
+            "credentials of the embedded backend (paste into a shell):",
+            f"  export AWS_ACCESS_KEY_ID={shlex.quote(c.access_key)}"
+            f" AWS_SECRET_ACCESS_KEY={shlex.quote(c.secret_key)} AWS_ENDPOINT_URL={shlex.quote(url)}",
+            "  aws s3 mb s3://demo",
         ]
     print("\n".join(lines), flush=True)
 
@@ -319,19 +364,25 @@ def _banner(cfg: Config, urls: list[str], backend: str, *, embedded: bool) -> No
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "status":
-        return status_command(args.url, args.json)
+        return status_command(args.url, args.json, args.token)
     if args.command == "flush":
         return flush_command(args.url, args.bucket, args.prefix, args.timeout, args.region)
     try:
         cfg = load_config(args.config, overrides=_overrides(args))
     except ConfigError as exc:
-        print(f"s3lanes: {exc}", file=sys.stderr)
+        if len(exc.problems) == 1:
+            print(f"s3lanes: invalid configuration: {exc.problems[0]}", file=sys.stderr)
+        else:
+            print(f"s3lanes: {exc}", file=sys.stderr)
         return 2
     configure_logging(cfg.server.log_level, cfg.server.log_format)
     import uvloop
 
     try:
         return int(uvloop.run(serve(cfg, args.ready_file)))
+    except StartupError as exc:
+        print(f"s3lanes: {exc}", file=sys.stderr)
+        return 2
     except JournalCorrupt as exc:
         log.critical(
             "the spool journal is damaged (%s). Refusing to start: acknowledged writes could be lost."

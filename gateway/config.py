@@ -12,6 +12,7 @@ Environment overrides use ``S3LANES_<SECTION>_<KEY>`` for scalar settings (``S3L
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
 import re
@@ -26,13 +27,14 @@ from urllib.parse import urlsplit
 from gateway.core.access import TenantPolicy
 from gateway.core.classify import Rule
 from gateway.core.lanes_config import (
-    LaneParams,
-    default_lane_params,
+    default_lanes,
     parse_lanes,
     parse_rules,
     parse_tenant_policies,
     parse_tenants,
 )
+from gateway.core.scheduler import LaneSpec
+from gateway.core.sniff import valid_default_content_type
 from gateway.core.spool_deadline import DEFAULT_MAX_AGE_S
 from gateway.errors import ConfigError
 
@@ -84,6 +86,13 @@ class ServerConfig:
     # unsigned, so that the store's bucket policy or ACL decides (public-read buckets). Every other
     # anonymous request is refused (403 AccessDenied), as all are while this is off (docs/compatibility.md).
     anonymous_reads: bool = False
+    # Readiness (/_s3lanes/readyz) answers 503 until every backend has answered once since start, so that a
+    # gateway in front of an unreachable store gets no traffic. Later outages do not affect readiness.
+    ready_requires_backend: bool = True
+    # Client key pairs also come from this file (one access_key:secret_key[:backend_access_key:
+    # backend_secret_key] per line or comma-separated, # comments), re-read when it changes: a Kubernetes
+    # Secret mounted as a volume rotates keys without a restart. None = [[credentials]] and the environment.
+    credentials_file: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +122,13 @@ class BackendConfig:
     # client's key. None = the client key's backend identity ([[credentials]]), as for the default backend.
     access_key: str | None = None
     secret_key: str | None = field(default=None, repr=False)
+    # Where this backend's identity comes from when access_key/secret_key are not set: "clients" (the client
+    # key's backend identity, [[credentials]]) or "aws" (the standard AWS credential chain: environment,
+    # shared config and credentials files, web identity / IRSA, container and instance metadata; temporary
+    # credentials are refreshed before they expire). Static keys, when given, win.
+    credential_source: Literal["clients", "aws"] = "clients"
+    # The shared-config profile the AWS chain reads (None = AWS_PROFILE or "default").
+    aws_profile: str | None = None
     # Another backend's name ("default" for [backend]) whose bottleneck this one shares (e.g. one array
     # behind two endpoints): both are then scheduled together, as one capacity. None = its own scheduler.
     shares_bottleneck_with: str | None = None
@@ -236,6 +252,12 @@ class SpoolConfig:
     # (a crash or an unanswered request left it there) before the key is read back and, if an older state
     # shows, the newest one applied again. None = [backend] read_timeout_s. See docs/spool.md (fencing).
     fence_s: float | None = None
+    # The Content-Type of a spooled object written without one, kept with it and sent by the drain, so that
+    # it answers the same in the spool and on the store: "sniff" (what SeaweedFS and Go-based stores pick:
+    # the body's sniffed type for a PutObject, application/octet-stream for a multipart upload,
+    # binary/octet-stream for a copy that replaces the headers) or one fixed type for every write (AWS S3:
+    # "binary/octet-stream"). See docs/spool.md.
+    default_content_type: str = "sniff"
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,12 +310,14 @@ class Config:
     # Named backends besides [backend] ("default"), and the buckets routed to them (docs/pools.md).
     backends: Mapping[str, BackendConfig] = field(default_factory=dict)
     routes: tuple[RouteConfig, ...] = ()
-    lanes: Mapping[str, LaneParams] = field(default_factory=default_lane_params)
+    lanes: Mapping[str, LaneSpec] = field(default_factory=default_lanes)
     rules: tuple[Rule, ...] = ()
     # access key -> lanes it may ask for with the x-s3lanes-lane hint (absent: every lane)
     tenant_lanes: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # access key -> what it may read, write and which lanes it may use (tenants with read/write grants)
     tenant_policies: Mapping[str, TenantPolicy] = field(default_factory=dict)
+    # The access keys of ``credentials`` that came from [server] credentials_file (replaced when it changes).
+    file_access_keys: frozenset[str] = frozenset()
 
     def with_credentials(self, creds: tuple[Credential, ...]) -> Config:
         return replace(self, credentials=creds)
@@ -363,7 +387,7 @@ def parse_size(value: Any) -> float:
         text = str(value).strip().lower().replace(" ", "")
         number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
         unit = text[len(number) :]
-        if unit not in _SIZE_UNITS or not number:
+        if unit not in _SIZE_UNITS or not _NUMBER.fullmatch(number):
             raise ValueError(f"expected a size such as 512MiB or 2GB, got {value!r}")
         out = float(number) * _SIZE_UNITS[unit]
     if out != out or out < 0:
@@ -387,67 +411,87 @@ _BOOL_TRUE = {"1", "true", "yes", "on"}
 _BOOL_FALSE = {"0", "false", "no", "off"}
 
 
+_INVALID: Any = object()  # what _coerce returns for a value it could not use (the problem is recorded)
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def _coerce(kind: str, value: Any, where: str, problems: _Problems) -> Any:
-    """Turn a TOML or environment value into the declared kind; record a problem, return None if it can't."""
+    """Turn a TOML or environment value into the declared kind; record a problem (in the user's terms, with
+    the value once) and return ``_INVALID`` if it can't."""
     try:
-        if kind == "str":
-            if not isinstance(value, str):
-                raise ValueError("expected a string")
-            return value
-        if kind == "opt_str":
-            if not isinstance(value, str):
-                raise ValueError("expected a string")
-            return value or None
-        if kind == "int":
-            if isinstance(value, bool):
-                raise ValueError("expected a whole number")
-            return int(value)
-        if kind == "float":
-            if isinstance(value, bool):
-                raise ValueError("expected a number")
-            out = float(value)
-            if out != out or out < 0:
-                raise ValueError("expected a non-negative number")
-            return out
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            if isinstance(value, str) and value.lower() in _BOOL_TRUE | _BOOL_FALSE:
-                return value.lower() in _BOOL_TRUE
-            raise ValueError("expected true or false")
-        if kind == "listen":
-            if value in ("", None, False):
-                return None
-            return parse_listen(str(value))
-        if kind == "path":
-            return Path(os.path.expanduser(str(value))) if value else None
-        if kind == "rate":
-            if value in ("", None):
-                return None
-            return parse_rate(value)
-        if kind == "size":
-            if value in ("", None):
-                return None
-            return int(parse_size(value))
-        if kind == "str_map":
-            if isinstance(value, dict) and all(
-                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-            ):
-                return dict(value)
-            if isinstance(value, str):  # environment: "lane=addr,lane=addr"
-                pairs = [p.partition("=") for p in value.split(",") if p.strip()]
-                if all(sep and k.strip() and v.strip() for k, sep, v in pairs):
-                    return {k.strip(): v.strip() for k, _, v in pairs}
-            raise ValueError("expected a table of names to strings (or name=value,... in the environment)")
-        if kind == "str_list":
-            if isinstance(value, str):
-                return tuple(v.strip() for v in value.split(",") if v.strip())
-            if isinstance(value, list) and all(isinstance(v, str) for v in value):
-                return tuple(value)
-            raise ValueError("expected a list of strings")
+        return _coerce_value(kind, value)
     except (TypeError, ValueError) as exc:
-        problems.add(where, f"{exc} (got {value!r})")
-        return None
+        text = str(exc)
+        problems.add(where, text if "got " in text else f"{text}, got {value!r}")
+        return _INVALID
+
+
+def _coerce_value(kind: str, value: Any) -> Any:
+    if kind == "str":
+        if not isinstance(value, str):
+            raise ValueError("expected a string")
+        return value
+    if kind == "opt_str":
+        if not isinstance(value, str):
+            raise ValueError("expected a string")
+        return value or None
+    if kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
+            return int(value.strip())
+        raise ValueError("expected a whole number")
+    if kind == "float":
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out = float(value)
+        elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+            out = float(value.strip())
+        else:
+            raise ValueError("expected a number")
+        if out != out or out < 0 or out == float("inf"):
+            raise ValueError("expected a non-negative number")
+        return out
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _BOOL_TRUE | _BOOL_FALSE:
+            return value.lower() in _BOOL_TRUE
+        raise ValueError("expected true or false")
+    if kind == "listen":
+        if value in ("", None, False):
+            return None
+        if not isinstance(value, str):
+            raise ValueError('expected "host:port" as a string')
+        return parse_listen(value)
+    if kind == "path":
+        if not isinstance(value, str):
+            raise ValueError("expected a path as a string")
+        return Path(os.path.expanduser(value)) if value else None
+    if kind == "rate":
+        if value in ("", None):
+            return None
+        return parse_rate(value)
+    if kind == "size":
+        if value in ("", None):
+            return None
+        return int(parse_size(value))
+    if kind == "str_map":
+        if isinstance(value, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            return dict(value)
+        if isinstance(value, str):  # environment: "lane=addr,lane=addr"
+            pairs = [p.partition("=") for p in value.split(",") if p.strip()]
+            if all(sep and k.strip() and v.strip() for k, sep, v in pairs):
+                return {k.strip(): v.strip() for k, _, v in pairs}
+        raise ValueError("expected a table of names to strings (or name=value,... in the environment)")
+    if kind == "str_list":
+        if isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise ValueError("expected a list of strings")
     raise AssertionError(kind)
 
 
@@ -471,6 +515,8 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "drain_on_shutdown_s": "float",
         "zero_copy_min_bytes": "size",
         "anonymous_reads": "bool",
+        "credentials_file": "path",
+        "ready_requires_backend": "bool",
     },
     "backend": {
         "endpoint": "opt_str",
@@ -487,6 +533,8 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "lane_source_address": "str_map",
         "access_key": "opt_str",
         "secret_key": "opt_str",
+        "credential_source": "str",
+        "aws_profile": "opt_str",
         "shares_bottleneck_with": "opt_str",
     },
     "scheduler": {
@@ -520,6 +568,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "abandoned_upload_s": "float",
         "direct_io": "bool",
         "fence_s": "float",
+        "default_content_type": "str",
     },
     "cluster": {
         "redis_url": "opt_str",
@@ -538,11 +587,13 @@ _NULLABLE = {
     "access_key",
     "secret_key",
     "shares_bottleneck_with",
+    "aws_profile",
     "admin_token",
     "listen",
     "https_listen",
     "tls_cert",
     "tls_key",
+    "credentials_file",
     "endpoint",
     "ca_file",
     "bandwidth",
@@ -568,7 +619,7 @@ def _section_values(name: str, raw: Mapping[str, Any], source: str, problems: _P
             problems.add(f"{source} [{name}].{key}", f"unknown setting (known: {known})")
             continue
         coerced = _coerce(kind, value, f"{source} [{name}].{key}", problems)
-        if coerced is not None or key in _NULLABLE:
+        if coerced is not _INVALID and (coerced is not None or key in _NULLABLE):
             out[key] = coerced
     return out
 
@@ -599,7 +650,9 @@ def _parse_credential_table(raw: Any, source: str, problems: _Problems) -> list[
     return creds
 
 
-def parse_credentials_env(value: str, problems: _Problems | None = None) -> list[Credential]:
+def parse_credentials_env(
+    value: str, problems: _Problems | None = None, *, source: str = "S3LANES_CREDENTIALS"
+) -> list[Credential]:
     problems = problems or _Problems()
     creds = []
     for i, item in enumerate(v for v in value.split(",") if v.strip()):
@@ -610,10 +663,64 @@ def parse_credentials_env(value: str, problems: _Problems | None = None) -> list
             creds.append(Credential(*parts))
         else:
             problems.add(
-                f"S3LANES_CREDENTIALS item {i}",
+                f"{source} item {i}",
                 "expected access_key:secret_key"
                 " or access_key:secret_key:backend_access_key:backend_secret_key",
             )
+    return creds
+
+
+# S3LANES_* variables other s3lanes tools read, which may be in the gateway's environment too: the client
+# library's (clients/config.py), the container's health check (deploy/Dockerfile), the test suites'.
+OTHER_TOOLS_ENV = frozenset({"S3LANES_ENDPOINT_URL", "S3LANES_LANE", "S3LANES_HEALTH_URL"})
+OTHER_TOOLS_ENV_PREFIXES = ("S3LANES_CONFORMANCE", "S3LANES_FUZZ_")
+
+
+def _check_env_names(env: Mapping[str, str], problems: _Problems) -> None:
+    """An unknown ``S3LANES_*`` variable is refused as an unknown TOML key is: a typo would otherwise be
+    silently ignored, and the setting it meant left at its default."""
+    known = {f"S3LANES_{section.upper()}_{key.upper()}" for section, keys in _SCHEMA.items() for key in keys}
+    known.add("S3LANES_CREDENTIALS")
+    by_key: dict[str, list[str]] = {}
+    for name in known:
+        for section in _SCHEMA:
+            prefix = f"S3LANES_{section.upper()}_"
+            if name.startswith(prefix):
+                by_key.setdefault(name[len(prefix) :], []).append(name)
+    for name in sorted(env):
+        if not name.startswith("S3LANES_") or name in known or name in OTHER_TOOLS_ENV:
+            continue
+        if name.startswith(OTHER_TOOLS_ENV_PREFIXES):
+            continue
+        guesses = by_key.get(name[len("S3LANES_") :]) or difflib.get_close_matches(
+            name, known, n=1, cutoff=0.85
+        )
+        hint = f" (did you mean {' or '.join(sorted(guesses))}?)" if guesses else ""
+        problems.add(
+            f"environment {name}",
+            f"unknown setting{hint}; settings are S3LANES_<SECTION>_<KEY> as in docs/configuration.md",
+        )
+
+
+def read_credentials_file(path: Path) -> list[Credential]:
+    """The key pairs of a credentials file: ``access_key:secret_key[:backend_access_key:backend_secret_key]``
+    per line or comma-separated (as ``S3LANES_CREDENTIALS``), blank lines and ``#`` comments ignored.
+    Raises ValueError with a readable message (OSError included)."""
+    try:
+        text = path.read_text()
+    except IsADirectoryError:
+        raise ValueError(f"{path} is a directory, not a file") from None
+    except FileNotFoundError:
+        raise ValueError(f"no such file: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    items = [line.partition("#")[0].strip() for line in text.splitlines()]
+    problems = _Problems()
+    creds = parse_credentials_env(",".join(i for i in items if i), problems, source=str(path))
+    if problems.items:
+        raise ValueError("; ".join(problems.items))
+    if not creds:
+        raise ValueError(f"{path} holds no key pair")
     return creds
 
 
@@ -641,6 +748,12 @@ def load_config(
                 doc = tomllib.load(fh)
         except FileNotFoundError:
             raise ConfigError([f"{path}: no such file"]) from None
+        except IsADirectoryError:
+            raise ConfigError([f"{path}: is a directory; --config takes a TOML file"]) from None
+        except OSError as exc:
+            raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from None
+        except UnicodeDecodeError:
+            raise ConfigError([f"{path}: not valid TOML: not UTF-8 text"]) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError([f"{path}: not valid TOML: {exc}"]) from None
         src = str(path)
@@ -678,9 +791,21 @@ def load_config(
                 sections[name].update(_section_values(name, {key: env[env_name]}, "environment", problems))
     if env.get("S3LANES_CREDENTIALS"):
         creds = parse_credentials_env(env["S3LANES_CREDENTIALS"], problems)
+    _check_env_names(env, problems)
 
     for name, values in (overrides or {}).items():
         sections[name].update(_section_values(name, values, "command line", problems))
+
+    file_keys: frozenset[str] = frozenset()
+    creds_file = sections["server"].get("credentials_file")
+    if creds_file is not None:
+        try:
+            from_file = read_credentials_file(creds_file)
+        except ValueError as exc:
+            problems.add("[server].credentials_file", str(exc))
+        else:
+            creds.extend(from_file)
+            file_keys = frozenset(c.access_key for c in from_file)
 
     lane_problems: list[str] = []
     lanes = parse_lanes(lanes_raw, src, lane_problems)
@@ -702,6 +827,7 @@ def load_config(
         server=_build(ServerConfig, sections["server"], "server", problems),
         backend=_build(BackendConfig, sections["backend"], "backend", problems),
         credentials=tuple(creds),
+        file_access_keys=file_keys,
         embedded=_build(EmbeddedConfig, sections["embedded"], "embedded", problems),
         scheduler=_build(SchedulerSettings, sections["scheduler"], "scheduler", problems),
         spool=_build(SpoolConfig, sections["spool"], "spool", problems),
@@ -804,6 +930,17 @@ def _validate_backend(name: str, b: BackendConfig, cfg: Config, problems: _Probl
             problems.add(f"{where}.lane_source_address", f"unknown lane {lane!r}")
     if (b.access_key is None) != (b.secret_key is None):
         problems.add(where, "access_key and secret_key go together")
+    if b.credential_source not in ("clients", "aws"):
+        problems.add(
+            f"{where}.credential_source", f"expected 'clients' or 'aws', got {b.credential_source!r}"
+        )
+    elif b.credential_source == "aws" and b.endpoint is None and name == DEFAULT_BACKEND:
+        problems.add(
+            f"{where}.credential_source",
+            "'aws' needs an external endpoint (the embedded store knows only the [[credentials]] keys)",
+        )
+    if b.aws_profile is not None and b.credential_source != "aws":
+        problems.add(f"{where}.aws_profile", "is read only with credential_source = 'aws'")
     other = b.shares_bottleneck_with
     if other is not None and (other == name or (other != DEFAULT_BACKEND and other not in cfg.backends)):
         problems.add(f"{where}.shares_bottleneck_with", f"no other backend named {other!r}")
@@ -869,7 +1006,9 @@ def _validate(cfg: Config, problems: _Problems) -> None:
             problems.add("[backend].endpoint", "must not carry a path or query")
         if not cfg.credentials:
             problems.add(
-                "[credentials]", "an external backend needs at least one credential (or S3LANES_CREDENTIALS)"
+                "[credentials]",
+                "an external backend needs at least one credential (or S3LANES_CREDENTIALS,"
+                " or [server].credentials_file)",
             )
     for name, bc in ((DEFAULT_BACKEND, b), *cfg.backends.items()):
         where = "[backend]" if name == DEFAULT_BACKEND else f"[backends.{name}]"
@@ -927,6 +1066,11 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[spool].capacity", "must not be negative")
     if sp.fence_s is not None and sp.fence_s < 0:
         problems.add("[spool].fence_s", "must not be negative")
+    if not valid_default_content_type(sp.default_content_type):
+        problems.add(
+            "[spool].default_content_type",
+            f"expected 'sniff' or a media type (binary/octet-stream), got {sp.default_content_type!r}",
+        )
     for lane in sp.lanes:
         if lane not in cfg.lanes:
             problems.add("[spool].lanes", f"unknown lane {lane!r} (lanes: {', '.join(sorted(cfg.lanes))})")

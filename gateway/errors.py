@@ -4,6 +4,8 @@
 
     GatewayError                       base of everything the gateway raises on purpose
     ├── ConfigError                    bad configuration, reported once at start
+    ├── StartupError                   the gateway cannot start (port in use, unreadable TLS key, no
+    │                                  backend credentials): one line on stderr, exit code 2
     └── S3Error(code, status, msg)     rendered as S3 error XML in exactly one place (gateway.http.s3xml)
         ├── AuthError                  403 family: signature, key, expiry, skew
         │   ├── SignatureDoesNotMatch
@@ -40,6 +42,10 @@ class ConfigError(GatewayError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+class StartupError(GatewayError):
+    """The gateway cannot start as configured; the message is one line that says what to fix."""
 
 
 class S3Error(GatewayError):

@@ -8,11 +8,23 @@ from the fixed S3 operation names, status codes from HTTP.
 from __future__ import annotations
 
 import asyncio
+import platform
 from collections.abc import Callable, Iterable
+from typing import TypeVar, cast
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from gateway import __version__
 
 # Latency buckets from 0.5 ms to 60 s: read latency targets are in milliseconds, checkpoint parts in seconds.
 LATENCY_BUCKETS_S = (
@@ -36,14 +48,25 @@ LATENCY_BUCKETS_S = (
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+# No ``*_created`` series beside every counter and histogram: one timestamp per label set that no dashboard
+# or alert reads, doubling the series count. (prometheus_client's switch is process-wide.)
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+_M = TypeVar("_M", Counter, Histogram)
+
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
         r = self.registry
         # process_resident_memory_bytes, process_open_fds, process_cpu_seconds_total, ...: a slow leak of
         # memory or descriptors shows in these; s3lanes_event_loop_tasks shows a leak of tasks.
         ProcessCollector(registry=r)
+        # s3lanes_build_info{version, python} 1: which version runs where (joins onto any series by instance).
+        Info("s3lanes_build", "The s3lanes version and the Python it runs on.", registry=r).info(
+            {"version": __version__, "python": platform.python_version()}
+        )
         r.register(_FnCollector(_loop_families))
         self.requests = Counter(
             "s3lanes_requests",
@@ -119,6 +142,16 @@ class Metrics:
             buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
             registry=r,
         )
+
+    def child(self, metric: _M, *values: str) -> _M:
+        """``metric.labels(*values)``, looked up once: ``labels()`` takes a lock and builds its key on every
+        call, a few microseconds per request and metric on the request path. Label values are bounded (see
+        the module doc), and so is this cache; children are never removed."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return cast(_M, found)
 
     def add_snapshot_collector(self, collect: Callable[[], Iterable[Metric]]) -> None:
         self.registry.register(_FnCollector(collect))

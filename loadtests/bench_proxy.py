@@ -111,6 +111,10 @@ class BenchError(RuntimeError):
 # Options
 
 
+# The phases, in the order they run; --phases picks some.
+PHASES = ("large", "small", "put", "memory", "objects")
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     quick: bool
@@ -129,6 +133,8 @@ class Options:
     py_spy_dir: Path | None
     gateway_toml: Path | None
     gateway_cpus: frozenset[int] | None = None
+    phases: frozenset[str] = frozenset(PHASES)
+    compare_tree: Path | None = None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -169,8 +175,26 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         "SeaweedFS and the benchmark client on the others, on both sides alike (models a node where the "
         "store's CPU is not the gateway's; default: everything shares every CPU)",
     )
+    p.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma-separated phases to run, of {','.join(PHASES)} (default all); 'objects' is the "
+        "small-object phase (loadtests/bench_objects.py: concurrent GETs of 16 KiB, 110 KiB, 1 MiB and one "
+        "large object, req/s and CPU per request, against a gateway with the spool on)",
+    )
+    p.add_argument(
+        "--compare-tree",
+        type=Path,
+        help="objects phase: also run a gateway from this directory (holding another version's gateway/ "
+        "package, e.g. a `git archive` of a base commit) as a third side, in the same interleaved rounds",
+    )
     a = p.parse_args(argv)
     q = a.quick
+    if a.compare_tree is not None and not (a.compare_tree / "gateway" / "__main__.py").is_file():
+        p.error(f"--compare-tree: {a.compare_tree} holds no gateway/__main__.py")
+    phases = frozenset(x.strip() for x in a.phases.split(",") if x.strip())
+    if not phases or not phases <= set(PHASES):
+        p.error(f"--phases: some of {','.join(PHASES)}, not {a.phases!r}")
     gateway_cpus: frozenset[int] | None = None
     if a.gateway_cpus is not None:
         try:
@@ -207,6 +231,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         py_spy_dir=a.py_spy_dir,
         gateway_toml=a.gateway_toml,
         gateway_cpus=gateway_cpus,
+        phases=phases,
+        compare_tree=a.compare_tree,
     )
 
 
@@ -851,6 +877,7 @@ class Results:
     opts: Options
     facts: dict[str, str]
     rounds: list[Round] = field(default_factory=list)
+    object_rounds: list[Round] = field(default_factory=list)  # the objects phase (its own gateway)
     memory: MemoryPhase | None = None
     setup_seconds: float = 0.0
     gateway_lifetime_hwm_bytes: int = 0
@@ -906,8 +933,9 @@ class Bench:
             ) from None
 
     @contextlib.asynccontextmanager
-    async def profiled(self, name: str, side: str) -> AsyncIterator[None]:
-        """With --py-spy-dir: py-spy records the gateway while a gateway round runs."""
+    async def profiled(self, name: str, side: str, pid: int | None = None) -> AsyncIterator[None]:
+        """With --py-spy-dir: py-spy records the gateway (``pid``, default the main one) while a gateway
+        round runs."""
         if self.opts.py_spy_dir is None or side != "gateway":
             yield
             return
@@ -917,8 +945,8 @@ class Bench:
         if exe is None:
             raise BenchError("--py-spy-dir given but py-spy is not installed (pip install py-spy)")
         proc = await asyncio.create_subprocess_exec(
-            exe, "record", "--pid", str(self.stack.gateway_pid), "--format", "speedscope", "--rate", "200",
-            "--output", str(out), "--nonblocking",
+            exe, "record", "--pid", str(pid or self.stack.gateway_pid), "--format", "speedscope",
+            "--rate", "200", "--output", str(out), "--nonblocking",
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         await asyncio.sleep(0.5)  # let it attach
@@ -1142,13 +1170,23 @@ class Bench:
 async def run_phases(opts: Options, stack: Stack, results: Results) -> None:
     client: Client = RawHttp() if opts.client == "raw" else AiohttpClient()
     bench = Bench(opts, stack, client, results)
+    ph = opts.phases
     try:
-        await bench.setup()
-        await bench.large_gets()
-        await bench.small_gets()
-        await bench.puts(signed_payload=False)
-        await bench.puts(signed_payload=True)
-        await bench.memory()
+        if ph & {"large", "small", "put", "memory"}:
+            await bench.setup()
+        if "large" in ph:
+            await bench.large_gets()
+        if "small" in ph:
+            await bench.small_gets()
+        if "put" in ph:
+            await bench.puts(signed_payload=False)
+            await bench.puts(signed_payload=True)
+        if "memory" in ph:
+            await bench.memory()
+        if "objects" in ph:
+            from loadtests.bench_objects import object_phase
+
+            await object_phase(bench)
     finally:
         await client.close()
 
@@ -1469,6 +1507,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             s = summary(results)
             text = report(results, s)
+            if "objects" in opts.phases:
+                from loadtests import bench_objects
+
+                s["objects"] = bench_objects.summary(results.object_rounds, opts.large_mib)
+                objects_text = bench_objects.report(s["objects"], opts.rounds)
+                text = objects_text if opts.phases == {"objects"} else text + "\n\n" + objects_text
             print(text)
             if opts.json_path is not None:
                 doc = {
@@ -1477,7 +1521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     },
                     "machine": results.facts,
                     "summary": s,
-                    "rounds": [r.as_json() for r in results.rounds],
+                    "rounds": [r.as_json() for r in results.rounds + results.object_rounds],
                     "memory": dataclasses.asdict(results.memory) if results.memory else None,
                     "report_markdown": text,
                 }

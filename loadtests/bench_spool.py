@@ -2,7 +2,7 @@
 
 Run it as ``python -m loadtests.bench_spool`` (``make bench-spool``); ``--help`` lists the knobs, ``--quick``
 is a one-to-two-minute sanity run. Results and their interpretation live in ``docs/benchmarks.md``
-("Write spool (issue 4)").
+("Write spool").
 
 Theory of operation
 -------------------
@@ -386,7 +386,7 @@ async def relay_serve(target: Endpoint, rate_bps: float, ready_file: Path) -> No
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     server.close()
-    # Cut the connections still open (idle keep-alives): their pipes end on the error, not by cancellation.
+    # Cut the connections still open (idle, kept alive): their pipes end on the error, not by cancellation.
     for w in list(writers):
         w.transport.abort()
     await asyncio.gather(*handlers, return_exceptions=True)
@@ -477,7 +477,9 @@ def start_gateway(
     *,
     spool_extra: str = "",
     server_extra: str = "",
+    source: Path = GATEWAY_SOURCE,
 ) -> Proc:
+    """``source``: the directory holding the ``gateway`` package to run (another tree to compare)."""
     d = root / f"gw-{name}"
     d.mkdir()
     cfg = d / "s3lanes.toml"
@@ -492,7 +494,7 @@ def start_gateway(
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C reaches the benchmark only; it stops the gateway in order
-            cwd=GATEWAY_SOURCE,  # `-m gateway` runs the very code this benchmark imported
+            cwd=source,  # `-m gateway` runs the code in this directory (by default the code imported here)
         )
     doc = _wait_ready(popen, ready, log, GATEWAY_START_TIMEOUT_S, f"gateway {name}")
     ep = Endpoint.from_url(next(u for u in doc["endpoints"] if u.startswith("http://")))

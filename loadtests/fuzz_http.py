@@ -1,4 +1,4 @@
-"""Hostile input against a real gateway (issue 8): malformed and hostile HTTP requests over raw sockets.
+"""Hostile input against a real gateway: malformed and hostile HTTP requests over raw sockets.
 
 Run it as ``python -m loadtests.fuzz_http --cases 10000 --seed N`` (``--quick`` is the 600-case CI subset;
 ``--help`` lists the knobs). Results and what they mean live in ``docs/reliability.md`` ("Hostile input").
@@ -2252,7 +2252,7 @@ def _deleted_keys(body: bytes) -> set[str] | None:
 
 
 def _odd_key(c: Case) -> tuple[str, str | None]:
-    """(key name, raw path override or None): the hostile keys of issue 8 and their relatives."""
+    """(key name, raw path override or None): hostile keys and their relatives."""
     marker_name = f"{c.run.marker}-c{c.index:05d}"
     unicode_kib = "".join(
         chr(
@@ -2577,7 +2577,7 @@ async def case_pipeline(c: Case) -> None:
                 want is not None and (ans.status != 200 or ans.body != want)
             ):
                 if not ans.from_handler and ans.closes:
-                    # aiohttp parses what one read brought as a whole: an unparseable request in it gets the
+                    # aiohttp parses what one read brought as a whole: an unparsable request in it gets the
                     # whole batch one 400 and the connection closed. Nothing ran; not a desync.
                     c.run.figures.pipelines_refused_whole += 1
                     break

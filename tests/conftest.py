@@ -28,8 +28,17 @@ import botocore.handlers
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from hypothesis import HealthCheck, settings
 
 from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+from tests.budget import FAST
+
+# make test-fast (tests/budget.py): few examples, the same ones every run.
+settings.register_profile(
+    "fast", max_examples=10, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+if FAST:
+    settings.load_profile("fast")
 
 ADMIN_ACCESS_KEY = "s3lanes-test-admin"
 USER2_ACCESS_KEY = "s3lanes-test-user2"

@@ -1,7 +1,8 @@
 """PyTorch integration: datasets, ``torch.save``/``torch.load`` checkpoints, Distributed Checkpoint storage.
 
 Needs the ``torch`` extra (``pip install 's3lanes[torch]'``). Importing :mod:`clients` never imports torch;
-importing this package does.
+importing this package does. The Lightning ``CheckpointIO`` lives in :mod:`clients.torch.lightning`
+(imported on its own, so Lightning is loaded only by those who use it).
 """
 
 from __future__ import annotations
@@ -11,17 +12,19 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("clients.torch needs PyTorch: pip install 's3lanes[torch]'") from exc
 
-from clients.torch.checkpoint import load_checkpoint, save_checkpoint
-from clients.torch.datasets import S3Item, S3IterableDataset, S3MapDataset, Sample, key_and_bytes
+from clients.torch.checkpoint import S3Checkpoint, load_checkpoint, save_checkpoint
+from clients.torch.datasets import S3Item, S3IterableDataset, S3MapDataset, Sample, identity, key_and_bytes
 from clients.torch.dcp import S3StorageReader, S3StorageWriter
 
 __all__ = [
+    "S3Checkpoint",
     "S3Item",
     "S3IterableDataset",
     "S3MapDataset",
     "S3StorageReader",
     "S3StorageWriter",
     "Sample",
+    "identity",
     "key_and_bytes",
     "load_checkpoint",
     "save_checkpoint",

@@ -5,6 +5,8 @@ checkpoint lane: parts go out in parallel while later tensors are still being se
 most ``(max_inflight_parts + 1) * part_size_bytes`` of checkpoint bytes besides the tensors themselves. A
 failure aborts the upload (no partial object) and raises. ``load_checkpoint`` reads in the restore lane
 through a seekable ranged reader, so the serialised checkpoint is not held whole in memory either.
+:class:`S3Checkpoint` offers the same two streams as ``writer(uri)``/``reader(uri)``, for code written
+against s3torchconnector.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import IO, Any, cast
 import torch
 
 from clients.config import ClientConfig, MiB
+from clients.multipart import MultipartWriter
+from clients.reader import ObjectReader
 from clients.sync import GatewayClient
 from clients.uri import parse_s3_uri
 
@@ -79,3 +83,85 @@ def load_checkpoint(
     finally:
         if own:
             c.close()
+
+
+class S3Checkpoint:
+    """s3torchconnector's ``S3Checkpoint``: ``writer(uri)``/``reader(uri)`` streams for ``torch.save`` and
+    ``torch.load``::
+
+        checkpoint = S3Checkpoint(region="us-east-1", endpoint="http://127.0.0.1:9000")
+        with checkpoint.writer("s3://ckpt/run7/step_100/model.pt") as writer:
+            torch.save(model.state_dict(), writer)
+        with checkpoint.reader("s3://ckpt/run7/step_100/model.pt") as reader:
+            model.load_state_dict(torch.load(reader))
+
+    The writer is a :class:`~clients.multipart.MultipartWriter` in the checkpoint lane: it streams (parts
+    upload while ``torch.save`` still writes, nothing is spooled to a temporary file), the object appears when
+    the ``with`` block ends normally, and an exception inside it aborts the upload so no partial object is
+    left. The reader is the lazy ranged :class:`~clients.reader.ObjectReader` in the restore lane. One
+    client (``client``, else one made from ``config`` with ``region``/``endpoint`` applied, else from the
+    environment) serves every stream; ``close()`` closes a client the object made itself.
+    """
+
+    def __init__(
+        self,
+        region: str | None = None,
+        endpoint: str | None = None,
+        *,
+        config: ClientConfig | None = None,
+        client: GatewayClient | None = None,
+        part_size_bytes: int = 16 * MiB,
+        max_inflight_parts: int = 4,
+        block_bytes: int = 16 * MiB,
+        write_through: bool = False,
+    ) -> None:
+        if client is not None and (config is not None or region is not None or endpoint is not None):
+            raise ValueError("give a client, or config/region/endpoint, not both")
+        self._own = client is None
+        if client is None:
+            base = config if config is not None else ClientConfig.from_env()
+            changes: dict[str, Any] = {}
+            if region is not None:
+                changes["region"] = region
+            if endpoint is not None:
+                changes["endpoint_url"] = endpoint
+            client = GatewayClient(base.replace(**changes) if changes else base)
+        self.client = client
+        self.part_size_bytes = part_size_bytes
+        self.max_inflight_parts = max_inflight_parts
+        self.block_bytes = block_bytes
+        self.write_through = write_through
+
+    def writer(self, uri: str) -> MultipartWriter:
+        """A write stream to ``s3://bucket/key``, committed when closed (or its ``with`` block ends)."""
+        target = parse_s3_uri(uri)
+        if not target.key:
+            raise ValueError(f"no object key in {uri!r}")
+        return self.client.open_writer(
+            target.bucket,
+            target.key,
+            part_size_bytes=self.part_size_bytes,
+            max_inflight_parts=self.max_inflight_parts,
+            lane="checkpoint",
+            write_through=self.write_through,
+        )
+
+    def reader(self, uri: str) -> ObjectReader:
+        """A lazy, seekable read stream over ``s3://bucket/key`` (a missing object raises
+        ``FileNotFoundError`` at the first read)."""
+        target = parse_s3_uri(uri)
+        if not target.key:
+            raise ValueError(f"no object key in {uri!r}")
+        return self.client.open_reader(
+            target.bucket, target.key, lane="restore", block_bytes=self.block_bytes
+        )
+
+    def close(self) -> None:
+        if self._own:
+            self.client.close()
+
+    def __enter__(self) -> S3Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

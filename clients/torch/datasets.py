@@ -8,7 +8,10 @@ with both fork and spawn, and each worker opens its own connections.
 Samples. Every item is one object, or one byte range of one (``record_bytes`` cuts every object into
 fixed-size records read with ``Range`` GETs: many small samples packed into a few large objects). The user's
 transform gets a :class:`Sample` (bucket, key, offset, bytes) and returns what the DataLoader collates; the
-default returns ``(key, bytes)``.
+default returns ``(key, bytes)``. With ``as_reader=True`` the transform gets an :class:`ObjectReader`
+instead: a lazy, seekable file over the sample (nothing is fetched until it reads, then ranged GETs through a
+small read-ahead buffer), so a large sample or a tar of many members (``tarfile.open(fileobj=reader,
+mode="r|*")``, or ``mode="r:"`` to seek past members) is never read whole unless the transform does.
 
 Iterable sharding and read-ahead. :class:`S3IterableDataset` orders the items (key order, or a seeded shuffle
 per epoch identical in every process), then keeps shard ``rank * num_workers + worker_id`` of
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
@@ -32,7 +35,8 @@ from typing import Any, Generic, TypeVar
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from clients.config import ClientConfig
+from clients.config import ClientConfig, MiB
+from clients.reader import ObjectReader
 from clients.sharding import epoch_order, shard_indices
 from clients.sync import GatewayClient
 from clients.uri import parse_s3_uri
@@ -64,6 +68,35 @@ def key_and_bytes(sample: Sample) -> tuple[str, bytes]:
     return sample.key, sample.data
 
 
+def identity(sample: Any) -> Any:
+    """The transform of ``from_prefix``/``from_objects`` (as s3torchconnector's): the reader itself."""
+    return sample
+
+
+def _config_for(config: ClientConfig | None, region: str | None, endpoint: str | None) -> ClientConfig:
+    """``region``/``endpoint`` as s3torchconnector takes them, over ``config`` (else the environment)."""
+    base = config if config is not None else ClientConfig.from_env()
+    changes: dict[str, Any] = {}
+    if region is not None:
+        changes["region"] = region
+    if endpoint is not None:
+        changes["endpoint_url"] = endpoint
+    return base.replace(**changes) if changes else base
+
+
+def _bucket_and_keys(object_uris: str | Iterable[str]) -> tuple[str, list[str]]:
+    uris = [object_uris] if isinstance(object_uris, str) else list(object_uris)
+    if not uris:
+        raise ValueError("from_objects needs at least one object URI")
+    parsed = [parse_s3_uri(u) for u in uris]
+    buckets = {p.bucket for p in parsed}
+    if len(buckets) != 1:
+        raise ValueError(f"from_objects reads one bucket per dataset, got {sorted(buckets)}")
+    if any(not p.key for p in parsed):
+        raise ValueError("every object URI needs a key")
+    return parsed[0].bucket, [p.key for p in parsed]
+
+
 class _Source:
     """What to read and how; shared by both datasets. Pickles without its client."""
 
@@ -77,7 +110,11 @@ class _Source:
         record_bytes: int | None,
         config: ClientConfig | None,
         lane: str | None,
+        as_reader: bool = False,
+        reader_block_bytes: int = MiB,
     ) -> None:
+        if reader_block_bytes < 1:
+            raise ValueError("reader_block_bytes must be positive")
         if sum(x is not None for x in (prefix, keys, items)) != 1:
             raise ValueError("give exactly one of prefix, keys or items")
         if record_bytes is not None and (record_bytes < 1 or items is not None):
@@ -88,6 +125,10 @@ class _Source:
         self.record_bytes = record_bytes
         self.config = config if config is not None else ClientConfig.from_env()
         self.lane = lane
+        self.as_reader = as_reader
+        self.reader_block_bytes = reader_block_bytes
+        # Object sizes a listing told us, so a reader over a whole object needs no HEAD.
+        self._sizes: dict[str, int] = {}
         self._items: list[S3Item] | None = list(items) if items is not None else None
         self._client: GatewayClient | None = None
         self._client_pid = 0
@@ -115,6 +156,7 @@ class _Source:
         sized: list[tuple[str, int | None]]
         if self.prefix is not None:
             sized = [(o.key, o.size) for o in client.list_objects(self.bucket, self.prefix, lane="metadata")]
+            self._sizes = {key: size for key, size in sized if size is not None}
         else:
             assert self.keys is not None
             sized = [(k, None) for k in self.keys]
@@ -133,9 +175,27 @@ class _Source:
             )
         return items
 
-    def fetch(self, client: GatewayClient, item: S3Item) -> Sample:
+    def fetch(self, client: GatewayClient, item: S3Item) -> Sample | ObjectReader:
+        """The sample's bytes, or (``as_reader``) a lazy reader over them that has fetched nothing yet."""
+        if self.as_reader:
+            return client.open_reader(
+                self.bucket,
+                item.key,
+                lane=self.lane,
+                block_bytes=self.reader_block_bytes,
+                size=self._sizes.get(item.key) if item.end is None else None,
+                start=item.start or 0,
+                end=item.end,
+            )
         data = client.get_bytes(self.bucket, item.key, start=item.start, end=item.end, lane=self.lane)
         return Sample(self.bucket, item.key, data, item.start or 0)
+
+    def fetch_ahead(self, client: GatewayClient, item: S3Item) -> Sample | ObjectReader:
+        """:meth:`fetch` for a read-ahead thread: a reader comes back with its first block already fetched."""
+        sample = self.fetch(client, item)
+        if isinstance(sample, ObjectReader):
+            sample.prefetch()
+        return sample
 
 
 class S3MapDataset(Dataset[T_co], Generic[T_co]):
@@ -154,12 +214,22 @@ class S3MapDataset(Dataset[T_co], Generic[T_co]):
         keys: Sequence[str] | None = None,
         items: Sequence[S3Item] | None = None,
         record_bytes: int | None = None,
-        transform: Callable[[Sample], T_co] = key_and_bytes,  # type: ignore[assignment]
+        transform: Callable[[Any], T_co] = key_and_bytes,  # type: ignore[assignment]
         config: ClientConfig | None = None,
         lane: str | None = "dataset",
+        as_reader: bool = False,
+        reader_block_bytes: int = MiB,
     ) -> None:
         self._source = _Source(
-            bucket, prefix=prefix, keys=keys, items=items, record_bytes=record_bytes, config=config, lane=lane
+            bucket,
+            prefix=prefix,
+            keys=keys,
+            items=items,
+            record_bytes=record_bytes,
+            config=config,
+            lane=lane,
+            as_reader=as_reader,
+            reader_block_bytes=reader_block_bytes,
         )
         self.transform = transform
 
@@ -168,6 +238,48 @@ class S3MapDataset(Dataset[T_co], Generic[T_co]):
         """Every object under ``s3://bucket/prefix``."""
         parsed = parse_s3_uri(uri)
         return S3MapDataset(parsed.bucket, prefix=parsed.key, **kwargs)
+
+    @classmethod
+    def from_prefix(
+        cls,
+        s3_uri: str,
+        *,
+        region: str | None = None,
+        endpoint: str | None = None,
+        transform: Callable[[Any], Any] = identity,
+        config: ClientConfig | None = None,
+        **kwargs: Any,
+    ) -> S3MapDataset[Any]:
+        """s3torchconnector's spelling: every object under ``s3_uri``; the transform gets a lazy reader
+        (``as_reader=False`` in ``kwargs`` hands it a :class:`Sample` instead)."""
+        parsed = parse_s3_uri(s3_uri)
+        kwargs.setdefault("as_reader", True)
+        return S3MapDataset(
+            parsed.bucket,
+            prefix=parsed.key,
+            transform=transform,
+            config=_config_for(config, region, endpoint),
+            **kwargs,
+        )
+
+    @classmethod
+    def from_objects(
+        cls,
+        object_uris: str | Iterable[str],
+        *,
+        region: str | None = None,
+        endpoint: str | None = None,
+        transform: Callable[[Any], Any] = identity,
+        config: ClientConfig | None = None,
+        **kwargs: Any,
+    ) -> S3MapDataset[Any]:
+        """s3torchconnector's spelling: the listed objects (``s3://bucket/key`` URIs, all in one bucket), in
+        the order given; the transform gets a lazy reader unless ``as_reader=False``."""
+        bucket, keys = _bucket_and_keys(object_uris)
+        kwargs.setdefault("as_reader", True)
+        return S3MapDataset(
+            bucket, keys=keys, transform=transform, config=_config_for(config, region, endpoint), **kwargs
+        )
 
     @property
     def items(self) -> list[S3Item]:
@@ -197,24 +309,36 @@ class S3IterableDataset(IterableDataset[T_co], Generic[T_co]):
         keys: Sequence[str] | None = None,
         items: Sequence[S3Item] | None = None,
         record_bytes: int | None = None,
-        transform: Callable[[Sample], T_co] = key_and_bytes,  # type: ignore[assignment]
+        transform: Callable[[Any], T_co] = key_and_bytes,  # type: ignore[assignment]
         config: ClientConfig | None = None,
         lane: str | None = "dataset",
+        as_reader: bool = False,
+        reader_block_bytes: int = MiB,
         shuffle: bool = False,
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
         readahead: int = 8,
         readahead_threads: int = 4,
+        sharding: bool = True,
     ) -> None:
         if readahead < 0 or readahead_threads < 1:
             raise ValueError("readahead must be >= 0 and readahead_threads >= 1")
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither")
         self._source = _Source(
-            bucket, prefix=prefix, keys=keys, items=items, record_bytes=record_bytes, config=config, lane=lane
+            bucket,
+            prefix=prefix,
+            keys=keys,
+            items=items,
+            record_bytes=record_bytes,
+            config=config,
+            lane=lane,
+            as_reader=as_reader,
+            reader_block_bytes=reader_block_bytes,
         )
         self.transform = transform
+        self.sharding = sharding
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
@@ -227,6 +351,56 @@ class S3IterableDataset(IterableDataset[T_co], Generic[T_co]):
     def from_uri(cls, uri: str, **kwargs: Any) -> S3IterableDataset[Any]:
         parsed = parse_s3_uri(uri)
         return S3IterableDataset(parsed.bucket, prefix=parsed.key, **kwargs)
+
+    @classmethod
+    def from_prefix(
+        cls,
+        s3_uri: str,
+        *,
+        region: str | None = None,
+        endpoint: str | None = None,
+        transform: Callable[[Any], Any] = identity,
+        config: ClientConfig | None = None,
+        enable_sharding: bool = True,
+        **kwargs: Any,
+    ) -> S3IterableDataset[Any]:
+        """s3torchconnector's spelling: every object under ``s3_uri``; the transform gets a lazy reader
+        (``as_reader=False`` in ``kwargs`` hands it a :class:`Sample`). ``enable_sharding=False`` makes every
+        worker and rank read every object, as s3torchconnector does by default."""
+        parsed = parse_s3_uri(s3_uri)
+        kwargs.setdefault("as_reader", True)
+        return S3IterableDataset(
+            parsed.bucket,
+            prefix=parsed.key,
+            transform=transform,
+            config=_config_for(config, region, endpoint),
+            sharding=enable_sharding,
+            **kwargs,
+        )
+
+    @classmethod
+    def from_objects(
+        cls,
+        object_uris: str | Iterable[str],
+        *,
+        region: str | None = None,
+        endpoint: str | None = None,
+        transform: Callable[[Any], Any] = identity,
+        config: ClientConfig | None = None,
+        enable_sharding: bool = True,
+        **kwargs: Any,
+    ) -> S3IterableDataset[Any]:
+        """s3torchconnector's spelling: the listed objects (one bucket), in the order given."""
+        bucket, keys = _bucket_and_keys(object_uris)
+        kwargs.setdefault("as_reader", True)
+        return S3IterableDataset(
+            bucket,
+            keys=keys,
+            transform=transform,
+            config=_config_for(config, region, endpoint),
+            sharding=enable_sharding,
+            **kwargs,
+        )
 
     def set_epoch(self, epoch: int) -> None:
         """Call before each epoch (in the main process, before iterating the DataLoader) when shuffling."""
@@ -242,6 +416,9 @@ class S3IterableDataset(IterableDataset[T_co], Generic[T_co]):
     def shard(self) -> list[S3Item]:
         """The items this process (rank, DataLoader worker) reads this epoch, in order."""
         items = self._source.items()
+        if not self.sharding:
+            order = epoch_order(len(items), shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
+            return [items[i] for i in order]
         rank, world_size = self.rank_and_world_size()
         info = get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
@@ -259,16 +436,17 @@ class S3IterableDataset(IterableDataset[T_co], Generic[T_co]):
                 yield self.transform(self._source.fetch(client, item))
             return
         pool = ThreadPoolExecutor(self.readahead_threads, thread_name_prefix="s3lanes-readahead")
+        fetch = self._source.fetch_ahead
         try:
             upcoming = iter(shard)
-            pending: deque[Future[Sample]] = deque(
-                pool.submit(self._source.fetch, client, item) for item in islice(upcoming, self.readahead)
+            pending: deque[Future[Sample | ObjectReader]] = deque(
+                pool.submit(fetch, client, item) for item in islice(upcoming, self.readahead)
             )
             while pending:
                 sample = pending.popleft().result()
                 nxt = next(upcoming, None)
                 if nxt is not None:
-                    pending.append(pool.submit(self._source.fetch, client, nxt))
+                    pending.append(pool.submit(fetch, client, nxt))
                 yield self.transform(sample)
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

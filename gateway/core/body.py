@@ -73,6 +73,11 @@ class UploadBody:
         return self._verifier.checksum_algorithm
 
     @property
+    def checksum_in_trailer(self) -> bool:
+        """Whether the flexible checksum comes in an aws-chunked trailer (not in a header)."""
+        return self._verifier.checksum_in_trailer
+
+    @property
     def verified_checksum(self) -> tuple[str, str] | None:
         """After :meth:`finish`: the ``x-amz-checksum-*`` header name and value that were verified, if any."""
         return self._verifier.verified_checksum

@@ -8,19 +8,23 @@ unreliable, so the shell does not page the backend along with the client. For ev
 the backend's *whole* listing of the prefix (ListObjectsV2 with the client's delimiter and
 ``encoding-type=url``, paging with the backend's own continuation tokens, each body parsed by
 :func:`parse_backend_listing`) and :func:`merge_page` cuts the client's page out of backend + spool.
-Pagination uses the gateway's own continuation tokens (:func:`encode_token`): they carry the last item
-returned, so the next page is "everything after that item", which is stable under concurrent writes.
+Pagination uses the gateway's own continuation tokens (:func:`encode_token`): they carry where the next
+page starts (the last item returned, or see below), so the next page is "everything after that", which is
+stable under concurrent writes.
 
-Items are keys and common prefixes, ordered as S3 orders them: by the UTF-8 bytes of the string. UTF-8
-preserves code-point order, so Python's ``str`` comparison is that order; the tests check it against a
-reference that sorts by ``s.encode()``.
-
-A listing continued after a start ``M`` (V1 marker, V2 start-after or token) shows the keys ``> M`` and
-each common prefix ``P`` that still has a key ``> M``, except that a ``P`` with ``M`` inside it
-(``M.startswith(P)``) is not shown again: ``P`` was the previous page's last item (or contains it). Both
-cases reduce to one rule: a common prefix ``P`` is shown iff ``P > M`` and not ``M.startswith(P)``
-(:func:`prefix_visible`). A ``P > M`` that does not contain ``M`` has all its keys ``> M``; a ``P < M``
-that does not contain ``M`` has them all ``< M``.
+Items are keys and common prefixes, ordered and continued as the store (SeaweedFS) lists them, so that
+a listing does not change when a spooled key reaches the store. SeaweedFS keeps keys in a directory tree
+(``/`` separates directories) and lists it depth first, each directory's entries by name: the order is
+that of the keys' ``/``-separated segments (:func:`store_order`; ``a/b`` before ``a-c``, which S3's byte
+order puts the other way round). A listing continued after a start ``M`` (V1 marker, V2 start-after)
+shows the items after ``M`` in that order, except the ones inside the "directory" ``M/`` when ``M`` does
+not end in ``/`` (the store skips that directory with the entry it continues after): start-after ``a/b``
+does not show ``a/b/c`` (:func:`listed_after`). A common prefix that contains ``M`` sorts before it, so a
+prefix is never listed twice. Where a page ends on a key ``K`` that has keys under ``K/``, the store
+continues from ``K/`` (V1's NextMarker, and what our V2 token carries), so paging loses nothing; a page
+that ends on ``K`` also holds the common prefix (or key) ``K/`` if that comes next, one item over
+max-keys: they are one directory entry of the store. Segments compare as ``str``, which is code-point
+order, the same as the order of their UTF-8 bytes.
 
 One thing the merge cannot see by itself: the backend rolls its keys up into common prefixes, so a
 prefix whose every backend key is hidden by a tombstone still comes back from the backend.
@@ -37,7 +41,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import heapq
 import html
 import math
 import re
@@ -46,7 +49,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import unquote_plus
+from urllib.parse import quote_plus, unquote_plus
 from xml.sax.saxutils import escape
 
 from gateway.core.uri import s3_quote
@@ -89,7 +92,7 @@ class ListRequest:
     prefix: str
     delimiter: str  # "" for none
     max_keys: int  # 0..1000 (capped); 0 gives an empty, untruncated page
-    # Effective exclusive start: the V1 marker; for V2 the later (in S3 order) of start-after and the item
+    # Effective exclusive start: the V1 marker; for V2 the later (in store order) of start-after and the item
     # decoded from our continuation token (the token was issued after start-after, so S3's "the token wins").
     start: str
     encoding_type: str  # "" or "url"
@@ -117,8 +120,9 @@ class ListPage:
     entries: list[ListEntry]
     common_prefixes: list[str]
     is_truncated: bool
-    # The last item (key or prefix) on a truncated page, else None: V1's NextMarker (shown only with a
-    # delimiter) and what our V2 NextContinuationToken carries.
+    # Where the next page starts on a truncated page, else None: its last item (key or prefix), or K/
+    # after a key K with keys under K/ (see the module doc). V1's NextMarker and what our V2
+    # NextContinuationToken carries.
     next_item: str | None
     key_count: int  # keys + common prefixes on this page
 
@@ -162,7 +166,7 @@ def parse_list_request(query: Mapping[str, str]) -> ListRequest:
         token_given = "continuation-token" in query
         continuation_token = query.get("continuation-token", "")
         if continuation_token:
-            start = max(start, decode_token(continuation_token))
+            start = max(start, decode_token(continuation_token), key=store_order)
     return ListRequest(
         version=version,
         prefix=query.get("prefix", ""),
@@ -325,12 +329,40 @@ def roll_up(req: ListRequest, key: str) -> str | None:
 
 
 def prefix_visible(prefix: str, start: str) -> bool:
-    """Whether a listing continued after ``start`` shows common prefix ``prefix`` (see the module doc).
+    """Whether a version listing continued after ``start`` shows common prefix ``prefix``: S3's rule, in
+    S3's byte order, which the store follows for ListObjectVersions (ListObjects: :func:`listed_after`).
+    Shown iff ``prefix > start`` and ``start`` is not inside it.
 
     The second clause is implied by the first (a ``start`` inside ``prefix`` sorts at or after it); it is
     spelled out because it is the rule S3 clients rely on: a prefix is never listed twice.
     """
     return prefix > start and not start.startswith(prefix)
+
+
+def store_order(item: str) -> tuple[str, ...]:
+    """The sort key of the store's listing order: the item's ``/``-separated segments (see the module
+    doc). Not S3's byte order: ``a/b`` sorts before ``a-c`` here."""
+    return tuple(item.split("/"))
+
+
+def prefix_order(req: ListRequest) -> Callable[[str], list[tuple[int, str]] | str]:
+    """The sort key of a page's CommonPrefixes as the store sorts them: by bytes, but the delimiter
+    before any other character (with ``/``, ``a/`` before ``a+1/``) when it is one byte; plain order for a
+    longer delimiter. Only a delimiter other than ``/`` makes this differ from :func:`store_order`."""
+    delimiter = req.delimiter
+    if len(delimiter.encode()) != 1:
+        return lambda prefix: prefix
+    return lambda prefix: [(0, "") if c == delimiter else (1, c) for c in prefix]
+
+
+def listed_after(item: str, start: str) -> bool:
+    """Whether a ListObjects continued after ``start`` shows ``item`` (a key or a common prefix), as the
+    store answers it: ``item`` after ``start`` in :func:`store_order`, and not inside the directory
+    ``start/`` unless ``start`` ends in ``/`` (see the module doc). A prefix containing ``start`` sorts
+    before it, so it is not shown again."""
+    if store_order(item) <= store_order(start):
+        return False
+    return not start or start.endswith("/") or not item.startswith(start + "/")
 
 
 def prefixes_to_expand(
@@ -347,7 +379,7 @@ def prefixes_to_expand(
         for key in hidden_keys
         if key.startswith(req.prefix) and (rolled := roll_up(req, key)) is not None
     }
-    return sorted({p for p in backend_prefixes if p in hidden_rollups and prefix_visible(p, req.start)})
+    return sorted({p for p in backend_prefixes if p in hidden_rollups and listed_after(p, req.start)})
 
 
 def merge_page(
@@ -364,8 +396,8 @@ def merge_page(
     the last one wins); they win over a backend entry of the same key. ``hidden_keys`` are the keys deleted
     in the spool; backend entries with those keys are dropped. Keys outside ``req.prefix`` are ignored, and
     with a delimiter a key rolls up into its common prefix (:func:`roll_up`). Only items after
-    ``req.start`` count (keys ``> start``, prefixes by :func:`prefix_visible`); keys and prefixes together
-    fill up to ``req.max_keys``.
+    ``req.start`` count (:func:`listed_after`); keys and prefixes together fill up to ``req.max_keys`` in
+    :func:`store_order` (one more where a key ``K`` is followed by ``K/``, see the module doc).
 
     ``max_keys == 0`` gives an empty page with ``is_truncated`` false. That is what S3 answers (ceph's
     s3-tests, written against AWS, pin it in ``test_bucket_list_maxkeys_zero``), and a truncated page with
@@ -380,16 +412,16 @@ def merge_page(
             return
         rolled = roll_up(req, entry.key)
         if rolled is not None:
-            if prefix_visible(rolled, start):
+            if listed_after(rolled, start):
                 prefixes.add(rolled)
-        elif entry.key > start:
+        elif listed_after(entry.key, start):
             keys[entry.key] = entry
 
     for entry in backend_entries:
         if entry.key not in hidden_keys:
             admit(entry)
     for prefix in backend_prefixes:
-        if prefix.startswith(req.prefix) and prefix_visible(prefix, start):
+        if prefix.startswith(req.prefix) and listed_after(prefix, start):
             prefixes.add(prefix)
     for entry in spool_entries:
         admit(entry)
@@ -397,16 +429,25 @@ def merge_page(
     # A key is never also a prefix (a key equal to a prefix contains the delimiter, so it rolls up), but a
     # backend answer could still say so; the key then shows once, as a key.
     prefixes.difference_update(keys)
-    wanted = heapq.nsmallest(req.max_keys + 1, [*keys, *prefixes]) if req.max_keys > 0 else []
-    page_items = wanted[: req.max_keys]
-    truncated = len(wanted) > req.max_keys
-    page_entries = [keys[item] for item in page_items if item in keys]
-    page_prefixes = [item for item in page_items if item not in keys]
+    if req.max_keys <= 0:
+        return ListPage([], [], is_truncated=False, next_item=None, key_count=0)
+    items = sorted([*keys, *prefixes], key=store_order)
+    size = min(req.max_keys, len(items))
+    if size < len(items) and items[size - 1] in keys and items[size] == items[size - 1] + "/":
+        size += 1  # the key K and the prefix (or key) K/ are one directory entry of the store: one page
+    page_items = items[:size]
+    truncated = size < len(items)
+    next_item = None
+    if truncated:
+        last = page_items[-1]
+        next_item = last
+        if last in keys and not last.endswith("/") and items[size].startswith(last + "/"):
+            next_item = last + "/"  # continue inside K/, which a start of K would skip
     return ListPage(
-        entries=page_entries,
-        common_prefixes=page_prefixes,
+        entries=[keys[item] for item in page_items if item in keys],
+        common_prefixes=sorted((item for item in page_items if item not in keys), key=prefix_order(req)),
         is_truncated=truncated,
-        next_item=page_items[-1] if truncated else None,
+        next_item=next_item,
         key_count=len(page_items),
     )
 
@@ -415,48 +456,54 @@ def merge_page(
 
 
 def render_list_xml(req: ListRequest, bucket: str, page: ListPage) -> bytes:
-    """The ListBucketResult document S3 would answer ``req`` with for ``page``.
+    """The ListBucketResult document the store answers ``req`` with for ``page``.
 
-    Elements come in the order of AWS's documented example responses. With ``encoding-type=url`` the values
-    S3 documents as encoded (V1: Prefix, Delimiter, Marker, NextMarker, Key; V2: Prefix, Delimiter,
-    StartAfter, Key) and CommonPrefixes' Prefix are percent-encoded with :func:`s3_quote` keeping ``/``:
-    space as ``%20`` and ``+`` as ``%2B``, which ceph's s3-tests expect (``test_bucket_list_encoding_basic``)
-    and which decodes right with both ``unquote`` and botocore's ``unquote_plus``.
+    Elements come in the order of AWS's documented example responses. V1 shows NextMarker on every
+    truncated page, as the store does (S3 only with a delimiter). With ``encoding-type=url`` keys and
+    common prefixes are encoded as the store encodes them (:func:`encode_key`, :func:`encode_prefix`);
+    the echoed Prefix, Marker, StartAfter, Delimiter and NextMarker are not, as the store sends them.
 
-    Without it, a value holding a character XML 1.0 cannot carry (controls other than tab, LF and CR;
-    U+FFFE, U+FFFF) raises :class:`InvalidArgument` asking for ``encoding-type=url``, rather than sending a
-    document no XML parser accepts. (AWS documents encoding-type as the answer for such keys.)
+    A value holding a character XML 1.0 cannot carry (controls other than tab, LF and CR; U+FFFE, U+FFFF)
+    raises :class:`InvalidArgument` asking for ``encoding-type=url``, rather than sending a document no
+    XML parser accepts (AWS documents encoding-type as the answer for such keys); an echoed value holding
+    one is percent-encoded under ``encoding-type=url``.
     """
     url = req.encoding_type == "url"
 
-    def enc(value: str) -> str:
-        return s3_quote(value, safe="/") if url else value
+    def echo(value: str) -> str:
+        return s3_quote(value, safe="/") if url and _XML_ILLEGAL.search(value) else value
+
+    def key(value: str) -> str:
+        return encode_key(value) if url else value
+
+    def prefix(value: str) -> str:
+        return encode_prefix(value) if url else value
 
     out = ['<?xml version="1.0" encoding="UTF-8"?>\n', f'<ListBucketResult xmlns="{S3_XMLNS}">']
     out.append(_element("Name", bucket))
-    out.append(_element("Prefix", enc(req.prefix)))
+    out.append(_element("Prefix", echo(req.prefix)))
     if req.version == 1:
-        out.append(_element("Marker", enc(req.marker)))
-        if page.is_truncated and req.delimiter and page.next_item is not None:
-            out.append(_element("NextMarker", enc(page.next_item)))
+        out.append(_element("Marker", echo(req.marker)))
+        if page.is_truncated and page.next_item is not None:
+            out.append(_element("NextMarker", echo(page.next_item)))
     else:
         if req.continuation_token or req.token_given:
             out.append(_element("ContinuationToken", req.continuation_token))
         if page.is_truncated and page.next_item is not None:
             out.append(_element("NextContinuationToken", encode_token(page.next_item)))
         if req.start_after:
-            out.append(_element("StartAfter", enc(req.start_after)))
+            out.append(_element("StartAfter", echo(req.start_after)))
         out.append(_element("KeyCount", str(page.key_count)))
     out.append(_element("MaxKeys", str(req.max_keys)))
     if req.delimiter:
-        out.append(_element("Delimiter", enc(req.delimiter)))
+        out.append(_element("Delimiter", echo(req.delimiter)))
     if url:
         out.append(_element("EncodingType", "url"))
     out.append(_element("IsTruncated", "true" if page.is_truncated else "false"))
     show_owner = req.version == 1 or req.fetch_owner
     for entry in page.entries:
         out.append("<Contents>")
-        out.append(_element("Key", enc(entry.key)))
+        out.append(_element("Key", key(entry.key)))
         out.append(_element("LastModified", iso8601(entry.last_modified)))
         out.append(_element("ETag", entry.etag))
         out.append(_element("Size", str(entry.size)))
@@ -469,10 +516,26 @@ def render_list_xml(req: ListRequest, bucket: str, page: ListPage) -> bytes:
             out.append("</Owner>")
         out.append(_element("StorageClass", entry.storage_class))
         out.append("</Contents>")
-    for prefix in page.common_prefixes:
-        out.append(f"<CommonPrefixes>{_element('Prefix', enc(prefix))}</CommonPrefixes>")
+    for common in page.common_prefixes:
+        out.append(f"<CommonPrefixes>{_element('Prefix', prefix(common))}</CommonPrefixes>")
     out.append("</ListBucketResult>")
     return "".join(out).encode("utf-8")
+
+
+def encode_key(key: str) -> str:
+    """A key as the store writes it under ``encoding-type=url``: its directory segments percent-encoded
+    (space as ``%20``), its last segment as a query component (space as ``+``), every byte but
+    ``A-Za-z0-9-_.~`` encoded (SeaweedFS: ``a b/c d`` is ``a%20b/c+d``). Clients decode both forms
+    (botocore with ``unquote_plus``)."""
+    directory, sep, name = key.rpartition("/")
+    head = "/".join(s3_quote(segment) for segment in directory.split("/")) + sep if sep else ""
+    return head + quote_plus(name, safe="~", encoding="utf-8", errors="strict")
+
+
+def encode_prefix(prefix: str) -> str:
+    """A common prefix as the store writes it under ``encoding-type=url``: percent-encoded, space as
+    ``%20``, ``/`` kept."""
+    return s3_quote(prefix, safe="/")
 
 
 def _element(name: str, value: str) -> str:
@@ -751,31 +814,28 @@ def _not_latest(version: VersionEntry) -> VersionEntry:
 
 
 def render_versions_xml(req: VersionsRequest, bucket: str, page: VersionsPage) -> bytes:
-    """The ListVersionsResult document for ``page``, elements in the order of AWS's examples. With
-    ``encoding-type=url`` Key, Prefix, KeyMarker, NextKeyMarker and Delimiter are percent-encoded."""
-    url = req.encoding_type == "url"
-
-    def enc(value: str) -> str:
-        return s3_quote(value, safe="/") if url else value
-
+    """The ListVersionsResult document for ``page``, as the store answers it: Prefix, KeyMarker and
+    VersionIdMarker only when not empty, and no encoding (the store ignores ``encoding-type`` here: no
+    EncodingType element, keys as they are, so a client decodes nothing)."""
     out = ['<?xml version="1.0" encoding="UTF-8"?>\n', f'<ListVersionsResult xmlns="{S3_XMLNS}">']
     out.append(_element("Name", bucket))
-    out.append(_element("Prefix", enc(req.prefix)))
-    out.append(_element("KeyMarker", enc(req.key_marker)))
-    out.append(_element("VersionIdMarker", req.version_id_marker))
+    if req.prefix:
+        out.append(_element("Prefix", req.prefix))
+    if req.key_marker:
+        out.append(_element("KeyMarker", req.key_marker))
+    if req.version_id_marker:
+        out.append(_element("VersionIdMarker", req.version_id_marker))
     if page.is_truncated:
-        out.append(_element("NextKeyMarker", enc(page.next_key_marker)))
+        out.append(_element("NextKeyMarker", page.next_key_marker))
         if page.next_version_id_marker:
             out.append(_element("NextVersionIdMarker", page.next_version_id_marker))
     out.append(_element("MaxKeys", str(req.max_keys)))
     if req.delimiter:
-        out.append(_element("Delimiter", enc(req.delimiter)))
-    if url:
-        out.append(_element("EncodingType", "url"))
+        out.append(_element("Delimiter", req.delimiter))
     out.append(_element("IsTruncated", "true" if page.is_truncated else "false"))
     for v in page.versions:
         out.append("<DeleteMarker>" if v.delete_marker else "<Version>")
-        out.append(_element("Key", enc(v.key)))
+        out.append(_element("Key", v.key))
         out.append(_element("VersionId", v.version_id))
         out.append(_element("IsLatest", "true" if v.is_latest else "false"))
         out.append(_element("LastModified", iso8601(v.last_modified)))
@@ -793,9 +853,155 @@ def render_versions_xml(req: VersionsRequest, bucket: str, page: VersionsPage) -
             out.append(_element("StorageClass", v.storage_class))
         out.append("</DeleteMarker>" if v.delete_marker else "</Version>")
     for prefix in page.common_prefixes:
-        out.append(f"<CommonPrefixes>{_element('Prefix', enc(prefix))}</CommonPrefixes>")
+        out.append(f"<CommonPrefixes>{_element('Prefix', prefix)}</CommonPrefixes>")
     out.append("</ListVersionsResult>")
     return "".join(out).encode("utf-8")
+
+
+# -- one merge path for ListObjects and ListObjectVersions ---------------------------------------------
+#
+# The shell reads the backend's whole listing of the prefix (:func:`backend_query`, paged with
+# :func:`parse_backend_page`'s cursor), lists the prefixes :func:`expand_prefixes` names without a
+# delimiter, and hands everything with the spool's live keys to :func:`merged_listing_xml`. Which listing
+# it is follows from the request's type.
+
+AnyListRequest = ListRequest | VersionsRequest
+BackendCursor = str | tuple[str, str]  # a V2 continuation token, or (key-marker, version-id-marker)
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledObject:
+    """A spooled object as listings show it (the latest write of its key)."""
+
+    key: str
+    size: int
+    etag: str
+    acked_at: float
+    owner: tuple[str, str] | None = None  # (ID, DisplayName) the store will list it with, if known
+
+
+def backend_query(
+    req: AnyListRequest, prefix: str, delimiter: str, cursor: BackendCursor | None
+) -> list[tuple[str, str]]:
+    """The query parameters of one backend page of the listing ``req`` merges (decoded values)."""
+    if isinstance(req, VersionsRequest):
+        params = [("versions", ""), ("max-keys", "1000"), ("prefix", prefix)]
+        if delimiter:
+            params.append(("delimiter", delimiter))
+        if isinstance(cursor, tuple):
+            params.append(("key-marker", cursor[0]))
+            if cursor[1]:
+                params.append(("version-id-marker", cursor[1]))
+        return params
+    params = [("list-type", "2"), ("encoding-type", "url"), ("max-keys", "1000"), ("prefix", prefix)]
+    params.append(("fetch-owner", "true"))
+    if delimiter:
+        params.append(("delimiter", delimiter))
+    if isinstance(cursor, str):
+        params.append(("continuation-token", cursor))
+    return params
+
+
+def parse_backend_page(
+    req: AnyListRequest, xml: bytes, cursor: BackendCursor | None
+) -> tuple[list[ListEntry] | list[VersionEntry], list[str], BackendCursor | None]:
+    """One backend page of the listing ``req`` merges: its items, common prefixes and the cursor of the
+    next page (None at the end, or where the backend would not move on). Malformed bodies raise
+    ValueError."""
+    if isinstance(req, VersionsRequest):
+        versions = parse_backend_versions(xml)
+        following = (versions.next_key_marker, versions.next_version_id_marker)
+        done = not versions.is_truncated or not versions.next_key_marker or following == cursor
+        return versions.versions, versions.common_prefixes, None if done else following
+    listing = parse_backend_listing(xml)
+    token = listing.next_continuation_token if listing.is_truncated else None
+    return listing.entries, listing.common_prefixes, token or None
+
+
+def expand_prefixes(
+    req: AnyListRequest, backend_prefixes: Iterable[str], hidden_keys: Collection[str]
+) -> list[str]:
+    """:func:`prefixes_to_expand` or :func:`versions_prefixes_to_expand`, as ``req`` is."""
+    if isinstance(req, VersionsRequest):
+        return versions_prefixes_to_expand(req, backend_prefixes, hidden_keys)
+    return prefixes_to_expand(req, backend_prefixes, hidden_keys)
+
+
+def merged_listing_xml(
+    req: AnyListRequest,
+    bucket: str,
+    backend_items: Iterable[ListEntry | VersionEntry],
+    backend_prefixes: Iterable[str],
+    spooled: Iterable[SpooledObject],
+    hidden_keys: Collection[str],
+) -> bytes:
+    """The answer to ``req``: the backend's listing merged with the spool (:func:`merge_page` or
+    :func:`merge_versions_page`), rendered. A spooled object is listed as the store will list it once
+    drained: a key, or its one version ``null``, the latest."""
+    if isinstance(req, VersionsRequest):
+        versions = [
+            VersionEntry(
+                key=o.key,
+                version_id=NULL_VERSION,
+                is_latest=True,
+                last_modified=o.acked_at,
+                size=o.size,
+                etag=o.etag,
+                owner_id=o.owner[0] if o.owner else None,
+                owner_name=o.owner[1] if o.owner else None,
+            )
+            for o in spooled
+        ]
+        backend_versions = [v for v in backend_items if isinstance(v, VersionEntry)]
+        page = merge_versions_page(req, backend_versions, backend_prefixes, versions, hidden_keys)
+        return render_versions_xml(req, bucket, page)
+    entries = [
+        ListEntry(
+            o.key,
+            o.size,
+            o.etag,
+            o.acked_at,
+            owner_id=o.owner[0] if o.owner else None,
+            owner_name=o.owner[1] if o.owner else None,
+        )
+        for o in spooled
+    ]
+    backend_entries = [e for e in backend_items if isinstance(e, ListEntry)]
+    page_ = merge_page(req, backend_entries, backend_prefixes, entries, hidden_keys)
+    return render_list_xml(req, bucket, page_)
+
+
+def shows_owner(req: AnyListRequest) -> bool:
+    """Whether the listing shows each object's Owner (V1 and ListObjectVersions always, V2 on request)."""
+    return isinstance(req, VersionsRequest) or req.version == 1 or req.fetch_owner
+
+
+# -- ListParts ------------------------------------------------------------------------------------------
+
+STORE_MAX_PARTS = 10000  # SeaweedFS's MaxParts when a ListParts does not give one (AWS: 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class PartsPage:
+    parts: list[int]  # part numbers on the page, ascending
+    max_parts: int  # as echoed in MaxParts
+    is_truncated: bool
+
+
+def list_parts_page(part_numbers: Iterable[int], marker: int, max_parts_raw: str | None) -> PartsPage:
+    """A ListParts page as the store cuts it: the parts after ``marker``, at most ``max-parts`` of them.
+    Not given, max-parts is 10000; one that is not a number is echoed as 0; 0 or less limits nothing
+    (SeaweedFS lists every part then)."""
+    if max_parts_raw is None:
+        max_parts = STORE_MAX_PARTS
+    else:
+        try:
+            max_parts = int(max_parts_raw.strip())
+        except ValueError:
+            max_parts = 0
+    after = sorted(n for n in part_numbers if n > marker)
+    page = after[:max_parts] if max_parts > 0 else after
+    return PartsPage(page, max_parts, len(page) < len(after))
 
 
 def parse_owner(xml: bytes) -> tuple[str, str] | None:

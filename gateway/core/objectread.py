@@ -20,11 +20,13 @@ The steps run in this order, which is RFC 7232 section 6 plus S3's argument chec
    304"; the converse, If-None-Match true and If-Modified-Since false, is not in the AWS docs: RFC 7232
    says the If-Modified-Since is ignored, so the answer is 200).
 3. The byte span: a part (``partNumber``), a single range, or the whole object. A range is evaluated only
-   after the preconditions (RFC 7233 section 3.1), so a 304/412 wins over a 416.
+   after the preconditions (RFC 7233 section 3.1), so a 304/412 wins over a 416. HEAD ignores ``Range``
+   (200 with the whole length, never 416), as the store (SeaweedFS) does: the object answers the same in
+   the spool and once drained (AWS would answer 206/416; docs/compatibility.md).
 4. Headers: validators, x-amz-tagging-count, the stored headers with the ``response-*`` overrides applied,
-   x-amz-mp-parts-count (partNumber on a multipart object), Accept-Ranges, Content-Range, Content-Type,
-   Content-Length. Stored x-amz-checksum-* are sent only as S3 does: with x-amz-checksum-mode ENABLED and
-   for the whole object.
+   x-amz-mp-parts-count (with partNumber; 1 for a single PUT, as the store answers), Accept-Ranges,
+   Content-Range, Content-Type, Content-Length. Stored x-amz-checksum-* are sent only as S3 does: with
+   x-amz-checksum-mode ENABLED and for the whole object.
 
 Not handled here (the shell's business): authorization (S3 only honours ``response-*`` overrides on signed
 requests), versionId, SSE-C, x-amz-request-id and Date, and sending no body for HEAD. ``If-Range`` is
@@ -166,7 +168,7 @@ def plan_read(
     span: _Span | None
     if part_number is not None:
         span = _part_span(obj, part_number)
-    elif range_header is not None:
+    elif range_header is not None and method == "GET":
         span = _range_span(range_header, obj.size)
     else:
         span = None
@@ -201,8 +203,9 @@ def plan_read(
         stored = [(n, v) for n, v in stored if n != name]
         stored.append((name, value))
     out += stored
-    if part_number is not None and obj.part_sizes:
-        out.append(("x-amz-mp-parts-count", str(len(obj.part_sizes))))
+    if part_number is not None:
+        # A single PUT is one part (the store answers a count of 1 for it too).
+        out.append(("x-amz-mp-parts-count", str(len(obj.part_sizes) or 1)))
     out.append(("Accept-Ranges", "bytes"))
     if span.content_range is not None:
         out.append(("Content-Range", span.content_range))
@@ -304,7 +307,7 @@ def _http_date(value: str | None) -> int | None:
         parsed = parsed.replace(tzinfo=UTC)
     try:
         return math.floor(parsed.timestamp())
-    except (OverflowError, ValueError, OSError):
+    except (OverflowError, ValueError, OSError):  # pragma: no cover - parsed dates lie within years 1-9999
         return None
 
 
@@ -336,8 +339,9 @@ def _range_span(header: str, size: int) -> _Span | None:
     """The span of a single byte range, None when S3 ignores the header, InvalidRange if unsatisfiable.
 
     S3 ignores (answers 200 with the whole object) what it cannot parse as one byte range: other units,
-    several ranges (aws-c-s3 issue 257, riak_cs PR 304: S3 sends the whole object with 200), ``a-b`` with
-    b < a, and garbage (RFC 7233 section 3.1 lets a server ignore Range). Choices the docs do not settle:
+    several ranges (aws-c-s3 issue 257, riak_cs PR 304: S3 sends the whole object with 200), and garbage
+    (RFC 7233 section 3.1 lets a server ignore Range); ``a-b`` with b < a is 416, as the store answers it.
+    Choices the docs do not settle:
     the unit name is case-insensitive (RFC 7233 section 2), whitespace around the value and around the
     ``=`` is tolerated, and any comma makes it a multi-range header, even with empty list elements.
     """
@@ -351,7 +355,8 @@ def _range_span(header: str, size: int) -> _Span | None:
     if not first_raw and not last_raw:
         return None
     if first_raw and last_raw and int(last_raw) < int(first_raw):
-        return None
+        # RFC 7233 would ignore it; the store (SeaweedFS) answers 416, and a spooled object as the store.
+        raise InvalidRange(RangeRequested=header, ActualObjectSize=str(size))
 
     if first_raw:
         start = int(first_raw)
@@ -409,7 +414,7 @@ def parse_copy_range(header: str) -> tuple[int, int]:
 
 def copy_range_span(header: str, size: int) -> tuple[int, int]:
     """(start, length) of a copy range within a source of ``size`` bytes. A range that reaches past the
-    end is refused with InvalidRange (416), as the store does, rather than clamped as a GET's Range is."""
+    end is refused with InvalidRange (416), as the store does, rather than clamped as a GET Range is."""
     first, last = parse_copy_range(header)
     if last >= size:
         raise InvalidRange(RangeRequested=header, ActualObjectSize=str(size))

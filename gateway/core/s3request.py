@@ -41,9 +41,6 @@ _BUCKET_GET_SUBRESOURCES = {
 
 _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,254}$")
 
-# Operations whose request carries object data; they are the ones the body pipeline verifies and streams.
-UPLOAD_OPERATIONS = frozenset({"PutObject", "UploadPart"})
-
 
 @dataclass(frozen=True, slots=True)
 class S3Target:
@@ -51,10 +48,6 @@ class S3Target:
     key: str | None  # decoded UTF-8 object key, None for service- and bucket-level requests
     operation: str
     virtual_host: bool
-
-    @property
-    def is_upload(self) -> bool:
-        return self.operation in UPLOAD_OPERATIONS
 
 
 def split_target(raw_target: str) -> tuple[str, str]:

@@ -33,7 +33,7 @@ grant, so the total granted rate is ``C``. A weight-phase winner waits for it (n
 winner); a read-protected winner may borrow one bucket depth below zero, so a burst of reads goes at once
 while sustained overload still follows the weights. Reservation-phase grants only charge it, never wait
 for it: reservations sum to at most ``C``, and a lane within its reservation must not wait on the others
-(research §7.1: reads are admitted at once and charged; the others yield). A read overdraft is forgiven
+(reads are admitted at once and charged; the others yield). A read overdraft is forgiven
 beyond what can still be in flight, so the other lanes never wait out a stale debt. Every grant also needs
 the lane's ceiling bucket (GCRA with tau ``burst_bytes``; while reads are active, a capped lane that is not
 read-protected keeps, of the credit it earned while idle, only what its ceiling delivers in
@@ -127,15 +127,23 @@ AUTO_WINDOW_S = 0.01  # after a longer silence, skip the empty windows instead o
 
 @dataclass(frozen=True, slots=True)
 class LaneSpec:
-    """One lane's QoS parameters. Fractions are of the backend capacity ``C``."""
+    """One lane's QoS parameters, as configured (``[lanes.<name>]``) and as the scheduler takes them.
+    Fractions are of the backend capacity ``C``; None means "no limit".
+
+    The defaults are those of a lane added in config: no guarantee, weight 1, paced by the read-latency
+    guard (a new lane must not be able to hurt the protected reads unless its config says so). The lanes
+    that ship are :func:`gateway.core.lanes_config.default_lanes`.
+
+    Each value is checked on its own here (a ValueError); whether the values fit together is
+    :meth:`problems`, which :class:`SchedulerConfig` enforces and the config loader reports."""
 
     name: str
-    reservation: float  # guaranteed when backlogged (dataset 0.70)
-    weight: float  # share of the rest among lanes under their limit
-    limit: float | None  # always in force (None = no limit)
-    limit_while_reads_active: float | None  # only while a read-protected lane is active (strict mode)
+    reservation: float = 0.0  # guaranteed when backlogged (dataset 0.70)
+    weight: float = 1.0  # share of the rest among lanes under their limit
+    limit: float | None = None  # always in force
+    limit_while_reads_active: float | None = None  # only while a read-protected lane is active (strict mode)
     read_protected: bool = False  # its activity triggers the caps; its latency is what the guard protects
-    paced_by_guard: bool = False  # the latency guard's multiplier applies
+    paced_by_guard: bool = True  # the latency guard's multiplier applies
     floor: float = 0.0  # never below this: the ceiling's lower bound and a guarantee (writes must not starve)
     max_concurrency: int | None = None  # tickets granted but not completed at once
 
@@ -151,12 +159,33 @@ class LaneSpec:
         ):
             if lim is not None and not 0.0 < lim <= 1.0:
                 raise ValueError(f"lane {self.name!r}: {label} must be within (0, 1], got {lim}")
-            if lim is not None and (self.reservation > lim or self.floor > lim):
-                raise ValueError(f"lane {self.name!r}: reservation and floor must not exceed {label}")
         if not (self.weight > 0 and math.isfinite(self.weight)):
             raise ValueError(f"lane {self.name!r}: weight must be > 0")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ValueError(f"lane {self.name!r}: max_concurrency must be >= 1")
+
+    @property
+    def guaranteed(self) -> float:
+        """The share this lane is promised when backlogged: its reservation, or its floor if larger (a floor
+        is a guarantee too)."""
+        return max(self.reservation, self.floor)
+
+    def problems(self) -> list[str]:
+        """What does not fit together in this lane's values (empty if nothing)."""
+        out: list[str] = []
+        caps = (("limit", self.limit), ("limit_while_reads_active", self.limit_while_reads_active))
+        for cap_name, cap in caps:
+            if cap is None:
+                continue
+            for low_name, low in (("reservation", self.reservation), ("floor", self.floor)):
+                if low > cap:
+                    out.append(f"{low_name} {low:g} is above {cap_name} {cap:g}")
+        if self.read_protected and self.paced_by_guard:
+            out.append(
+                "the read-protected lane cannot be paced by the guard that protects it"
+                " (set paced_by_guard = false)"
+            )
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +216,10 @@ class SchedulerConfig:
         names = [lane.name for lane in self.lanes]
         if len(set(names)) != len(names):
             raise ValueError(f"lane names must be unique: {names}")
-        if math.fsum(_reservation(lane) for lane in self.lanes) > 1.0 + 1e-9:
+        for lane in self.lanes:
+            for problem in lane.problems():
+                raise ValueError(f"lane {lane.name!r}: {problem}")
+        if math.fsum(lane.guaranteed for lane in self.lanes) > 1.0 + 1e-9:
             raise ValueError("the lanes' reservations (or floors, where larger) must sum to at most 1")
         if self.capacity_bps is not None and not self.capacity_bps > 0:
             raise ValueError("capacity_bps must be > 0 (or None to estimate it)")
@@ -222,53 +254,6 @@ def saturation_scale(delivered_fraction: float) -> float:
     if x >= SATURATED_AT:
         return x
     return 1.0 - (x - SATURATED_FROM) * (1.0 - SATURATED_AT) / (SATURATED_AT - SATURATED_FROM)
-
-
-def _reservation(spec: LaneSpec) -> float:
-    """A floor is a guarantee too: the lane is served at least ``max(reservation, floor)`` when backlogged."""
-    return max(spec.reservation, spec.floor)
-
-
-def default_lanes() -> tuple[LaneSpec, ...]:
-    """The research defaults (anchors-scheduler.md §7.3); guarantees, max(reservation, floor), sum to 0.76.
-
-    Metadata is not paced by the guard: dataset loaders issue LIST and HEAD on their read path (s3fs HEADs
-    before a GET), so slowing them would add latency to the reads being protected."""
-    return (
-        LaneSpec(
-            "dataset",
-            reservation=0.70,
-            weight=7.0,
-            limit=None,
-            limit_while_reads_active=None,
-            read_protected=True,
-        ),
-        LaneSpec(
-            "checkpoint",
-            reservation=0.02,
-            weight=3.0,
-            limit=None,
-            limit_while_reads_active=0.30,
-            paced_by_guard=True,
-            floor=0.02,
-        ),
-        LaneSpec(
-            "restore",
-            reservation=0.0,
-            weight=2.0,
-            limit=None,
-            limit_while_reads_active=0.30,
-            paced_by_guard=True,
-            floor=0.02,
-        ),
-        LaneSpec(
-            "metadata",
-            reservation=0.02,
-            weight=1.0,
-            limit=None,
-            limit_while_reads_active=None,
-        ),
-    )
 
 
 # -- decisions -------------------------------------------------------------------------------------------
@@ -372,7 +357,7 @@ class _Ticket:
         self.reserved = False  # granted in the reservation phase (its unused part goes back to that bucket)
 
     def to(self, new: _TicketState) -> None:
-        if new not in _TRANSITIONS[self.state]:
+        if new not in _TRANSITIONS[self.state]:  # pragma: no cover - a bug in this module, not an input
             raise RuntimeError(f"ticket {self.id}: illegal transition {self.state.name} -> {new.name}")
         self.state = new
 
@@ -625,7 +610,7 @@ class Scheduler:
         ln = self._by_name[lane]
         now = self._advance(now)
         if ln.spec.read_protected:
-            if self._granted_fraction_last_s(ln, now) >= SELF_QUEUEING_FRACTION * _reservation(ln.spec):
+            if self._granted_fraction_last_s(ln, now) >= SELF_QUEUEING_FRACTION * ln.spec.guaranteed:
                 # Reads already get their guarantee: time they wait now is reads queueing behind reads
                 # (demand above their share), not the other lanes' doing. Cutting the paced lanes for it
                 # would hand reads more than their guarantee and starve writes to their floor under any
@@ -945,7 +930,7 @@ class Scheduler:
         if self._reads_active:
             if s.limit_while_reads_active is not None:
                 cap = min(cap, s.limit_while_reads_active)
-            cap = min(cap, 1.0 - math.fsum(_reservation(r.spec) for r in self._read_lanes))
+            cap = min(cap, 1.0 - math.fsum(r.spec.guaranteed for r in self._read_lanes))
             cap *= self._cap_scale  # shares of what a saturated store really carries
         return max(s.floor, min(want, cap))
 
@@ -954,7 +939,7 @@ class Scheduler:
         at run time adds to it only as far as the configured guarantees leave room (they sum to at most 1,
         scaled down together when several raised floors would not fit). The progress floor only bounds the
         ceiling: the lane's weight already gives it its share up to there, and it moves with every queue."""
-        base = [_reservation(ln.spec) for ln in self._lanes]
+        base = [ln.spec.guaranteed for ln in self._lanes]
         extra = [
             max(0.0, self._floor(ln, progress=False) - b) for ln, b in zip(self._lanes, base, strict=True)
         ]
@@ -1027,8 +1012,9 @@ class Scheduler:
     def _deactivation_time(self) -> float:
         if not self._reads_active:
             return math.inf
-        if any(ln.queued_tickets or ln.inflight_tickets for ln in self._read_lanes):
-            return math.inf
+        for ln in self._read_lanes:  # a loop, not any(genexpr): this runs several times per request
+            if ln.queued_tickets or ln.inflight_tickets:
+                return math.inf
         return self._last_read_at + self._cfg.read_idle_s
 
     def _note_read_demand(self, cost: int, now: float) -> None:

@@ -83,6 +83,9 @@ _AMZ_DATE = re.compile(r"[0-9]{8}T[0-9]{6}Z")
 _SCOPE_DATE = re.compile(r"[0-9]{8}")
 _DIGITS = re.compile(r"-?[0-9]{1,12}")
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9a-z]+")
+# A path of unreserved characters and slashes is its own canonical form.
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9\-._~/]*")
+_EXCLUDE_SIGNATURE = frozenset({"X-Amz-Signature"})
 
 _MSG_NO_DATE = "AWS authentication requires a valid Date or x-amz-date header"
 _MSG_NOT_SIGNED = "There were headers present in the request which were not signed"
@@ -390,35 +393,40 @@ def verify(
     signed = set(auth.signed_headers)
     if "host" not in signed:
         raise AccessDenied(_MSG_NOT_SIGNED, HeadersNotSigned="host")
-    unsigned = sorted(
-        name for name in headers if name.startswith("x-amz-") and name not in signed | _UNSIGNED_OK
-    )
+    allowed = signed | _UNSIGNED_OK
+    unsigned = sorted(name for name in headers if name.startswith("x-amz-") and name not in allowed)
     if unsigned:
         raise AccessDenied(_MSG_NOT_SIGNED, HeadersNotSigned=", ".join(unsigned))
 
     key = signing_key(secret_key, auth.scope_date, auth.region, auth.service)
     scope = auth.scope
-    exclude = frozenset({"X-Amz-Signature"}) if auth.kind == "query" else frozenset()
-    uris = _unique([canonical_uri(req.raw_path), req.raw_path or "/"])
+    exclude = _EXCLUDE_SIGNATURE if auth.kind == "query" else frozenset()
+    provided = _utf8(auth.signature)
+    # The canonical form first: the one every SDK signs. The other forms are built only on a mismatch.
+    uri0 = canonical_uri(req.raw_path)
+    query0 = canonical_query(req.raw_query, exclude=exclude)
+    creq = _canonical_request(req.method, uri0, query0, headers, auth.signed_headers, auth.payload_hash)
+    sts = _string_to_sign(auth.amz_date, scope, creq)
+    if hmac.compare_digest(_hmac_hex(key, sts).encode("ascii"), provided):
+        return Verified(auth=auth, signing_key=key, seed_signature=auth.signature, scope=scope)
+    first = (creq, sts)
+    uris = _unique([uri0, req.raw_path or "/"])
     queries = _unique(
         [
-            canonical_query(req.raw_query, exclude=exclude),
+            query0,
             # HTML-form style: '+' meant a space (what Go's url.ParseQuery, and so SeaweedFS, assume).
             canonical_query(req.raw_query.replace("+", "%20"), exclude=exclude),
             _raw_query(req.raw_query, exclude),
         ]
     )
-    provided = _utf8(auth.signature)
-    first: tuple[str, str] | None = None
     for uri in uris:
         for query in queries:
+            if uri == uri0 and query == query0:
+                continue
             creq = _canonical_request(req.method, uri, query, headers, auth.signed_headers, auth.payload_hash)
             sts = _string_to_sign(auth.amz_date, scope, creq)
             if hmac.compare_digest(_hmac_hex(key, sts).encode("ascii"), provided):
                 return Verified(auth=auth, signing_key=key, seed_signature=auth.signature, scope=scope)
-            if first is None:
-                first = (creq, sts)
-    assert first is not None
     creq, sts = first
     raise SignatureDoesNotMatch(
         AWSAccessKeyId=auth.access_key,
@@ -595,6 +603,8 @@ def canonical_uri(raw_path: str) -> str:
     """
     if not raw_path:
         return "/"
+    if _PLAIN_PATH.fullmatch(raw_path):  # nothing to decode or encode: the common case, kept cheap
+        return raw_path
     return "/".join(_reencode(segment) for segment in raw_path.split("/"))
 
 
@@ -709,7 +719,12 @@ def _amz_date_epoch(amz_date: str) -> float | None:
 
 
 def _format_amz_date(now_wall: float) -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now_wall))
+    return _format_amz_second(int(now_wall // 1))  # floor, as gmtime() rounds
+
+
+@functools.lru_cache(maxsize=4)  # strftime costs microseconds and requests within a second share their date
+def _format_amz_second(epoch_s: int) -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(epoch_s))
 
 
 def _iso8601(epoch_s: float) -> str:

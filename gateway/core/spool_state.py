@@ -738,7 +738,13 @@ class SpoolState:
             return out
         # dir prefix -> seq of the oldest entry under it still pending or in flight, per bucket
         earlier: list[Entry] = []
+        # A key K and a key under K/ are a file and a directory of one name on a store that keeps a tree
+        # (SeaweedFS): written at once, one of them can be lost (a client writing them in turn loses
+        # neither). So an entry waits while an earlier one is its file-or-directory namesake.
+        earlier_files: set[tuple[str, str]] = set()  # (bucket, key) of earlier entries
+        earlier_dirs: set[tuple[str, str]] = set()  # (bucket, "a/b") for every directory of an earlier key
         for entry in self.entries.values():
+            ancestors = _ancestor_dirs(entry.key)
             if entry.state is EntryState.PENDING and not entry.superseded and entry.not_before <= now:
                 ident = (entry.bucket, entry.key)
                 blocked = ident in self._uploading_keys
@@ -746,10 +752,17 @@ class SpoolState:
                     prefix = entry.dir_prefix
                     blocked = any(e.bucket == entry.bucket and e.key.startswith(prefix) for e in earlier)
                 if not blocked:
+                    blocked = (not entry.key.endswith("/") and ident in earlier_dirs) or any(
+                        (entry.bucket, d) in earlier_files for d in ancestors
+                    )
+                if not blocked:
                     out.append(entry)
                     if len(out) >= limit:
                         break
             earlier.append(entry)
+            if not entry.key.endswith("/"):
+                earlier_files.add((entry.bucket, entry.key))
+            earlier_dirs.update((entry.bucket, d) for d in ancestors)
         return out
 
     def next_retry_at(self, now: float) -> float | None:
@@ -916,3 +929,9 @@ class SpoolSpace:
     @property
     def level(self) -> float:
         return (self.used_bytes + self.reserved_bytes) / self.capacity_bytes if self.capacity_bytes else 1.0
+
+
+def _ancestor_dirs(key: str) -> list[str]:
+    """The directories a store that keeps a tree makes for ``key``: ``a`` and ``a/b`` for ``a/b/c``."""
+    parts = key.split("/")[:-1]
+    return ["/".join(parts[: n + 1]) for n in range(len(parts))]

@@ -17,7 +17,7 @@ import dataclasses
 import hmac
 import ipaddress
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -72,13 +72,15 @@ class Admin:
         pools_status: Callable[[], dict[str, Any]] | None = None,
         policies: Mapping[str, TenantPolicy] | None = None,
         drain_hold: Callable[[bool | None], bool] | None = None,
+        backends_waiting: Callable[[], list[str]] | None = None,
+        bucket_exists: Callable[[str, str | None], Awaitable[bool | None]] | None = None,
     ) -> None:
         self._metrics = metrics
         self._dispatcher = dispatcher
         self._clock = clock
         self._open = open_to_all
         self._spool = spool
-        self._secrets = secrets or {}
+        self._secrets = secrets if secrets is not None else {}  # shared: updated in place on reloads
         self._max_skew_s = max_skew_s
         self._drainer_status = drainer_status
         self._token = admin_token.encode() if admin_token else None
@@ -87,9 +89,28 @@ class Admin:
         self._pools_status = pools_status
         self._policies = dict(policies or {})
         self._drain_hold = drain_hold
+        # Backends that have never answered (readiness waits for them), None = readiness does not.
+        self._backends_waiting = backends_waiting
+        # (bucket, signing tenant or None) -> does the store have it (None: could not tell)
+        self._bucket_exists = bucket_exists
 
     def allowed(self, request: web.Request) -> bool:
         return self._open or _is_loopback(request) or self._bearer_ok(request)
+
+    def forbidden_text(self, request: web.Request) -> str:
+        """The 403 body for a peer that may not see the admin endpoints: what would let it in."""
+        if self._token is None:
+            return (
+                "admin endpoints answer loopback peers only: ask from the gateway's host, or set [server]"
+                " admin_token and send it (Authorization: Bearer <token>; s3lanes status --token), or set"
+                " [server] admin_open = true where a network policy guards the port\n"
+            )
+        if request.headers.get("Authorization", "").lower().startswith("bearer "):
+            return "the bearer token does not match [server] admin_token\n"
+        return (
+            "admin endpoints answer loopback peers, and others that send Authorization: Bearer <[server]"
+            " admin_token> (s3lanes status --token TOKEN, or S3LANES_SERVER_ADMIN_TOKEN in its environment)\n"
+        )
 
     def _bearer_ok(self, request: web.Request) -> bool:
         if self._token is None:
@@ -105,11 +126,15 @@ class Admin:
         """Readiness: recovery done and listeners open, not shutting down. 503 with the reason otherwise."""
         state = self.lifecycle.state
         status = 200 if state == "ready" else 503
-        return web.Response(status=status, text=f"{state}\n", headers={"Cache-Control": "no-store"})
+        text = state
+        waiting = self._backends_waiting() if self._backends_waiting is not None else []
+        if status == 200 and waiting:
+            status, text = 503, f"waiting for backend {', '.join(waiting)} to answer"
+        return web.Response(status=status, text=f"{text}\n", headers={"Cache-Control": "no-store"})
 
     async def metrics(self, request: web.Request) -> web.Response:
         if not self.allowed(request):
-            return web.Response(status=403, text="admin endpoints are served to loopback peers only\n")
+            return web.Response(status=403, text=self.forbidden_text(request))
         return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     def status_document(self) -> dict[str, Any]:
@@ -188,6 +213,21 @@ class Admin:
                 durable=True, pending_objects=0, pending_bytes=0, oldest_pending_age_s=None, waited_s=0.0
             )
             return web.json_response(doc, headers={FLUSH_HEADER: "1"})
+        # Nothing pending says nothing about a bucket the spool never saw: ask the store.
+        if (
+            self._bucket_exists is not None
+            and not self._spool.state.pending_under(bucket, prefix)[0]
+            and await self._bucket_exists(bucket, tenant) is False
+        ):
+            doc.update(
+                durable=False,
+                error=f"no bucket named {bucket!r} on the backend",
+                pending_objects=0,
+                pending_bytes=0,
+                oldest_pending_age_s=None,
+                waited_s=0.0,
+            )
+            return web.json_response(doc, status=404, headers={FLUSH_HEADER: "1"})
         result = await self._spool.flush(bucket, prefix, timeout_s)
         doc.update(plain(result))
         return web.json_response(doc, status=200 if result.durable else 504, headers={FLUSH_HEADER: "1"})
@@ -198,7 +238,7 @@ class Admin:
         ``{"paused": bool}``. An operator switch (loopback, admin token), not a tenant one: while the drain is
         held, acknowledged writes stay in the spool and flushes wait. Shutdown (SIGTERM) resumes it."""
         if not self.allowed(request):
-            return web.Response(status=403, text="admin endpoints are served to loopback peers only\n")
+            return web.Response(status=403, text=self.forbidden_text(request))
         if self._drain_hold is None:
             return web.json_response({"error": "the write spool is off"}, status=409)
         q = query_names(split_target(request.raw_path)[1])
@@ -210,7 +250,7 @@ class Admin:
 
     async def status(self, request: web.Request) -> web.Response:
         if not self.allowed(request):
-            return web.Response(status=403, text="admin endpoints are served to loopback peers only\n")
+            return web.Response(status=403, text=self.forbidden_text(request))
         return web.Response(
             text=json.dumps(self.status_document(), indent=2), content_type="application/json"
         )

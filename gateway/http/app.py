@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from gateway.clock import Clock
-from gateway.config import DEFAULT_BACKEND, Config
+from gateway.config import DEFAULT_BACKEND, Config, Listen
 from gateway.core.classify import CheckpointPrefixes, Classifier
-from gateway.core.routing import RouteTable
-from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig
+from gateway.errors import S3Error, StartupError
 from gateway.http.admin import (
     ADMIN_METRICS_PATH,
     DRAIN_PATH,
@@ -37,11 +37,14 @@ from gateway.runtime.backend import Backend
 from gateway.runtime.cluster import ClusterMember, spool_backlog
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.drainer import Drainer
+from gateway.runtime.keyfile import CredentialsFileWatcher, KeyTables
 from gateway.runtime.lane_metrics import pool_collector, scheduler_collector
-from gateway.runtime.pools import Pools, bottleneck_of
+from gateway.runtime.pools import Pools
+from gateway.runtime.reachability import ReachabilityProbe
 from gateway.runtime.spool import Spool, crash_on_failure
 from gateway.runtime.spool_deadline import DeadlineKeeper
 from gateway.runtime.spool_metrics import spool_collector
+from gateway.runtime.wiring import build_pools, spool_dir
 
 log = logging.getLogger("s3lanes.app")
 
@@ -54,47 +57,13 @@ DRAINER_KEY = web.AppKey("drainer", Drainer)
 CLUSTER_KEY = web.AppKey("cluster", ClusterMember)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 FRONT_KEY = web.AppKey("spool_front", SpoolFront)
+PROBE_KEY = web.AppKey("backend_probe", ReachabilityProbe)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # aiohttp's parser limits, set from config: S3 rejects header sections over 8 KiB.
 _MAX_FIELD_BYTES = 8190
 _PARSER_MAX_HEADERS = 4096
-
-
-_DEFAULT: Any = object()
-
-
-def scheduler_config(cfg: Config, bandwidth_bps: float | None = _DEFAULT) -> SchedulerConfig:
-    """The scheduler of one bottleneck: the lanes and scheduler settings, at that store's bandwidth (by
-    default the default backend's)."""
-    s = cfg.scheduler
-    lanes = tuple(
-        LaneSpec(
-            name=p.name,
-            reservation=p.reservation,
-            weight=p.weight,
-            limit=p.limit,
-            limit_while_reads_active=p.limit_while_reads_active,
-            read_protected=p.read_protected,
-            paced_by_guard=p.paced_by_guard,
-            floor=p.floor,
-            max_concurrency=p.max_concurrency,
-        )
-        for p in cfg.lanes.values()
-    )
-    return SchedulerConfig(
-        lanes=lanes,
-        capacity_bps=cfg.backend.bandwidth_bps if bandwidth_bps is _DEFAULT else bandwidth_bps,
-        write_cap_mode=s.write_cap_mode,
-        request_cost_bytes=s.request_cost_bytes,
-        burst_bytes=s.burst_bytes,
-        window_s=s.window_s,
-        latency_target_s=s.latency_target_s,
-        inflight_bytes_max=s.inflight_bytes_max,
-        inflight_requests_max=s.inflight_requests_max,
-        progress_interval_s=s.progress_interval_s if s.progress_interval_s > 0 else None,
-    )
 
 
 def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
@@ -118,7 +87,13 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         metrics.add_snapshot_collector(
             pool_collector({name: d.scheduler for name, d in pools.dispatchers.items()}, clock)
         )
-    proxy = S3Proxy(cfg, pools, clock, classifier=classifier, metrics=metrics)
+    keys = KeyTables(cfg.credentials, cfg.file_access_keys)
+    watcher = (
+        CredentialsFileWatcher(cfg.server.credentials_file, keys)
+        if cfg.server.credentials_file is not None
+        else None
+    )
+    proxy = S3Proxy(cfg, pools, clock, classifier=classifier, metrics=metrics, keys=keys.live)
     spool: Spool | None = None
     drainer: Drainer | None = None
     keeper: DeadlineKeeper | None = None
@@ -127,7 +102,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         drainer = Drainer(
             spool,
             pools,
-            {c.access_key: c for c in cfg.credentials},
+            keys.known,
             cfg.spool,
             clock,
             metrics,
@@ -138,7 +113,9 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             in_doubt_hold_s=cfg.backend.read_timeout_s,
             fence_s=cfg.backend.read_timeout_s if cfg.spool.fence_s is None else cfg.spool.fence_s,
         )
-        front = SpoolFront(spool, proxy, cfg, pools, clock, metrics, drain_uploads=drainer.open_upload_ids)
+        front = SpoolFront(
+            spool, proxy, cfg, pools, clock, metrics, drain_uploads=drainer.open_upload_ids, keys=keys.known
+        )
         proxy.spool_front = front
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         keeper = DeadlineKeeper(
@@ -154,13 +131,15 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         cluster = ClusterMember(cfg.cluster, scheduler, clock, backlog_bytes=backlog, wake=dispatcher.wake)
         metrics.add_snapshot_collector(cluster.collector())
         app[CLUSTER_KEY] = cluster
+    probe = ReachabilityProbe(pools.backends, gates_readiness=cfg.server.ready_requires_backend)
+    app[PROBE_KEY] = probe
     admin = Admin(
         metrics,
         dispatcher,
         clock,
         open_to_all=cfg.server.admin_open,
         spool=spool,
-        secrets={c.access_key: c.secret_key for c in cfg.credentials},
+        secrets=keys.secrets,
         max_skew_s=cfg.server.max_skew_s,
         drainer_status=_drain_status(drainer, keeper) if drainer is not None else None,
         admin_token=cfg.server.admin_token,
@@ -168,6 +147,8 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         pools_status=lambda: pools_status(pools, clock),
         policies=cfg.tenant_policies,
         drain_hold=drainer.hold if drainer is not None else None,
+        backends_waiting=probe.never_answered if cfg.server.ready_requires_backend else None,
+        bucket_exists=lambda bucket, tenant: bucket_exists(pools, keys, bucket, tenant),
     )
     app[LIFECYCLE_KEY] = admin.lifecycle
     app[BACKEND_KEY] = backend
@@ -180,7 +161,11 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         drain_task: asyncio.Task[None] | None = None
         if spool is not None and drainer is not None:
             # Recovery runs here, before the listeners open: replay, truncate, drop orphans.
-            await spool.open()
+            try:
+                await spool.open()
+            except BaseException:  # a damaged journal: the backend sessions close before the exit
+                await pools.close()
+                raise
             if proxy.spool_front is not None:
                 proxy.spool_front.remember_buckets()
             drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
@@ -189,11 +174,24 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         if keeper is not None:
             deadline_task = asyncio.create_task(keeper.run(), name="spool-deadline")
             deadline_task.add_done_callback(crash_on_failure)
+        watch_task: asyncio.Task[None] | None = None
+        if watcher is not None:
+            watch_task = asyncio.create_task(watcher.run(), name="credentials-file")
+            watch_task.add_done_callback(crash_on_failure)
         cluster_task: asyncio.Task[None] | None = None
         if cluster is not None:
             cluster_task = asyncio.create_task(cluster.run(), name="cluster-budget")
             cluster_task.add_done_callback(crash_on_failure)
+        probe_task = asyncio.create_task(probe.run(), name="backend-probe")
+        probe_task.add_done_callback(crash_on_failure)
         yield
+        probe_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await probe_task
+        if watch_task is not None:
+            watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch_task
         if cluster is not None and cluster_task is not None:
             cluster_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -214,7 +212,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
 
     app.cleanup_ctx.append(backend_ctx)
     app.on_cleanup.append(lambda _app: _close(pools))
-    status_page = StatusPage(admin.allowed)
+    status_page = StatusPage(admin.allowed, admin.forbidden_text)
     for path, handler in (
         (HEALTH_PATH, admin.healthz),
         (READY_PATH, admin.readyz),
@@ -237,22 +235,19 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     return app
 
 
-def build_pools(cfg: Config, backend: Backend, clock: Clock) -> Pools:
-    """The default backend (given: it may be the embedded one), the named ones, a scheduler per bottleneck."""
-    backends = {DEFAULT_BACKEND: backend}
-    for name, bcfg in cfg.backends.items():
-        assert bcfg.endpoint is not None  # validated
-        backends[name] = Backend(bcfg, bcfg.endpoint, clock, name=name)
-    configs = {DEFAULT_BACKEND: cfg.backend, **cfg.backends}
-    bottlenecks = {name: bottleneck_of(name, configs) for name in configs}
-    dispatchers = {
-        root: LaneDispatcher(
-            Scheduler(scheduler_config(cfg, configs[root].bandwidth_bps), clock.monotonic()), clock
-        )
-        for root in sorted(set(bottlenecks.values()))
-    }
-    table = RouteTable((r.bucket, r.backend, r.backend_bucket) for r in cfg.routes)
-    return Pools(table, backends, dispatchers, bottlenecks)
+async def bucket_exists(pools: Pools, keys: KeyTables, bucket: str, tenant: str | None) -> bool | None:
+    """HEAD the bucket on its backend, as the signing tenant (a loopback flush: as the first key): False
+    for 404, True for 2xx, None when the store cannot tell (403, 5xx, unreachable)."""
+    cred = keys.live.get(tenant) if tenant is not None else next(iter(keys.live.values()), None)
+    if cred is None:
+        return None
+    backend, target = pools.target(bucket, None, "")
+    try:
+        resp = await backend.request("HEAD", target, {}, cred, lane="metadata")
+    except S3Error:
+        return None
+    resp.release()
+    return False if resp.status == 404 else True if resp.status < 300 else None
 
 
 def pools_status(pools: Pools, clock: Clock) -> dict[str, Any]:
@@ -271,6 +266,9 @@ def pools_status(pools: Pools, clock: Clock) -> dict[str, Any]:
                 "lane_source_addresses": dict(b.cfg.lane_source_addresses),
                 "routes": routes.get(name, []),
                 "health": {"state": b.health.state, **plain(b.health)},
+                "credentials": b.chain.status()
+                if b.chain is not None
+                else {"source": "static" if b.cfg.access_key is not None else "clients"},
             }
             for name, b in sorted(pools.backends.items())
         },
@@ -290,10 +288,6 @@ def _drain_status(drainer: Drainer, keeper: DeadlineKeeper | None) -> Callable[[
         return out
 
     return status
-
-
-def spool_dir(cfg: Config) -> Path:
-    return cfg.spool.dir if cfg.spool.dir is not None else cfg.server.state_dir / "spool"
 
 
 def _unless_signed(handler: Handler, proxy: S3Proxy) -> Handler:
@@ -366,7 +360,20 @@ def tls_context(cfg: Config) -> ssl.SSLContext | None:
         return None
     assert cfg.server.tls_cert is not None and cfg.server.tls_key is not None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(str(cfg.server.tls_cert), str(cfg.server.tls_key))
+    cert, key = cfg.server.tls_cert, cfg.server.tls_key
+    try:
+        ctx.load_cert_chain(str(cert), str(key))
+    except ssl.SSLError as exc:
+        reason = (
+            "the key does not match the certificate"
+            if "KEY_VALUES_MISMATCH" in str(exc)
+            else "not a PEM certificate chain and its PEM private key"
+        )
+        raise StartupError(f"[server] tls_cert {cert}, tls_key {key}: cannot load them: {reason}") from None
+    except OSError as exc:
+        raise StartupError(
+            f"[server] tls_cert {cert}, tls_key {key}: cannot read them: {exc.strerror or exc}"
+        ) from None
     return ctx
 
 
@@ -383,11 +390,20 @@ async def start_listeners(cfg: Config, app: web.Application) -> tuple[web.AppRun
         # (gateway.core.limits.MAX_HEADERS) answers S3's error instead, so aiohttp's is set far above it.
         max_headers=_PARSER_MAX_HEADERS,
     )
+    try:
+        urls = await _open(cfg, runner)
+    except BaseException:
+        await runner.cleanup()  # what started (spool, drainer, backend sessions) stops cleanly
+        raise
+    return runner, urls
+
+
+async def _open(cfg: Config, runner: web.AppRunner) -> list[str]:
     await runner.setup()
     urls: list[str] = []
     if cfg.server.listen is not None:
         site = web.TCPSite(runner, cfg.server.listen.host, cfg.server.listen.port, reuse_address=True)
-        await site.start()
+        await _bind(site, cfg.server.listen, "listen")
         urls.append(_bound_url(site, "http"))
     ctx = tls_context(cfg)
     if ctx is not None and cfg.server.https_listen is not None:
@@ -398,9 +414,40 @@ async def start_listeners(cfg: Config, app: web.Application) -> tuple[web.AppRun
             ssl_context=ctx,
             reuse_address=True,
         )
-        await tls_site.start()
+        await _bind(tls_site, cfg.server.https_listen, "https_listen")
         urls.append(_bound_url(tls_site, "https"))
-    return runner, urls
+    return urls
+
+
+async def _bind(site: web.TCPSite, listen: Listen, setting: str) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        raise _listen_error(listen, setting, exc) from None
+
+
+def check_listen_addresses(cfg: Config) -> None:
+    """Fail early (StartupError) if a configured listen address cannot be bound, e.g. the port is taken:
+    before an embedded store starts and the spool is recovered. The listeners bind for real later."""
+    for listen, setting in ((cfg.server.listen, "listen"), (cfg.server.https_listen, "https_listen")):
+        if listen is None or listen.port == 0:
+            continue
+        family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener will
+            try:
+                sock.bind((listen.host, listen.port))
+            except OSError as exc:
+                raise _listen_error(listen, setting, exc) from None
+
+
+def _listen_error(listen: Listen, setting: str, exc: OSError) -> StartupError:
+    if exc.errno == errno.EADDRINUSE:
+        why = "the address is already in use (another s3lanes, or another service, holds the port)"
+    else:
+        why = (exc.strerror or str(exc)).lower()
+    flag = "--listen" if setting == "listen" else "--https-listen"
+    return StartupError(f"cannot listen on {listen}: {why}; choose another with {flag} or [server] {setting}")
 
 
 def _bound_url(site: web.TCPSite, scheme: str) -> str:

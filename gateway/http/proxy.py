@@ -203,13 +203,15 @@ class S3Proxy:
         *,
         classifier: Classifier,
         metrics: Metrics,
+        keys: dict[str, Credential] | None = None,
     ) -> None:
         self._cfg = cfg
         self.pools = pools
         self._clock = clock
         self._classifier = classifier
         self._metrics = metrics
-        self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
+        # The keys clients may sign with; ``keys`` is shared and updated in place (credentials file reloads).
+        self._creds = keys if keys is not None else {c.access_key: c for c in cfg.credentials}
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
         self._pool_front = PoolFront(self)
@@ -276,8 +278,8 @@ class S3Proxy:
         try:
             ctx = self.authenticate(request)
         except S3Error as err:
-            self._metrics.auth_failures.labels(err.code).inc()
-            self._metrics.requests.labels("none", "unauthenticated", str(err.status)).inc()
+            self._metrics.child(self._metrics.auth_failures, err.code).inc()
+            self._metrics.child(self._metrics.requests, "none", "unauthenticated", str(err.status)).inc()
             return self.error_response(request, err, rid)
         facts = RequestFacts.from_request(ctx.target, ctx.view.headers, ctx.auth.access_key)
         decision = self._classifier.classify(facts)
@@ -312,10 +314,12 @@ class S3Proxy:
             log.exception("internal error on %s %s", request.method, request.raw_path)
             return self._lane_headers(self.error_response(request, InternalError(), rid), decision)
         finally:
-            self._metrics.requests.labels(decision.lane, ctx.target.operation, str(status)).inc()
-            self._metrics.duration.labels(decision.lane, ctx.target.operation, served_by).observe(
-                self._clock.monotonic() - started
-            )
+            self._metrics.child(
+                self._metrics.requests, decision.lane, ctx.target.operation, str(status)
+            ).inc()
+            self._metrics.child(
+                self._metrics.duration, decision.lane, ctx.target.operation, served_by
+            ).observe(self._clock.monotonic() - started)
 
     @staticmethod
     def _check_access(
@@ -487,6 +491,11 @@ class S3Proxy:
         elif upload is not None:
             if upload.expected_bytes is not None and upload.expected_bytes <= SMALL_BODY_BYTES:
                 body = await read_small_body(request, upload)
+                if upload.checksum_in_trailer and upload.verified_checksum is not None:
+                    # The trailing checksum, verified, goes to the store as a header (the store keeps it,
+                    # as it keeps one sent in a trailer); a streamed body's trailer is verified only.
+                    name, value = upload.verified_checksum
+                    headers[name] = value
                 cost += len(body)
                 arrived = self._clock.monotonic()
             else:
@@ -502,10 +511,10 @@ class S3Proxy:
         dispatcher.release(ticket)
         sent = self._clock.monotonic()
         wait_s = sent - arrived
-        self._metrics.wait.labels(lane).observe(wait_s)
+        self._metrics.child(self._metrics.wait, lane).observe(wait_s)
         if isinstance(body, bytes) and body:
             dispatcher.observe_delivered(lane, len(body))
-            self._metrics.bytes.labels(lane, "up").inc(len(body))
+            self._metrics.child(self._metrics.bytes, lane, "up").inc(len(body))
         try:
             resp = await backend.request(
                 request.method,
@@ -520,7 +529,7 @@ class S3Proxy:
         except S3Error as err:
             if pipe is not None and pipe.failure is not None:
                 raise pipe.failure from None
-            self._metrics.backend_errors.labels(lane, err.code).inc()
+            self._metrics.child(self._metrics.backend_errors, lane, err.code).inc()
             dispatcher.observe_backend(lane, err.status)
             raise
         except Exception:
@@ -531,13 +540,13 @@ class S3Proxy:
             if pipe is not None:
                 pipe.close()
                 if pipe.sent_bytes:
-                    self._metrics.bytes.labels(lane, "up").inc(pipe.sent_bytes)
+                    self._metrics.child(self._metrics.bytes, lane, "up").inc(pipe.sent_bytes)
         try:
             ttfb_s = self._clock.monotonic() - sent
-            self._metrics.backend_latency.labels(lane).observe(ttfb_s)
+            self._metrics.child(self._metrics.backend_latency, lane).observe(ttfb_s)
             dispatcher.observe_backend(lane, resp.status)
             if resp.status >= 500:
-                self._metrics.backend_errors.labels(lane, str(resp.status)).inc()
+                self._metrics.child(self._metrics.backend_errors, lane, str(resp.status)).inc()
             if ctx.target.operation in _READ_OPERATIONS:
                 dispatcher.observe_read(lane, wait_s, ttfb_s)
             if pipe is not None and pipe.failure is not None:
@@ -631,7 +640,7 @@ class S3Proxy:
                     )
                     if outcome is not None:
                         moved, completed = outcome
-                        self._metrics.zero_copy_bytes.labels(lane).inc(moved)
+                        self._metrics.child(self._metrics.zero_copy_bytes, lane).inc(moved)
                         if not completed:
                             return out
                         await out.write_eof()
@@ -654,7 +663,7 @@ class S3Proxy:
             finally:
                 budget.close()
                 if moved:
-                    self._metrics.bytes.labels(lane, "down").inc(moved)
+                    self._metrics.child(self._metrics.bytes, lane, "down").inc(moved)
         await out.write_eof()
         return out
 

@@ -40,6 +40,7 @@ from gateway.clock import Clock
 from gateway.config import Config, Credential
 from gateway.core.body import UploadBody
 from gateway.core.checksums import (
+    ALGORITHMS,
     CHECKSUM_HEADER_PREFIX,
     Checksum,
     check_content_md5,
@@ -52,24 +53,25 @@ from gateway.core.checksums import (
 from gateway.core.classify import Decision
 from gateway.core.listing import (
     NULL_VERSION,
+    AnyListRequest,
+    BackendCursor,
     ListEntry,
     NotOurToken,
+    SpooledObject,
     VersionEntry,
     add_listed_uploads,
+    backend_query,
     decode_token,
     drop_listed_uploads,
+    expand_prefixes,
     iso8601,
-    merge_page,
-    merge_versions_page,
-    parse_backend_listing,
-    parse_backend_versions,
+    list_parts_page,
+    merged_listing_xml,
+    parse_backend_page,
     parse_list_request,
     parse_owner,
     parse_versions_request,
-    prefixes_to_expand,
-    render_list_xml,
-    render_versions_xml,
-    versions_prefixes_to_expand,
+    shows_owner,
 )
 from gateway.core.objectread import (
     DEFAULT_CONTENT_TYPE,
@@ -88,6 +90,7 @@ from gateway.core.s3docs import (
     delete_objects_targets,
 )
 from gateway.core.s3request import query_names
+from gateway.core.sniff import SNIFF_BYTES, Written, default_content_type
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, SpoolSpace, Upload
 from gateway.core.uri import s3_quote
 from gateway.errors import (
@@ -199,6 +202,8 @@ def upload_meta(headers: Mapping[str, str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for name, value in headers.items():
         if name.startswith("x-amz-meta-") or name in _KEEP_HEADERS:
+            if name.startswith("x-amz-meta-") and not value.strip():
+                continue  # the store drops user metadata with an empty value (it would after the drain)
             if name == "content-encoding":
                 value = without_aws_chunked(value)
                 if not value.strip():
@@ -390,6 +395,7 @@ class SpoolFront:
         metrics: Metrics,
         *,
         drain_uploads: Callable[[], AbstractSet[str]] = frozenset,
+        keys: dict[str, Credential] | None = None,
     ) -> None:
         self.spool = spool
         # The backend upload ids the drain has open: hidden from clients' ListMultipartUploads.
@@ -400,7 +406,8 @@ class SpoolFront:
         self._clock = clock
         self._metrics = metrics
         self._lanes = frozenset(cfg.spool.lanes)
-        self._creds: dict[str, Credential] = {c.access_key: c for c in cfg.credentials}
+        # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
+        self._creds = keys if keys is not None else {c.access_key: c for c in cfg.credentials}
         # (backend identity, bucket) -> monotonic time until which the bucket is known to be there for it
         self._bucket_ok: dict[tuple[str, str], float] = {}
         self._bucket_checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # HEADs on their way
@@ -444,10 +451,10 @@ class SpoolFront:
                 # Merged while the prefix has spooled keys, and for every page after one of our tokens
                 # (the backend cannot continue a listing from a token it did not issue).
                 if state.has_bucket_prefix(bucket, q.get("prefix", "")) or _our_token(q):
-                    return await self._list(request, ctx, decision, bucket)
+                    return await self._list(ctx, decision, bucket, q)
             elif op == "ListObjectVersions":
                 if state.has_bucket_prefix(bucket, q.get("prefix", "")):
-                    return await self._list_versions(ctx, decision, bucket, q)
+                    return await self._list(ctx, decision, bucket, q)
             elif op in ("DeleteObjects", "DeleteBucket") and any(
                 b == bucket for b, _ in self.spool.unjournaled_keys
             ):
@@ -562,17 +569,21 @@ class SpoolFront:
         counted in ``s3lanes_spool_write_through_total{reason}`` (called once per write)."""
         if decision.lane not in self._lanes and not self.spool.state.has_key(bucket, key):
             return False  # not a spooled lane: not a write-through either
-        reason = self._write_through_reason(ctx, key)
+        reason = self._write_through_reason(ctx, bucket, key)
         if reason is not None:
             self._metrics.spool_write_through.labels(reason).inc()
         return reason is None
 
-    def _write_through_reason(self, ctx: RequestContext, key: str) -> str | None:
+    def _write_through_reason(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
         h = ctx.view.headers
         if self.spool.degraded is not None:
             return "degraded"
         if self._closing:
             return "shutdown"
+        if key.endswith("/"):
+            # SeaweedFS stores a key ending in "/" as a directory (its bytes dropped, Content-Length 0): let
+            # the store answer it from the start, so that the object does not change at the drain.
+            return "key"
         if _odd_path_segments(key):
             # Stores disagree on keys with "."/".." or empty segments (SeaweedFS refuses or folds them):
             # let the backend answer such writes itself rather than acknowledge what may never drain.
@@ -588,7 +599,13 @@ class SpoolFront:
         if any(name.startswith("x-amz-object-lock-") for name in h):
             return "object_lock"
         if any(name in h for name in _WRITE_THROUGH_ONLY):
-            return "conditional"
+            # A conditional write of a key the spool holds is evaluated against the spool's newest write of
+            # it and spooled (see _put); of any other key the store evaluates it.
+            spooled_put = (
+                ctx.target.operation == "PutObject" and self.spool.state.lookup(bucket, key) is not None
+            )
+            if not (spooled_put and has_write_preconditions(h)):
+                return "conditional"
         return None
 
     async def _wait_clear(self, bucket: str, key: str) -> None:
@@ -700,6 +717,7 @@ class SpoolFront:
         extra: Checksum | None = None,
         *,
         room: _Room | None = None,
+        head: bytearray | None = None,
     ) -> str:
         """Stream the decoded, verified request body into a spool file; return its MD5. Discards on error.
 
@@ -708,7 +726,8 @@ class SpoolFront:
         payload's SHA-256, an ``x-amz-checksum-*``) are hashed by the writer too, on its I/O thread with the
         MD5, and checked once it has written the last byte, before anything is acknowledged. ``extra``: one
         more checksum the writer feeds (a part's, in its upload's algorithm, when the request sent none).
-        ``room``: a body of unknown length reserves its room in the spool as it arrives."""
+        ``room``: a body of unknown length reserves its room in the spool as it arrives. ``head``: filled with
+        the body's first :data:`SNIFF_BYTES` (to sniff its Content-Type)."""
         expected_md5 = upload.take_md5_check() if upload is not None else None
         if upload is not None:
             writer.extra_hashers = tuple(upload.delegate_hashing())
@@ -729,6 +748,8 @@ class SpoolFront:
                         if room is not None:
                             room.need(upload.seen_bytes)
                         for piece in pieces:
+                            if head is not None and len(head) < SNIFF_BYTES:
+                                head += piece[: SNIFF_BYTES - len(head)]
                             await writer.write(piece)
                 except (aiohttp.ClientPayloadError, ConnectionResetError, asyncio.IncompleteReadError) as exc:
                     raise IncompleteBody(
@@ -736,6 +757,8 @@ class SpoolFront:
                     ) from exc
                 tail = upload.finish()
                 if tail:
+                    if head is not None and len(head) < SNIFF_BYTES:
+                        head += tail[: SNIFF_BYTES - len(head)]
                     await writer.write(tail)
             md5 = await writer.finish()
             if upload is not None:
@@ -774,25 +797,68 @@ class SpoolFront:
         try:
             await self._check_bucket(ctx, bucket)
             writer = self.spool.writer(size)
-            md5 = await self._write_body(request, upload, writer, room=room)
-            meta = upload_meta(ctx.view.headers)
-            if upload is not None and upload.verified_checksum is not None:
-                meta = sorted([*meta, upload.verified_checksum])  # kept, and sent with the drain's PUT
-            rec = self.spool.state.put_record(
-                bucket=bucket,
-                key=key,
-                file=writer.file_id,
-                size=writer.size,
-                md5=md5,
-                meta=meta,
-                access_key=ctx.auth.access_key,
-                lane=decision.lane,
-                now_wall=self._clock.wall(),
-            )
-            await self._commit_or_discard(writer, rec)
+            head = bytearray()
+            computed = self._unpromised_checksum(ctx, upload)
+            md5 = await self._write_body(request, upload, writer, computed, room=room, head=head)
+            meta = self._with_content_type(upload_meta(ctx.view.headers), Written.PUT, bytes(head))
+            checksum = upload.verified_checksum if upload is not None else None
+            if computed is not None:
+                checksum = (header_for(computed.algorithm), computed.digest_b64())
+            if checksum is not None:
+                meta = sorted([*meta, checksum])  # kept, and sent with the drain's PUT
+
+            def record() -> dict[str, Any]:
+                return self.spool.state.put_record(
+                    bucket=bucket,
+                    key=key,
+                    file=writer.file_id,
+                    size=writer.size,
+                    md5=md5,
+                    meta=meta,
+                    access_key=ctx.auth.access_key,
+                    lane=decision.lane,
+                    now_wall=self._clock.wall(),
+                )
+
+            if has_write_preconditions(ctx.view.headers):
+                # If-Match / If-None-Match against the object a client sees at the key now (the spool's
+                # newest write, else the store's), checked and committed under the key's lock, as for a
+                # conditional CompleteMultipartUpload: answered at once, without waiting for the drain.
+                async with self._key_lock(bucket, key):
+                    try:
+                        current = await self._current_etag(ctx, bucket, key)
+                        check_write_preconditions(current, ctx.view.headers)
+                    except BaseException:
+                        await writer.discard()
+                        raise
+                    await self._commit_or_discard(writer, record())
+            else:
+                await self._commit_or_discard(writer, record())
         finally:
             self.spool.space.release(size + (room.reserved if room is not None else 0))
-        return self._acked(ctx, decision, writer, md5, upload)
+        resp = self._acked(ctx, decision, writer, md5, upload)
+        if computed is not None and checksum is not None:
+            resp.headers[checksum[0]] = checksum[1]
+        return resp
+
+    @staticmethod
+    def _unpromised_checksum(ctx: RequestContext, upload: UploadBody | None) -> Checksum | None:
+        """An ``x-amz-sdk-checksum-algorithm`` without a checksum value (header or trailer): the store
+        computes that checksum and keeps it, so the spool computes it as it writes (None otherwise)."""
+        algorithm = ctx.view.headers.get("x-amz-sdk-checksum-algorithm", "").strip().upper()
+        if algorithm not in ALGORITHMS or (upload is not None and upload.checksum_algorithm is not None):
+            return None
+        return new_checksum(algorithm)
+
+    def _with_content_type(
+        self, meta: list[tuple[str, str]], written: Written, head: bytes = b""
+    ) -> list[tuple[str, str]]:
+        """``meta`` with a Content-Type: the request's, else the default the store would give (kept with the
+        object and sent by the drain, so that it answers the same before and after)."""
+        if any(k == "content-type" for k, _ in meta):
+            return meta
+        default = default_content_type(self._cfg.spool.default_content_type, written, head)
+        return sorted([*meta, ("content-type", default)])
 
     # -- GET / HEAD ------------------------------------------------------------------------------------------
 
@@ -876,60 +942,61 @@ class SpoolFront:
     # -- listings --------------------------------------------------------------------------------------------
 
     async def _list(
-        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
+        self, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
     ) -> web.StreamResponse | None:
-        query = query_names(ctx.view.raw_query)
+        """ListObjects (V1, V2) or ListObjectVersions over a prefix with spooled keys: the backend's whole
+        listing of the prefix merged with the spool (gateway/core/listing.py). None: a continuation token
+        the gateway did not issue, which the backend answers."""
         try:
-            req = parse_list_request(query)
+            req: AnyListRequest = (
+                parse_versions_request(q)
+                if ctx.target.operation == "ListObjectVersions"
+                else parse_list_request(q)
+            )
         except NotOurToken:
             return None
-        listed = await self._backend_listing(ctx, decision, bucket, req.prefix, req.delimiter)
+        # The spool first, then the backend: an entry that drains meanwhile is then in the spool's snapshot,
+        # on the backend, or both (the spool's wins), never in neither (the other order lost such keys).
+        snapshot = list(self.spool.state.live_under(bucket, req.prefix))
+        listed = await self._backend_all(ctx, decision, bucket, req, req.prefix, req.delimiter)
         if isinstance(listed, web.Response):
             return listed
-        entries, prefixes = listed
-        spooled: list[ListEntry] = []
+        items, prefixes = listed
+        spooled: list[SpooledObject] = []
         hidden: set[str] = set()
-        show_owner = req.version == 1 or req.fetch_owner
-        for entry in list(self.spool.state.live_under(bucket, req.prefix)):
+        for entry in snapshot:
             if entry.kind == "del":
                 hidden.add(entry.key)
-            else:
-                owner = await self._owner(ctx, bucket, entry.access_key) if show_owner else None
-                spooled.append(
-                    ListEntry(
-                        entry.key,
-                        entry.size,
-                        entry.etag,
-                        entry.acked_at,
-                        owner_id=owner[0] if owner else None,
-                        owner_name=owner[1] if owner else None,
-                    )
-                )
+                continue
+            owner = await self._owner(ctx, bucket, entry.access_key) if shows_owner(req) else None
+            spooled.append(SpooledObject(entry.key, entry.size, entry.etag, entry.acked_at, owner))
         # A backend common prefix whose keys may all be deleted in the spool: list it out key by key.
-        for prefix in prefixes_to_expand(req, prefixes, hidden):
-            expanded = await self._backend_listing(ctx, decision, bucket, prefix, "")
+        for prefix in expand_prefixes(req, prefixes, hidden):
+            expanded = await self._backend_all(ctx, decision, bucket, req, prefix, "")
             if isinstance(expanded, web.Response):
                 return expanded
             prefixes.remove(prefix)
-            entries.extend(expanded[0])
-        result = merge_page(req, entries, prefixes, spooled, hidden)
-        return self._response(ctx, decision, body=render_list_xml(req, bucket, result))
+            items.extend(expanded[0])
+        body = merged_listing_xml(req, bucket, items, prefixes, spooled, hidden)
+        return self._response(ctx, decision, body=body)
 
-    async def _backend_listing(
-        self, ctx: RequestContext, decision: Decision, bucket: str, prefix: str, delimiter: str
-    ) -> tuple[list[ListEntry], list[str]] | web.Response:
-        """The backend's whole listing of a prefix (its order and StartAfter are not trusted: all of it)."""
-        entries: list[ListEntry] = []
+    async def _backend_all(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        req: AnyListRequest,
+        prefix: str,
+        delimiter: str,
+    ) -> tuple[list[ListEntry | VersionEntry], list[str]] | web.Response:
+        """The backend's whole listing (or version listing, as ``req`` is) of a prefix, paged with its own
+        cursors (its order and StartAfter are not trusted: all of it)."""
+        items: list[ListEntry | VersionEntry] = []
         prefixes: list[str] = []
-        token: str | None = None
+        cursor: BackendCursor | None = None
         limit = self._cfg.spool.list_merge_max_keys
         while True:
-            params = [("list-type", "2"), ("encoding-type", "url"), ("max-keys", "1000"), ("prefix", prefix)]
-            params.append(("fetch-owner", "true"))
-            if delimiter:
-                params.append(("delimiter", delimiter))
-            if token:
-                params.append(("continuation-token", token))
+            params = backend_query(req, prefix, delimiter, cursor)
             raw_query = "&".join(f"{k}={s3_quote(v, safe='')}" for k, v in params)
             resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
             try:
@@ -944,19 +1011,19 @@ class SpoolFront:
                 out.headers["x-amz-request-id"] = ctx.request_id
                 return out
             try:
-                page = parse_backend_listing(data)
+                page, page_prefixes, cursor = parse_backend_page(req, data, cursor)
             except ValueError as exc:
                 raise ServiceUnavailable(f"The backend's listing could not be parsed: {exc}") from exc
-            entries.extend(page.entries)
-            prefixes.extend(page.common_prefixes)
-            if len(entries) + len(prefixes) > limit:
+            items.extend(page)
+            prefixes.extend(page_prefixes)
+            if len(items) + len(prefixes) > limit:
                 raise SlowDown(
-                    f"The listing has more than {limit} keys under this prefix and cannot be merged with"
-                    " spooled writes; retry after they are uploaded."
+                    f"The listing has more than {limit} keys or versions under this prefix and cannot be"
+                    " merged with spooled writes; retry after they are uploaded.",
+                    retry_after_s=self._cfg.spool.retry_after_s,
                 )
-            if not page.is_truncated or not page.next_continuation_token:
-                return entries, prefixes
-            token = page.next_continuation_token
+            if cursor is None:
+                return items, prefixes
 
     async def _owner(
         self, ctx: RequestContext, bucket: str, writer_access_key: str
@@ -988,87 +1055,6 @@ class SpoolFront:
         else:
             self._owners[ident] = owner
         return owner
-
-    async def _list_versions(
-        self, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
-    ) -> web.StreamResponse:
-        """ListObjectVersions over a prefix with spooled keys: the backend's whole version listing of the
-        prefix merged with the spool (a spooled key is one version, "null", the latest)."""
-        req = parse_versions_request(q)
-        listed = await self._backend_versions(ctx, decision, bucket, req.prefix, req.delimiter)
-        if isinstance(listed, web.Response):
-            return listed
-        versions, prefixes = listed
-        spooled: list[VersionEntry] = []
-        hidden: set[str] = set()
-        for entry in list(self.spool.state.live_under(bucket, req.prefix)):
-            if entry.kind == "del":
-                hidden.add(entry.key)
-                continue
-            owner = await self._owner(ctx, bucket, entry.access_key)
-            spooled.append(
-                VersionEntry(
-                    key=entry.key,
-                    version_id=NULL_VERSION,
-                    is_latest=True,
-                    last_modified=entry.acked_at,
-                    size=entry.size,
-                    etag=entry.etag,
-                    owner_id=owner[0] if owner else None,
-                    owner_name=owner[1] if owner else None,
-                )
-            )
-        for prefix in versions_prefixes_to_expand(req, prefixes, hidden):
-            expanded = await self._backend_versions(ctx, decision, bucket, prefix, "")
-            if isinstance(expanded, web.Response):
-                return expanded
-            prefixes.remove(prefix)
-            versions.extend(expanded[0])
-        page = merge_versions_page(req, versions, prefixes, spooled, hidden)
-        return self._response(ctx, decision, body=render_versions_xml(req, bucket, page))
-
-    async def _backend_versions(
-        self, ctx: RequestContext, decision: Decision, bucket: str, prefix: str, delimiter: str
-    ) -> tuple[list[VersionEntry], list[str]] | web.Response:
-        """The backend's whole version listing of a prefix, paged with its own markers."""
-        versions: list[VersionEntry] = []
-        prefixes: list[str] = []
-        marker: tuple[str, str] | None = None
-        limit = self._cfg.spool.list_merge_max_keys
-        while True:
-            params = [("versions", ""), ("max-keys", "1000"), ("prefix", prefix)]
-            if delimiter:
-                params.append(("delimiter", delimiter))
-            if marker is not None:
-                params.append(("key-marker", marker[0]))
-                if marker[1]:
-                    params.append(("version-id-marker", marker[1]))
-            raw_query = "&".join(f"{k}={s3_quote(v, safe='')}" for k, v in params)
-            resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
-            try:
-                data = await resp.read()
-                status = resp.status
-            finally:
-                resp.release()
-            if status != 200:
-                out = web.Response(status=status, body=data, content_type="application/xml")
-                out.headers["x-amz-request-id"] = ctx.request_id
-                return out
-            try:
-                page = parse_backend_versions(data)
-            except ValueError as exc:
-                raise ServiceUnavailable(f"The backend's version listing could not be parsed: {exc}") from exc
-            versions.extend(page.versions)
-            prefixes.extend(page.common_prefixes)
-            if len(versions) + len(prefixes) > limit:
-                raise SlowDown(
-                    f"The listing has more than {limit} versions under this prefix and cannot be merged"
-                    " with spooled writes; retry after they are uploaded."
-                )
-            following = (page.next_key_marker, page.next_version_id_marker)
-            if not page.is_truncated or not page.next_key_marker or following == marker:
-                return versions, prefixes
-            marker = following
 
     async def _list_uploads(
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
@@ -1103,7 +1089,7 @@ class SpoolFront:
             key = s3_quote(upload.key, safe="/") if encode else escape(upload.key)
             element = (
                 f"<Upload><Key>{key}</Key><UploadId>{upload.upload_id}</UploadId>"
-                f"<Initiated>{iso8601(upload.created_at)}</Initiated><StorageClass>STANDARD</StorageClass></Upload>"
+                f"<Initiated>{iso8601(upload.created_at)}</Initiated></Upload>"
             )
             extra.append((upload.key, element.encode()))
         try:
@@ -1203,7 +1189,7 @@ class SpoolFront:
         ):
             raise PreconditionFailed()
         if h.get("x-amz-metadata-directive", "COPY").upper() == "REPLACE":
-            meta = upload_meta(h)
+            meta = self._with_content_type(upload_meta(h), Written.COPY)
         else:
             if src_bucket == bucket and src_key == key:
                 raise InvalidRequest(
@@ -1236,6 +1222,11 @@ class SpoolFront:
             if self._spoolable(ctx, decision, bucket, key) and self._admit(src.size) is Admission.SPOOL:
                 try:
                     await self._check_bucket(ctx, bucket)
+                    if src.multipart:
+                        # Part for part, as the store copies a multipart object: the copy keeps the source's
+                        # multipart ETag (and the drain uploads it as the same parts).
+                        etag = await self._copy_parts(ctx, decision, bucket, key, meta, src, files)
+                        return self._response(ctx, decision, body=self._copy_result(etag))
                     writer = self.spool.writer(src.size)
                     await writer.open()
                     try:
@@ -1265,8 +1256,62 @@ class SpoolFront:
         finally:
             for fd, _, _ in files:
                 os.close(fd)
-        body = _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
-        return self._response(ctx, decision, body=body)
+        return self._response(ctx, decision, body=self._copy_result(etag))
+
+    def _copy_result(self, etag: str) -> bytes:
+        return _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
+
+    async def _copy_parts(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
+        meta: list[tuple[str, str]],
+        src: Entry,
+        files: list[tuple[int, int, int]],
+    ) -> str:
+        """Copy a spooled multipart object into the spool with its part layout: a spooled multipart upload
+        of the same parts, completed at once (the records a client's upload would journal). Its ETag."""
+        state = self.spool.state
+        upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
+        await self.spool.commit(
+            [
+                state.create_upload_record(
+                    upload_id=upload_id,
+                    bucket=bucket,
+                    key=key,
+                    meta=meta,
+                    access_key=ctx.auth.access_key,
+                    lane=decision.lane,
+                    now_wall=self._clock.wall(),
+                )
+            ]
+        )
+        try:
+            upload = state.uploads[upload_id]
+            spans = iter(files)  # one span per non-empty part, in order
+            requested: list[tuple[int, str]] = []
+            for number, size in enumerate(src.part_sizes, start=1):
+                writer = self.spool.writer(size)
+                await writer.open()
+                try:
+                    if size:
+                        await self._copy_files([next(spans)], writer)
+                    md5 = await writer.finish()
+                except BaseException:
+                    await writer.discard()
+                    raise
+                await self._commit_part(upload, number, writer, md5, None)
+                requested.append((number, md5))
+            rec = state.complete_record(upload, requested, self._clock.wall())
+            await self.spool.commit([rec])
+        except BaseException:
+            if upload_id in state.uploads:
+                with contextlib.suppress(Exception):
+                    await self.spool.commit([state.abort_record(upload_id)])
+            raise
+        return str(rec["etag"])
 
     async def _put_through(
         self,
@@ -1320,7 +1365,7 @@ class SpoolFront:
         algo = upload_checksum(h.get("x-amz-checksum-algorithm"), h.get("x-amz-checksum-type"))
         await self._check_bucket(ctx, bucket)
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
-        meta = upload_meta(h)
+        meta = self._with_content_type(upload_meta(h), Written.MULTIPART)
         if algo is not None:  # kept with the upload, and sent with the drain's CreateMultipartUpload
             meta = sorted([*meta, ("x-amz-checksum-algorithm", algo[0]), ("x-amz-checksum-type", algo[1])])
         rec = self.spool.state.create_upload_record(
@@ -1356,6 +1401,10 @@ class SpoolFront:
             done = self._completed.get(upload_id)
             if done is not None and (done.bucket, done.key) == (ctx.target.bucket, ctx.target.key):
                 return await self._completed_upload_op(request, ctx, decision, op, upload_id, done)
+            if op == "AbortMultipartUpload":
+                # The store answers 204 to an abort of an upload id it issued but no longer knows (aborted
+                # or completed before), so a repeated abort of a spooled upload answers the same.
+                return self._response(ctx, decision, status=204)
         if upload is None or upload.bucket != ctx.target.bucket or upload.key != ctx.target.key:
             raise NoSuchUpload(UploadId=upload_id)
         await self._authorize_read(ctx, upload.bucket, upload.access_key)
@@ -1535,7 +1584,10 @@ class SpoolFront:
                 raise PreconditionFailed()
             start, size = copy_range_span(copy_range, src.size) if copy_range is not None else (0, src.size)
             if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
-                raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
+                raise SlowDown(
+                    "The gateway's write spool cannot hold this part now; retry later.",
+                    retry_after_s=self._cfg.spool.retry_after_s,
+                )
             try:
                 try:
                     files = (
@@ -1602,7 +1654,10 @@ class SpoolFront:
                 )
             size = resp.content_length or 0
             if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
-                raise SlowDown("The gateway's write spool cannot hold this part now; retry later.")
+                raise SlowDown(
+                    "The gateway's write spool cannot hold this part now; retry later.",
+                    retry_after_s=self._cfg.spool.retry_after_s,
+                )
             try:
                 writer = self.spool.writer(size)
                 hasher = self._part_hasher(upload, writer)
@@ -1744,25 +1799,26 @@ class SpoolFront:
     def _list_parts(
         self, ctx: RequestContext, decision: Decision, upload: Upload, q: Mapping[str, str]
     ) -> web.StreamResponse:
+        """ListParts of a spooled upload, answered as the store (SeaweedFS) answers it: MaxParts 10000 when
+        not given, a max-parts that is not a positive integer echoed (0 if not a number) and not limiting,
+        NextPartNumberMarker only on a truncated page."""
         try:
             marker = int(q.get("part-number-marker", "0") or 0)
-            max_parts = min(1000, int(q.get("max-parts", "1000") or 1000))
         except ValueError:
-            raise InvalidArgument("part-number-marker and max-parts must be integers.") from None
-        numbers = sorted(n for n in upload.parts if n > marker)
-        page = numbers[:max_parts]
-        truncated = len(numbers) > max_parts
+            raise InvalidArgument("part-number-marker must be an integer.") from None
+        page = list_parts_page(sorted(upload.parts), marker, q.get("max-parts"))
         fields = [
             ("Bucket", upload.bucket),
             ("Key", upload.key),
             ("UploadId", upload.upload_id),
             ("PartNumberMarker", str(marker)),
-            ("NextPartNumberMarker", str(page[-1] if page else marker)),
-            ("MaxParts", str(max_parts)),
-            ("IsTruncated", "true" if truncated else "false"),
         ]
+        if page.is_truncated:
+            fields.append(("NextPartNumberMarker", str(page.parts[-1])))
+        fields.append(("MaxParts", str(page.max_parts)))
+        fields.append(("IsTruncated", "true" if page.is_truncated else "false"))
         inner = "".join(f"<{k}>{escape(v)}</{k}>" for k, v in fields)
-        for n in page:
+        for n in page.parts:
             part = upload.parts[n]
             inner += (
                 f"<Part><PartNumber>{n}</PartNumber><LastModified>{iso8601(upload.created_at)}</LastModified>"

@@ -54,13 +54,16 @@ class StatusPage:
     ``allowed`` is the admin access rule (``Admin.allowed``); the page is not served where the JSON is not.
     """
 
-    def __init__(self, allowed: Callable[[web.Request], bool]) -> None:
+    def __init__(
+        self, allowed: Callable[[web.Request], bool], forbidden: Callable[[web.Request], str] | None = None
+    ) -> None:
         self._allowed = allowed
+        self._forbidden = forbidden or (lambda _request: _FORBIDDEN)
         self._html = load_page()  # at startup: a wheel without its package data fails loudly, not per request
 
     async def page(self, request: web.Request) -> web.Response:
         if not self._allowed(request):
-            return web.Response(status=403, text=_FORBIDDEN)
+            return web.Response(status=403, text=self._forbidden(request))
         nonce = secrets.token_urlsafe(18)
         return web.Response(
             text=self._html.replace(_NONCE_MARK, nonce),
@@ -71,6 +74,6 @@ class StatusPage:
 
     async def redirect(self, request: web.Request) -> web.Response:
         if not self._allowed(request):
-            return web.Response(status=403, text=_FORBIDDEN)
+            return web.Response(status=403, text=self._forbidden(request))
         # Relative, so that a path prefix added by a reverse proxy is kept.
         return web.Response(status=301, headers={"Location": "_s3lanes/", "Cache-Control": "no-store"})

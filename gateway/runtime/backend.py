@@ -27,6 +27,7 @@ from gateway.core.s3request import query_names
 from gateway.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 from gateway.core.uri import s3_quote
 from gateway.errors import GatewayTimeout, ServiceUnavailable
+from gateway.runtime.credentials import ChainCredentials, SigningIdentity
 
 log = logging.getLogger("s3lanes.backend")
 
@@ -122,8 +123,18 @@ class Backend:
         # Network planes: one pool per lane with its own source address (the rest use the backend's).
         self._lane_sessions: dict[str, aiohttp.ClientSession] = {}
         self.health = BackendHealth()
+        # This backend's own identity: static keys from the config win; else the AWS chain if asked for;
+        # else (both None) each request is signed as the client key's backend identity.
+        self._static: SigningIdentity | None = None
+        self.chain: ChainCredentials | None = None
+        if cfg.access_key is not None and cfg.secret_key is not None:
+            self._static = SigningIdentity(cfg.access_key, cfg.secret_key)
+        elif cfg.credential_source == "aws":
+            self.chain = ChainCredentials(name, cfg.aws_profile, wall=clock.wall)
 
     async def start(self) -> None:
+        if self.chain is not None:  # first: a failure here leaves no session open
+            await self.chain.start()
         self._session = self._new_session(self.cfg.source_address)
         by_addr: dict[str, aiohttp.ClientSession] = {}
         for lane, addr in sorted(self.cfg.lane_source_addresses.items()):
@@ -176,6 +187,8 @@ class Backend:
         )
 
     async def close(self) -> None:
+        if self.chain is not None:
+            await self.chain.close()
         for session in {id(s): s for s in self._lane_sessions.values()}.values():
             await session.close()
         self._lane_sessions.clear()
@@ -219,13 +232,18 @@ class Backend:
         """
         assert self._session is not None, "Backend.start() was not awaited"
         session = self._lane_sessions.get(lane, self._session) if lane is not None else self._session
-        if self.cfg.access_key is not None and self.cfg.secret_key is not None:
-            access_key, secret_key = self.cfg.access_key, self.cfg.secret_key
+        # Read at signing time: the chain's snapshot may have rotated since the last request.
+        if self._static is not None:
+            access_key, secret_key, token = self._static
+        elif self.chain is not None:
+            access_key, secret_key, token = self.chain.current()
         else:
-            access_key, secret_key = cred.backend_access_key, cred.backend_secret_key
+            access_key, secret_key, token = cred.backend_access_key, cred.backend_secret_key, None
         out = dict(headers)
         out["host"] = target.host
         if signed:
+            if token:
+                out["x-amz-security-token"] = token  # signed with the rest (every x-amz-* header is)
             out.update(
                 sign_headers(
                     method,

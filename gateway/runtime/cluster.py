@@ -219,7 +219,7 @@ class ClusterMember:
             started = self._clock.monotonic()
             await self.step()
             elapsed = self._clock.monotonic() - started
-            await asyncio.sleep(max(0.0, self.cfg.interval_s - elapsed))
+            await self._clock.sleep(max(0.0, self.cfg.interval_s - elapsed))
 
     async def close(self) -> None:
         await self._board.close()

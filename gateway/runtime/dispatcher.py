@@ -5,7 +5,7 @@ asks for budget with :meth:`LaneDispatcher.acquire` (a *ticket* for ``cost_bytes
 submitted to the scheduler and the scheduler is pulled at once; when it grants right away (the common case
 when the backend has room) the caller does not even suspend. Otherwise the caller waits on a future that a
 later pull resolves. Pulls happen after every submit/complete/cancel and when the single timer fires: the
-scheduler answers ``WaitUntil(t)`` and the dispatcher arms one ``loop.call_at`` for the earliest such time
+scheduler answers ``WaitUntil(t)`` and the dispatcher arms one ``clock.call_at`` for the earliest such time
 (never one timer per waiter: aiolimiter #73's thundering herd).
 
 A waiter that is cancelled (timeout, shutdown) or whose client went away (the ``gone`` check: aiohttp does
@@ -20,7 +20,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from gateway.clock import Clock
+from gateway.clock import Clock, Timer
 from gateway.core.scheduler import Grant, Scheduler, WaitUntil
 
 # How often a queued request checks that its client is still there.
@@ -35,7 +35,7 @@ class LaneDispatcher:
         self._clock = clock
         self._waiters: dict[int, asyncio.Future[None]] = {}
         self._granted: set[int] = set()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_at: float | None = None
 
     # -- budget -------------------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ class LaneDispatcher:
                     await fut
                 else:
                     while not fut.done():
-                        await asyncio.wait((fut,), timeout=ABANDON_POLL_S)
+                        await self._poll(fut)
                         if not fut.done() and gone():
                             raise ConnectionResetError("the client went away while its request was queued")
             except BaseException:
@@ -69,12 +69,27 @@ class LaneDispatcher:
                 raise
         return ticket
 
+    async def _poll(self, fut: asyncio.Future[None]) -> None:
+        """Wait until ``fut`` is done or :data:`ABANDON_POLL_S` has passed on the clock, whichever is first.
+        (``asyncio.wait``, not ``wait_for``: a cancellation that comes as ``fut`` completes is not lost.)"""
+        tick: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def ring() -> None:
+            if not tick.done():
+                tick.set_result(None)
+
+        timer = self._clock.call_at(self._clock.monotonic() + ABANDON_POLL_S, ring)
+        try:
+            await asyncio.wait((fut, tick), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            timer.cancel()
+
     def release(self, ticket: int, bytes_done: int | None = None) -> None:
         """The granted work finished (or was abandoned): free its in-flight share."""
         if ticket in self._granted:
             self._granted.discard(ticket)
             self.scheduler.complete(ticket, self._clock.monotonic(), bytes_done=bytes_done)
-            self._pump()
+            self._pump_for_waiters()
 
     @asynccontextmanager
     async def hold(self, lane: str, cost_bytes: int) -> AsyncIterator[int]:
@@ -91,7 +106,7 @@ class LaneDispatcher:
 
     def observe_backend(self, lane: str, status: int) -> None:
         self.scheduler.observe_backend(lane, status, self._clock.monotonic())
-        self._pump()
+        self._pump_for_waiters()
 
     def observe_delivered(self, lane: str, nbytes: int) -> None:
         self.scheduler.observe_delivered(lane, nbytes, self._clock.monotonic())
@@ -101,6 +116,14 @@ class LaneDispatcher:
         self._pump()
 
     # -- the one timer ------------------------------------------------------------------------------------
+
+    def _pump_for_waiters(self) -> None:
+        """Pump after a completion or a backend answer, which can only grant a waiting ticket: with none
+        waiting the scheduler has nothing queued (every submit has its waiter until granted or cancelled),
+        its pull would answer Idle, and the per-request cost of two such pulls is saved. A timer armed
+        earlier may still fire; it pumps then, which is harmless."""
+        if self._waiters:
+            self._pump()
 
     def _pump(self) -> None:
         now = self._clock.monotonic()
@@ -114,6 +137,10 @@ class LaneDispatcher:
                     continue
                 self._granted.add(decision.ticket)
                 fut.set_result(None)
+                if not self._waiters:
+                    # Nothing left queued (see _pump_for_waiters): the next pull would answer Idle.
+                    self._disarm()
+                    return
                 continue
             if isinstance(decision, WaitUntil):
                 self._arm(decision.at)
@@ -125,10 +152,8 @@ class LaneDispatcher:
         if self._timer is not None and self._timer_at is not None and self._timer_at <= at:
             return
         self._disarm()
-        loop = asyncio.get_running_loop()
-        delay = max(0.0, at - self._clock.monotonic())
         self._timer_at = at
-        self._timer = loop.call_at(loop.time() + delay, self._on_timer)
+        self._timer = self._clock.call_at(at, self._on_timer)
 
     def _disarm(self) -> None:
         if self._timer is not None:

@@ -63,7 +63,7 @@ log = logging.getLogger("s3lanes.drain")
 READ_CHUNK_BYTES = 1024 * 1024
 _UPLOAD_ID = re.compile(rb"<UploadId>([^<]+)</UploadId>")
 _ETAG = re.compile(rb"<ETag>([^<]+)</ETag>")
-# Headers of the original PUT that belong on the CreateMultipartUpload/PutObject of the drain.
+# The warning that acknowledged data is older than [spool] max_age_s is logged at most this often.
 _AGE_WARNING_INTERVAL_S = 60.0
 JANITOR_INTERVAL_S = 5.0
 
@@ -76,10 +76,12 @@ class Superseded(Exception):
     """A newer write of the key was acknowledged while this upload could still be cut short."""
 
 
+# Uploads a stale intent may have created are those the store says were initiated since the intent's entry
+# was acknowledged; this much slack covers the store's clock (Initiated) against ours (acked_at).
 _CLOCK_SLACK_S = 120.0
 # A fence whose read-back was slow (the store stalled again) waits another interval, at most this many times
 # in a row: a store that is merely slow to answer a HEAD must not keep a key pending for ever.
-_FENCE_SLOW_LOOKS = 3  # the store's clock (Initiated) against ours (acked_at)
+_FENCE_SLOW_LOOKS = 3
 
 
 def _listed_uploads(data: bytes) -> list[tuple[str, str, float]]:
@@ -229,7 +231,7 @@ class Drainer:
         wakeup = self._spool.drain_wakeup
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), timeout=self._next_timeout())
+                await self._clock.wait_for(wakeup.wait(), self._next_timeout())
             wakeup.clear()
             if self._closing:
                 return
@@ -512,7 +514,7 @@ class Drainer:
             exc,
             self._in_doubt_hold_s,
         )
-        await asyncio.sleep(self._in_doubt_hold_s)
+        await self._clock.sleep(self._in_doubt_hold_s)
 
     async def _wire(self, entry: Entry) -> None:
         """Journal that a request completing ``entry`` may be on its way to the store, before it is sent:
@@ -547,7 +549,7 @@ class Drainer:
         slow_looks = 0
         try:
             while True:
-                await asyncio.sleep(self._fence_s)
+                await self._clock.sleep(self._fence_s)
                 if entry.superseded:
                     raise Superseded()  # the newer entry of the key is fenced in its turn
                 started = self._clock.monotonic()
@@ -785,7 +787,7 @@ class Drainer:
                 await self._resolve_intent(token)
                 if token not in state.backend_intents or self._spool.degraded is not None:
                     break
-                await asyncio.sleep(max(0.05, self._fence_left(token)))
+                await self._clock.sleep(max(0.05, self._fence_left(token)))
             journaled = True
             if token not in state.backend_intents:
                 try:

@@ -76,8 +76,15 @@ class Pools:
         return self._bottleneck[backend]
 
     async def start(self) -> None:
-        for backend in self.backends.values():
-            await backend.start()
+        started: list[Backend] = []
+        try:
+            for backend in self.backends.values():
+                await backend.start()
+                started.append(backend)
+        except BaseException:  # e.g. no credentials for one backend: close the sessions already open
+            for backend in started:
+                await backend.close()
+            raise
 
     async def close(self) -> None:
         for backend in self.backends.values():

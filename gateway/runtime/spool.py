@@ -404,7 +404,7 @@ class Spool:
         unknown state; a new file that was written and fsynced without error is known good. Once it is in
         place the spool is back in service, with no restart."""
         while self.degraded is not None:
-            await asyncio.sleep(HEAL_INTERVAL_S)
+            await self._clock.sleep(HEAL_INTERVAL_S)
             snapshot = self.state.snapshot_records()
             try:
                 await self._run_journal_io(self._compact_sync, snapshot)
@@ -538,7 +538,7 @@ class Spool:
             self._flush_waiters.append((bucket, prefix, max_seq, fut))
             self.drain_wakeup.set()
             try:
-                await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+                await self._clock.wait_for(asyncio.shield(fut), timeout_s)
             except TimeoutError:
                 pass
             finally:
@@ -564,7 +564,7 @@ class Spool:
             if self.degraded is not None or self._clock.monotonic() >= deadline:
                 return False
             self.drain_wakeup.set()
-            await asyncio.sleep(poll_s)
+            await self._clock.sleep(poll_s)
         return True
 
     async def wait_key_clear(self, bucket: str, key: str, timeout_s: float) -> bool:
@@ -576,7 +576,7 @@ class Spool:
         self._key_waiters.setdefault(ident, []).append(fut)
         self.drain_wakeup.set()
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+            await self._clock.wait_for(asyncio.shield(fut), timeout_s)
             return True
         except TimeoutError:
             return False
@@ -930,7 +930,7 @@ async def _owned(fut: asyncio.Future[T], release: Callable[[T], object]) -> T:
 
 
 def crash_on_failure(task: asyncio.Task[Any]) -> None:
-    """A background task that dies takes the process down loudly (STYLE.md 10): a journal committer or a
+    """A background task that dies takes the process down loudly: a journal committer or a
     drainer that silently stopped would leave writers waiting forever."""
     if task.cancelled():
         return

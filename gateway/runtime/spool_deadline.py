@@ -13,7 +13,6 @@ any time.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -163,7 +162,7 @@ class DeadlineKeeper:
     async def run(self) -> None:
         while True:
             self.tick()
-            await asyncio.sleep(TICK_S)
+            await self._clock.sleep(TICK_S)
 
     def status(self) -> dict[str, Any]:
         p = self.last

@@ -1,8 +1,8 @@
-"""The contention benchmark (issue 6): dataset reads against checkpoint bursts on one shared bottleneck.
+"""The contention benchmark: dataset reads against checkpoint bursts on one shared bottleneck.
 
 ``python -m loadtests.contention`` (``make bench-contention``) runs the matrix (a) clients direct to the
 store, (b) through s3lanes with lanes only, (c) through s3lanes with lanes and the write spool, on a testbed
-where a write burst really queues reads behind it, and, for storage pools (issue 9), (d) through s3lanes
+where a write burst really queues reads behind it, and, for storage pools, (d) through s3lanes
 (lanes + spool) with the checkpoint bucket routed to a second store behind its own bottleneck, (e) the same
 split with the clients direct to the two stores. It writes a Markdown table, PNG plots and the raw numbers
 under ``results/contention-<timestamp>/``. Modules:
@@ -17,5 +17,5 @@ under ``results/contention-<timestamp>/``. Modules:
 - :mod:`.run`: the orchestration: testbed, store, gateways, the matrix in interleaved rounds, sampling.
 - :mod:`.report`: the summary (pure), the Markdown report and the plots.
 
-Results and their interpretation: ``docs/benchmarks.md``, "Contention benchmark (issue 6)".
+Results and their interpretation: ``docs/benchmarks.md``, "Contention benchmark".
 """

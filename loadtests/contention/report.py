@@ -18,7 +18,7 @@ Definitions (the same for every scenario):
   that went store -> client (read data); with one store the client -> store direction carries the
   checkpoint. Through a gateway, also the dataset lane's share of the bytes delivered by the scheduler of the
   dataset's pool (``/_s3lanes/status``). Write MB/s counts client -> store bytes on every bottleneck.
-- **Separate pools** (issue 9; (d), (e)): the checkpoint bucket lives on a second store behind its own
+- **Separate pools** ((d), (e)): the checkpoint bucket lives on a second store behind its own
   bottleneck. Its FIFO is reported apart (``wire_ckpt``). "Unaffected" is judged against noise measured in
   the same segments: the **quiet-window band** of a scenario is the 95th percentile of the same statistic
   (pooled p99 / outside p99) computed on *quiet windows*: in each round one window of the burst's length
@@ -69,7 +69,7 @@ LANE_COLORS = {
     "metadata": "#7f7f7f",
 }
 
-# Targets of issue 6.
+# The benchmark's targets.
 TARGET_DIRECT_RATIO_MIN = 5.0
 TARGET_LANES_RATIO_MAX = 1.5
 TARGET_LOST_VS_DIRECT_MAX = 0.1
@@ -647,8 +647,8 @@ def noise_band(sc: dict[str, dict[str, Any]]) -> float | None:
 
 
 def pools_verdict(sc: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """Issue 9: dataset read p99 during bursts is unaffected by the checkpoint pool's load, in (d): the p99
-    during / outside ratio within (d)'s quiet-window band (see the module docstring)."""
+    """Separate pools: dataset read p99 during bursts is unaffected by the checkpoint pool's load, in (d): the
+    p99 during / outside ratio within (d)'s quiet-window band (see the module docstring)."""
     d = sc.get("d")
     if d is None:
         return None
@@ -813,7 +813,7 @@ def markdown(doc: dict[str, Any]) -> str:
         )
         + ".",
         "",
-        "### Targets (issue 6)",
+        "### Targets",
         "",
         "| target | measured | limit | verdict |",
         "|---|---|---|---|",
@@ -882,13 +882,13 @@ def _backlog(x: dict[str, Any]) -> str:
 
 
 def pools_markdown(s: dict[str, Any]) -> list[str]:
-    """The issue-9 section: shared vs separate pools side by side, and the verdict for (d)."""
+    """The separate-pools section: shared vs separate pools side by side, and the verdict for (d)."""
     sc, verdict = s["scenarios"], s["pools"]
     if not any(x["separate_pools"] for x in sc.values()):
         return []
     lines = [
         "",
-        "### Separate pools (issue 9)",
+        "### Separate pools",
         "",
         "(d)/(e): the checkpoint bucket on a second store behind its own FIFO (same rate and depth); the "
         "dataset on the first. Shared-pool rows for comparison.",

@@ -1,5 +1,5 @@
 """The contention benchmark's orchestration: the matrix (a) direct, (b) lanes only, (c) lanes + spool, and
-with storage pools (issue 9) (d) separate pools through s3lanes, (e) separate pools direct.
+with storage pools: (d) separate pools through s3lanes, (e) separate pools direct.
 
 Run it as ``python -m loadtests.contention`` (``make bench-contention``); ``--help`` lists the knobs,
 ``--quick`` is a small run of under a minute (CI runs it with ``--testbed model``). Results go to
@@ -93,7 +93,7 @@ SCENARIOS: dict[str, str] = {
 }
 # Scenario -> whether its gateway spools (the scenarios without one go direct to the store).
 GATEWAY_SPOOL = {"b": False, "c": True, "d": True}
-# Scenarios with the checkpoint bucket on a second store behind its own bottleneck (storage pools, issue 9).
+# Scenarios with the checkpoint bucket on a second store behind its own bottleneck (storage pools).
 SEPARATE_POOLS = frozenset("de")
 CKPT_BACKEND = "ckpt"  # the [backends.<name>] of (d)
 

@@ -1,5 +1,5 @@
 """Testbeds for the contention benchmark: one shared bottleneck between the client side and SeaweedFS
-(and, for the separate-pools scenarios of issue 9, a second store behind a second bottleneck of its own).
+(and, for the separate-pools scenarios, a second store behind a second bottleneck of its own).
 
 Theory of operation
 -------------------
@@ -29,7 +29,7 @@ rate between the clients and the store, which requests, write data, read data an
     ``run.py``), and a later run deletes namespaces left by a run that was killed with SIGKILL.
 
 With ``ckpt_store=True`` both testbeds add a *second store* for the checkpoint bucket, behind its own
-bottleneck of the same rate and depth (storage pools, issue 9): netns a second router and server namespace
+bottleneck of the same rate and depth (storage pools): netns a second router and server namespace
 (``<run>-rtr2``, ``<run>-srv2`` 10.79.3.1, reached from the client namespace over a second veth,
 10.79.4.0/24), the model a second SeaweedFS behind a second relay. The two FIFOs share nothing; the two
 SeaweedFS processes do share the machine's CPU (and so, on a small machine, are not fully independent).

@@ -14,6 +14,7 @@ import dataclasses
 import datetime
 import gzip
 import hashlib
+import io
 import itertools
 import threading
 import time
@@ -662,6 +663,23 @@ def _(t: Target, upload_id: str, parts: list[dict[str, Any]]) -> None:
     _complete(t, "complete", upload_id, parts)
 
 
+class _SlowBody(io.BytesIO):
+    """A request body read out slowly (about 1 ms per 8 KiB block): an upload that is still running."""
+
+    def __init__(self, data: bytes, started: threading.Event) -> None:
+        super().__init__(data)
+        self._started = started
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return super().read()
+        chunk = super().read(min(size, 8192))
+        if chunk:
+            self._started.set()
+            time.sleep(0.003)
+        return chunk
+
+
 @scenario()
 def multipart__concurrent_part_reupload(t: Target) -> None:
     """The same part number uploaded twice at once: Complete with the ETag of the upload that finished first,
@@ -671,20 +689,24 @@ def multipart__concurrent_part_reupload(t: Target) -> None:
     etags: dict[str, str] = {}
     order: list[str] = []
     lock = threading.Lock()
+    slow_started = threading.Event()
 
     def upload(name: str) -> None:
-        resp = t.s3.upload_part(
-            Bucket=t.bucket, Key="mp", UploadId=up["UploadId"], PartNumber=1, Body=bodies[name]
-        )
+        body: Any = bodies[name]
+        if name == "slow":  # sent over about a second, so that the other one starts and ends meanwhile
+            body = _SlowBody(body, slow_started)
+        resp = t.s3.upload_part(Bucket=t.bucket, Key="mp", UploadId=up["UploadId"], PartNumber=1, Body=body)
         with lock:
             etags[name] = resp["ETag"]
             order.append(name)
 
     threads = [threading.Thread(target=upload, args=(n,)) for n in bodies]
-    for th in threads:
-        th.start()
+    threads[0].start()
+    slow_started.wait(10)
+    threads[1].start()
     for th in threads:
         th.join()
+    t.note("the small upload ended first", order[0])
     first = order[0]
     t.note("etags differ", etags["slow"] != etags["fast"])
     t.call(

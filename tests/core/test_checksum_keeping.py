@@ -25,6 +25,7 @@ from gateway.core.checksums import (
 from gateway.core.s3docs import complete_multipart_checksums
 from gateway.core.spool_state import MIN_PART_BYTES, SpoolState, object_checksum
 from gateway.errors import BadDigest, InvalidRequest
+from tests.budget import examples
 
 WALL = 1_700_000_000.0
 _CRC = {
@@ -40,7 +41,7 @@ def b64(data: bytes, algorithm: str) -> str:
     return c.digest_b64()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.sampled_from(sorted(_CRC)), st.binary(max_size=300), st.binary(max_size=300))
 def test_crc_combine_is_the_crc_of_the_concatenation(algorithm: str, a: bytes, b: bytes) -> None:
     crc = _CRC[algorithm]

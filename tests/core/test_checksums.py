@@ -21,6 +21,7 @@ from gateway.errors import (
     MalformedTrailerError,
     XAmzContentSHA256Mismatch,
 )
+from tests.budget import examples
 
 BODY = b"The quick brown fox jumps over the lazy dog" * 100
 
@@ -44,7 +45,7 @@ def test_empty_checksum_matches_botocore(algorithm: str) -> None:
     assert new_checksum(algorithm).digest_b64() == botocore_b64(algorithm, b"")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     algorithm=st.sampled_from(ALGORITHMS),
     data=st.binary(max_size=5000),

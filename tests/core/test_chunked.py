@@ -36,6 +36,7 @@ from gateway.errors import (
     S3Error,
     SignatureDoesNotMatch,
 )
+from tests.budget import examples
 from tests.core.test_sigv4 import BOTO_NOW, BOTO_SECRET, BotoCapture, chunked_example_verified
 
 
@@ -315,7 +316,7 @@ def test_feeding_byte_by_byte_gives_the_same_result(name: str) -> None:
     assert _decode_named(name, range(1, len(body))) == _decode_named(name, ())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(name=st.sampled_from(sorted(SPLIT_BODIES)), data=st.data())
 def test_any_split_gives_the_same_result(name: str, data: st.DataObject) -> None:
     body = SPLIT_BODIES[name][0]
@@ -518,7 +519,7 @@ _fragments = st.sampled_from(
 _bodies = st.one_of(st.binary(max_size=300), st.lists(_fragments, max_size=40).map(b"".join))
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     body=_bodies,
     cuts=st.lists(st.integers(min_value=0, max_value=300), max_size=5),

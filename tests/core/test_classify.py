@@ -29,6 +29,7 @@ from gateway.core.classify import (
     looks_like_checkpoint,
     operation_class,
 )
+from tests.budget import examples
 
 LANES = frozenset(DEFAULT_LANES)
 S3TORCH_UA = (
@@ -707,7 +708,7 @@ _FUZZ_RULES = (
 _text = st.text(max_size=40)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     operation=st.one_of(st.sampled_from(sorted(KNOWN_OPERATIONS | {"UnknownPatch"})), _text),
     bucket=st.one_of(st.none(), st.sampled_from(["ckpt", "data", "bulk-1"]), _text),

@@ -18,7 +18,8 @@ from clients import (
     RetryEvent,
     RetryPolicy,
 )
-from clients.durability import DurabilityStatus, Pending
+from clients.durability import Pending
+from clients.model import DurabilityStatus
 
 
 class FakeTime:

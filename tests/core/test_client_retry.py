@@ -13,9 +13,10 @@ from botocore.stub import Stubber
 
 from clients import ClientConfig, GatewayClient, RetriesExhausted, RetryEvent, RetryPolicy
 from clients._failures import failure_from_exception
-from clients.durability import DurabilityStatus, Pending, Transient, flush_url, interpret, poll_timeout_s
+from clients.durability import Pending, Transient, flush_url, interpret, poll_timeout_s
 from clients.errors import FlushUnsupported, InvalidS3URI, NotDurableError
 from clients.hints import LANE_HEADER, WRITE_THROUGH_HEADER, HintHooks, check_lane
+from clients.model import DurabilityStatus
 from clients.retry import Failure, GiveUp, Retry, RetryState, parse_retry_after
 from clients.sharding import epoch_order, shard_indices
 from clients.sync import range_header

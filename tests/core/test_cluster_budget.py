@@ -26,6 +26,7 @@ from gateway.core.cluster_budget import (
     lane_demand_bps,
     live_reports,
 )
+from tests.budget import examples
 
 C = 40_000_000.0
 CKPT = SharedLane("checkpoint", limit=None, limit_while_reads_active=0.30, floor=0.02)
@@ -84,7 +85,7 @@ wants_st = st.lists(st.floats(min_value=0, max_value=1e10, allow_nan=False), min
 
 
 @given(budget=st.floats(min_value=0, max_value=2e10, allow_nan=False), wants=wants_st)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_fair_share_is_the_water_level_of_a_brute_force_search(budget: float, wants: list[float]) -> None:
     got = fair_share(budget, wants)
     ref = reference_fair_share(budget, wants)
@@ -96,7 +97,7 @@ def test_fair_share_is_the_water_level_of_a_brute_force_search(budget: float, wa
 
 
 @given(budget=st.floats(min_value=0, max_value=2e10, allow_nan=False), wants=wants_st)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_fair_share_is_max_min_fair(budget: float, wants: list[float]) -> None:
     got = fair_share(budget, wants)
     tol = 1e-6 * max(budget, 1.0)
@@ -221,7 +222,7 @@ def snapshots(draw: st.DrawFn) -> list[NodeReport]:
 
 
 @given(reps=snapshots(), seed=st.integers(0, 2**32 - 1))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_allowances_never_exceed_the_budget_and_every_node_computes_the_same(
     reps: list[NodeReport], seed: int
 ) -> None:

@@ -168,3 +168,71 @@ def test_progress_interval_and_the_spool_deadline_are_read_and_checked(tmp_path:
         load_config(path, env={})
     assert "progress_interval_s" in str(info.value)
     assert "max_age_s" in str(info.value)
+
+
+def test_backend_credential_source_is_read_per_backend_and_checked(tmp_path: Path):
+    path = write(
+        tmp_path,
+        """
+[backend]
+endpoint = "http://store:8333"
+credential_source = "aws"
+aws_profile = "training"
+[backends.archive]
+endpoint = "http://archive:9000"
+credential_source = "aws"
+[[credentials]]
+access_key = "AK"
+secret_key = "SK"
+""",
+    )
+    cfg = load_config(path, env={})
+    assert (cfg.backend.credential_source, cfg.backend.aws_profile) == ("aws", "training")
+    assert cfg.backends["archive"].credential_source == "aws"
+    assert load_config(
+        env={"S3LANES_BACKEND_CREDENTIAL_SOURCE": "aws", **_EXTERNAL}
+    ).backend.credential_source == ("aws")
+    with pytest.raises(ConfigError) as caught:
+        load_config(env={"S3LANES_BACKEND_CREDENTIAL_SOURCE": "aws"})  # the embedded store
+    assert "[backend].credential_source: 'aws' needs an external endpoint" in str(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        load_config(
+            env={"S3LANES_BACKEND_CREDENTIAL_SOURCE": "iam", "S3LANES_BACKEND_AWS_PROFILE": "x", **_EXTERNAL}
+        )
+    text = str(caught.value)
+    assert "expected 'clients' or 'aws', got 'iam'" in text
+    assert "[backend].aws_profile: is read only with credential_source = 'aws'" in text
+
+
+_EXTERNAL = {"S3LANES_BACKEND_ENDPOINT": "http://store:8333", "S3LANES_CREDENTIALS": "AK:SK"}
+
+
+def test_a_credentials_file_adds_client_keys_and_its_mistakes_are_config_errors(tmp_path: Path):
+    keys = tmp_path / "keys"
+    keys.write_text("# rotated by the platform\nAK1:SK1\n\nAK2:SK2:BAK:BSK, AK3:SK3\n")
+    cfg = load_config(env={"S3LANES_SERVER_CREDENTIALS_FILE": str(keys), "S3LANES_CREDENTIALS": "AK0:SK0"})
+    assert [c.access_key for c in cfg.credentials] == ["AK0", "AK1", "AK2", "AK3"]
+    assert cfg.credentials[2].backend_access_key == "BAK"
+    assert cfg.file_access_keys == {"AK1", "AK2", "AK3"}
+    for content, message in (
+        ("AK1\n", "item 0: expected access_key:secret_key"),
+        ("# nothing\n", "holds no key pair"),
+        ("AK0:other\n", "access key 'AK0' appears twice"),
+    ):
+        keys.write_text(content)
+        with pytest.raises(ConfigError) as caught:
+            load_config(env={"S3LANES_SERVER_CREDENTIALS_FILE": str(keys), "S3LANES_CREDENTIALS": "AK0:SK0"})
+        assert message in str(caught.value)
+    for path, message in ((tmp_path, "is a directory, not a file"), (tmp_path / "nope", "no such file")):
+        with pytest.raises(ConfigError) as caught:
+            load_config(env={"S3LANES_SERVER_CREDENTIALS_FILE": str(path)})
+        assert f"[server].credentials_file: {message}" in str(caught.value).replace(f"{path} ", "")
+
+
+def test_the_spools_default_content_type_is_sniff_or_a_media_type(tmp_path: Path):
+    assert load_config(env={}).spool.default_content_type == "sniff"
+    path = write(tmp_path, '[spool]\ndefault_content_type = "binary/octet-stream"\n')
+    assert load_config(path, env={}).spool.default_content_type == "binary/octet-stream"
+    path = write(tmp_path, '[spool]\ndefault_content_type = "octet"\n')
+    with pytest.raises(ConfigError, match="default_content_type"):
+        load_config(path, env={})

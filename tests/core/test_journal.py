@@ -29,6 +29,7 @@ from gateway.core.journal import (
     replay,
 )
 from gateway.errors import GatewayError
+from tests.budget import examples
 
 # ~20 records of varied shapes and sizes: empty, tiny, fixmap/map16 boundaries, str8/str16 and bin8/bin16
 # lengths, nesting. Kept to a few KiB so truncating at every byte offset stays fast.
@@ -444,19 +445,19 @@ def check_replay_contract(data: bytes) -> None:
     assert all(isinstance(r, dict) and all(isinstance(k, str) for k in r) for r in result.records)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=300))
 def test_arbitrary_bytes_only_replay_or_raise_journal_corrupt(data: bytes) -> None:
     check_replay_contract(data)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=300))
 def test_arbitrary_bytes_after_a_header_only_replay_or_raise_journal_corrupt(tail: bytes) -> None:
     check_replay_contract(file_header() + tail)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(st.binary(max_size=200), st.booleans())
 def test_arbitrary_payload_in_a_crc_valid_frame_never_escapes(payload: bytes, followed: bool) -> None:
     # The CRC is right, so msgpack really sees the garbage: whatever it raises must be caught.
@@ -464,7 +465,7 @@ def test_arbitrary_payload_in_a_crc_valid_frame_never_escapes(payload: bytes, fo
     check_replay_contract(data)
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(records_strategy, st.binary(max_size=64))
 def test_good_frames_then_arbitrary_tail_only_replay_or_raise_journal_corrupt(
     records: list[dict[str, Any]], tail: bytes
@@ -473,14 +474,14 @@ def test_good_frames_then_arbitrary_tail_only_replay_or_raise_journal_corrupt(
     check_replay_contract(data)
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(records_strategy)
 def test_generated_records_round_trip(records: list[dict[str, Any]]) -> None:
     data = journal(records)
     assert replay(data) == Replay(records, len(data), 0)
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(records_strategy, st.data())
 def test_generated_journal_cut_anywhere_keeps_the_whole_records(
     records: list[dict[str, Any]], data: st.DataObject

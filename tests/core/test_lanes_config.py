@@ -20,8 +20,8 @@ from gateway.core.classify import (
     Rule,
 )
 from gateway.core.lanes_config import (
-    LaneParams,
-    default_lane_params,
+    LaneSpec,
+    default_lanes,
     parse_lanes,
     parse_rules,
     parse_tenants,
@@ -31,7 +31,7 @@ SRC = "s3lanes.toml"
 LANES = frozenset(DEFAULT_LANES)
 
 
-def lanes_of(raw: Any) -> tuple[dict[str, LaneParams], list[str]]:
+def lanes_of(raw: Any) -> tuple[dict[str, LaneSpec], list[str]]:
     problems: list[str] = []
     return parse_lanes(raw, SRC, problems), problems
 
@@ -46,16 +46,19 @@ def tenants_of(raw: Any) -> tuple[dict[str, frozenset[str]], list[str]]:
     return parse_tenants(raw, LANES, SRC, problems), problems
 
 
+MISSPELT = "weigth"  # codespell:ignore (a misspelt setting name, on purpose)
+
+
 # --- lanes --------------------------------------------------------------------------------------------------
 
 
 def test_default_lanes():
-    lanes = default_lane_params()
+    lanes = default_lanes()
     assert list(lanes) == [DATASET, CHECKPOINT, RESTORE, METADATA]
-    assert lanes[DATASET] == LaneParams(
+    assert lanes[DATASET] == LaneSpec(
         DATASET, reservation=0.70, weight=7.0, read_protected=True, paced_by_guard=False
     )
-    assert lanes[CHECKPOINT] == LaneParams(
+    assert lanes[CHECKPOINT] == LaneSpec(
         CHECKPOINT,
         reservation=0.0,
         weight=3.0,
@@ -63,41 +66,39 @@ def test_default_lanes():
         floor=0.02,
         paced_by_guard=True,
     )
-    assert lanes[RESTORE] == LaneParams(
-        RESTORE, weight=2.0, limit_while_reads_active=0.30, paced_by_guard=True
-    )
-    assert lanes[METADATA] == LaneParams(METADATA, reservation=0.02, weight=1.0, paced_by_guard=False)
+    assert lanes[RESTORE] == LaneSpec(RESTORE, weight=2.0, limit_while_reads_active=0.30, paced_by_guard=True)
+    assert lanes[METADATA] == LaneSpec(METADATA, reservation=0.02, weight=1.0, paced_by_guard=False)
     assert sum(lane.guaranteed for lane in lanes.values()) == pytest.approx(0.74)
 
 
 def test_no_lanes_table_means_the_defaults_without_problems():
-    assert lanes_of(None) == (default_lane_params(), [])
-    assert lanes_of({}) == (default_lane_params(), [])
+    assert lanes_of(None) == (default_lanes(), [])
+    assert lanes_of({}) == (default_lanes(), [])
 
 
 def test_defaults_are_a_fresh_dict_each_time():
-    default_lane_params().pop(DATASET)
-    assert DATASET in default_lane_params()
+    default_lanes().pop(DATASET)
+    assert DATASET in default_lanes()
 
 
 def test_a_lane_table_changes_only_what_it_names():
     lanes, problems = lanes_of({"dataset": {"weight": 5, "max_concurrency": 64}})
     assert problems == []
-    assert lanes[DATASET] == LaneParams(
+    assert lanes[DATASET] == LaneSpec(
         DATASET, reservation=0.70, weight=5.0, max_concurrency=64, read_protected=True, paced_by_guard=False
     )
-    assert lanes[CHECKPOINT] == default_lane_params()[CHECKPOINT]
+    assert lanes[CHECKPOINT] == default_lanes()[CHECKPOINT]
 
 
 def test_a_new_lane_starts_unguaranteed_and_paced():
     lanes, problems = lanes_of({"eval": {"reservation": 0.1, "weight": 2}})
     assert problems == []
     assert list(lanes) == [DATASET, CHECKPOINT, RESTORE, METADATA, "eval"]
-    assert lanes["eval"] == LaneParams("eval", reservation=0.1, weight=2.0, paced_by_guard=True)
+    assert lanes["eval"] == LaneSpec("eval", reservation=0.1, weight=2.0, paced_by_guard=True)
     assert isinstance(lanes["eval"].weight, float)
 
 
-def test_the_example_from_the_issue_parses_and_its_one_contradiction_is_named():
+def test_a_full_example_parses_and_its_one_contradiction_is_named():
     doc = tomllib.loads(
         """
 [lanes.dataset]
@@ -122,7 +123,7 @@ paced_by_guard = false
 def test_every_lane_mistake_is_reported_at_once_with_its_place():
     lanes, problems = lanes_of(
         {
-            "dataset": {"weigth": 5, "reservation": "70%"},
+            "dataset": {MISSPELT: 5, "reservation": "70%"},
             "checkpoint": {"limit": 0, "floor": -0.1, "max_concurrency": 2.5, "paced_by_guard": "yes"},
             "restore": {"weight": 0, "reservation": True, "limit_while_reads_active": float("nan")},
             "metadata": {"reservation": 1.5, "max_concurrency": 0},
@@ -131,8 +132,8 @@ def test_every_lane_mistake_is_reported_at_once_with_its_place():
         }
     )
     assert problems == [
-        "s3lanes.toml [lanes.dataset].weigth: unknown setting (known: floor, limit, limit_while_reads_active,"
-        " max_concurrency, paced_by_guard, read_protected, reservation, weight)",
+        f"s3lanes.toml [lanes.dataset].{MISSPELT}: unknown setting (known: floor, limit,"
+        " limit_while_reads_active, max_concurrency, paced_by_guard, read_protected, reservation, weight)",
         "s3lanes.toml [lanes.dataset].reservation: expected a fraction of backend capacity between 0 and 1"
         " (got '70%')",
         "s3lanes.toml [lanes.checkpoint].limit: expected a fraction of backend capacity greater than 0 and at"
@@ -153,7 +154,7 @@ def test_every_lane_mistake_is_reported_at_once_with_its_place():
         " with a letter",
         "s3lanes.toml [lanes.broken]: expected a table of lane settings (got 3)",
     ]
-    assert lanes == default_lane_params()  # nothing bad was applied
+    assert lanes == default_lanes()  # nothing bad was applied
 
 
 def test_reservations_may_not_promise_more_than_the_backend():
@@ -201,7 +202,7 @@ def test_guarantees_must_fit_under_the_lane_caps():
 
 def test_lanes_that_is_not_a_table():
     lanes, problems = lanes_of([1, 2])
-    assert lanes == default_lane_params()
+    assert lanes == default_lanes()
     assert problems == ["s3lanes.toml [lanes]: expected a table of lane tables, like [lanes.dataset]"]
 
 
@@ -339,7 +340,7 @@ def test_every_tenant_mistake_is_reported_at_once():
     tenants, problems = tenants_of(
         {
             "AKGOOD": {"lanes": ["restore"]},
-            "AKTYPO": {"lanes": ["restor", "fast"]},
+            "AKTYPO": {"lanes": ["restor", "fast"]},  # codespell:ignore
             "AKEXTRA": {"lanes": ["dataset"], "buckets": ["x"]},
             "AKNOLANES": {},
             "AKSTRING": {"lanes": "dataset"},

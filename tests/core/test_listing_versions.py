@@ -6,15 +6,25 @@ import pytest
 
 from gateway.core.listing import (
     NULL_VERSION,
+    ListEntry,
+    PartsPage,
+    SpooledObject,
     VersionEntry,
     VersionsRequest,
     add_listed_uploads,
+    backend_query,
     drop_listed_uploads,
+    list_parts_page,
     merge_versions_page,
+    merged_listing_xml,
+    parse_backend_listing,
+    parse_backend_page,
     parse_backend_versions,
+    parse_list_request,
     parse_owner,
     parse_versions_request,
     render_versions_xml,
+    shows_owner,
     versions_prefixes_to_expand,
 )
 from gateway.errors import InvalidArgument
@@ -175,3 +185,77 @@ def test_spooled_uploads_are_merged_into_a_backend_page_in_key_order() -> None:
     assert add_listed_uploads(url, [("x", a_up)]).index(a_up) < url.index(b"<Upload>") + len(a_up)
     with pytest.raises(ValueError):
         add_listed_uploads(b"<Error/>", [("a", a_up)])
+
+
+def test_versions_answer_leaves_out_empty_markers_and_does_not_encode_as_the_store() -> None:
+    # The store shows Prefix, KeyMarker and VersionIdMarker only when given, and ignores encoding-type here
+    # (no EncodingType element, keys as they are): boto3, which asks for url encoding, decodes nothing.
+    plain = req(encoding_type="url")
+    body = render_versions_xml(plain, "bk", merge_versions_page(plain, [], [], [v("a b+c")], set()))
+    for element in (b"<Prefix>", b"<KeyMarker>", b"<VersionIdMarker>", b"<EncodingType>", b"<Delimiter>"):
+        assert element not in body
+    assert b"<Key>a b+c</Key>" in body
+    given = req(prefix="a", key_marker="a", version_id_marker="v1", delimiter="/")
+    body = render_versions_xml(given, "bk", merge_versions_page(given, [], [], [], set()))
+    assert b"<Prefix>a</Prefix>" in body and b"<KeyMarker>a</KeyMarker>" in body
+    assert b"<VersionIdMarker>v1</VersionIdMarker>" in body
+    assert b"<Delimiter>/</Delimiter>" in body
+
+
+@pytest.mark.parametrize(
+    ("marker", "max_parts", "expected"),
+    [
+        (0, None, PartsPage([1, 2, 3], 10000, False)),  # the store's default MaxParts
+        (0, "2", PartsPage([1, 2], 2, True)),
+        (1, "2", PartsPage([2, 3], 2, False)),
+        (3, None, PartsPage([], 10000, False)),
+        (0, "20000", PartsPage([1, 2, 3], 20000, False)),  # echoed, not capped
+        (0, "0", PartsPage([1, 2, 3], 0, False)),  # 0 limits nothing (SeaweedFS)
+        (0, "abc", PartsPage([1, 2, 3], 0, False)),  # not a number: 0
+    ],
+)
+def test_list_parts_pages_as_the_store(marker: int, max_parts: str | None, expected: PartsPage) -> None:
+    assert list_parts_page([3, 1, 2], marker, max_parts) == expected
+
+
+def test_one_merge_path_serves_both_listings() -> None:
+    # The same spooled object and tombstone, merged into a version listing and an object listing.
+    spooled = [SpooledObject("k2", 3, '"s"', T0, owner=("id", "me"))]
+    backend_versions = [v("k1"), v("gone")]
+    body = merged_listing_xml(req(), "bk", backend_versions, [], spooled, {"gone"})
+    assert [x.key for x in parse_backend_versions(body).versions] == ["k1", "k2"]
+    assert parse_backend_versions(body).versions[1].owner_id == "id"
+    listing = parse_list_request({"list-type": "2", "fetch-owner": "true"})
+    entries = [ListEntry("k1", 1, '"b"', T0), ListEntry("gone", 1, '"b"', T0)]
+    parsed = parse_backend_listing(merged_listing_xml(listing, "bk", entries, [], spooled, {"gone"}))
+    assert [(e.key, e.owner_name) for e in parsed.entries] == [("k1", None), ("k2", "me")]
+    assert shows_owner(req()) and shows_owner(listing)
+    assert not shows_owner(parse_list_request({"list-type": "2"}))
+
+
+def test_backend_pages_are_asked_and_followed_with_each_listings_own_cursor() -> None:
+    versions = req(prefix="p/")
+    assert backend_query(versions, "p/", "/", ("k", "v1")) == [
+        ("versions", ""),
+        ("max-keys", "1000"),
+        ("prefix", "p/"),
+        ("delimiter", "/"),
+        ("key-marker", "k"),
+        ("version-id-marker", "v1"),
+    ]
+    listing = parse_list_request({"list-type": "2"})
+    assert ("continuation-token", "tok") in backend_query(listing, "", "", "tok")
+    assert ("encoding-type", "url") in backend_query(listing, "", "", None)
+    truncated = (
+        b"<ListVersionsResult><IsTruncated>true</IsTruncated><NextKeyMarker>k</NextKeyMarker>"
+        b"<NextVersionIdMarker>v2</NextVersionIdMarker></ListVersionsResult>"
+    )
+    assert parse_backend_page(versions, truncated, None)[2] == ("k", "v2")
+    assert parse_backend_page(versions, truncated, ("k", "v2"))[2] is None  # no progress: stop
+    page = (
+        b"<ListBucketResult><IsTruncated>true</IsTruncated><NextContinuationToken>t</NextContinuationToken>"
+        b"</ListBucketResult>"
+    )
+    assert parse_backend_page(listing, page, None)[2] == "t"
+    done = b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
+    assert parse_backend_page(listing, done, "t")[2] is None

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.config import Config
+from gateway.core.lanes_config import default_lanes
 from gateway.core.sched_alloc import LaneDemand, allocate
 from gateway.core.sched_control import (
     ESTIMATOR_MIN_BPS,
@@ -28,8 +30,9 @@ from gateway.core.scheduler import (
     Scheduler,
     SchedulerConfig,
     WaitUntil,
-    default_lanes,
 )
+from gateway.runtime.wiring import scheduler_config
+from tests.budget import examples
 
 MiB = 1024 * 1024
 C = 100_000_000.0  # 100 MB/s: one MiB every ~10.5 ms
@@ -42,14 +45,15 @@ def lane(name: str, **kw: object) -> LaneSpec:
         "weight": 1.0,
         "limit": None,
         "limit_while_reads_active": None,
+        "paced_by_guard": False,
     }
     base.update(kw)
     return LaneSpec(name, **base)  # type: ignore[arg-type]
 
 
 def config(lanes: tuple[LaneSpec, ...] | None = None, **kw: object) -> SchedulerConfig:
-    cfg = SchedulerConfig(lanes=lanes or default_lanes(), capacity_bps=C, burst_bytes=MiB)
-    return replace(cfg, **kw)  # type: ignore[arg-type]
+    cfg = scheduler_config(Config(), C)
+    return replace(cfg, **{"lanes": lanes or cfg.lanes, "burst_bytes": MiB, **kw})  # type: ignore[arg-type]
 
 
 def drive(
@@ -89,14 +93,13 @@ def fractions(got: Counter[str]) -> dict[str, float]:
 # -- configuration ----------------------------------------------------------------------------------------
 
 
-def test_default_lanes_follow_the_research_defaults() -> None:
-    lanes = {x.name: x for x in default_lanes()}
-    assert list(lanes) == ["dataset", "checkpoint", "restore", "metadata"]
-    assert lanes["dataset"].reservation == 0.70 and lanes["dataset"].read_protected
-    assert lanes["checkpoint"].limit_while_reads_active == 0.30 and lanes["checkpoint"].floor == 0.02
-    assert lanes["restore"].limit_while_reads_active == 0.30
-    assert [x.name for x in default_lanes() if x.paced_by_guard] == ["checkpoint", "restore"]
-    assert sum(max(x.reservation, x.floor) for x in default_lanes()) <= 1.0
+def test_the_gateway_schedules_the_lanes_it_ships() -> None:
+    # One table: what a gateway without a [lanes] table runs is what these tests and tests/sim check.
+    cfg = scheduler_config(Config(), C)
+    assert cfg.lanes == tuple(default_lanes().values())
+    assert [x.name for x in cfg.lanes if x.read_protected] == ["dataset"]
+    assert [x.name for x in cfg.lanes if x.paced_by_guard] == ["checkpoint", "restore"]
+    assert sum(x.guaranteed for x in cfg.lanes) == pytest.approx(0.74)
 
 
 @pytest.mark.parametrize(
@@ -105,14 +108,29 @@ def test_default_lanes_follow_the_research_defaults() -> None:
         {"reservation": 1.5},
         {"weight": 0.0},
         {"limit": 0.0},
-        {"limit": 0.5, "reservation": 0.6},
-        {"limit_while_reads_active": 0.3, "floor": 0.4},
         {"max_concurrency": 0},
     ],
 )
 def test_lane_spec_rejects_nonsense(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         lane("x", **bad)
+
+
+@pytest.mark.parametrize(
+    ("bad", "problem"),
+    [
+        ({"limit": 0.5, "reservation": 0.6}, "reservation 0.6 is above limit 0.5"),
+        ({"limit_while_reads_active": 0.3, "floor": 0.4}, "floor 0.4 is above limit_while_reads_active 0.3"),
+        ({"read_protected": True, "paced_by_guard": True}, "cannot be paced by the guard that protects it"),
+    ],
+)
+def test_a_lane_whose_values_do_not_fit_together_is_refused_by_the_config(
+    bad: dict[str, object], problem: str
+) -> None:
+    spec = lane("x", **bad)  # each value is fine on its own
+    assert any(problem in p for p in spec.problems())
+    with pytest.raises(ValueError, match=problem):
+        config((spec,))
 
 
 def test_config_rejects_overcommitted_reservations_and_duplicate_names() -> None:
@@ -615,14 +633,14 @@ def test_backlogged_reads_and_writes_split_by_weight_when_the_guard_is_content()
 
 def test_snapshot_reports_configuration_and_counters() -> None:
     s = Scheduler(config(), T0)
-    t = s.submit("restore", MiB, T0)
+    t = s.submit("checkpoint", MiB, T0)
     s.pull(T0)
-    s.observe_delivered("restore", MiB, T0 + 0.01)
+    s.observe_delivered("checkpoint", MiB, T0 + 0.01)
     s.complete(t, T0 + 0.01)
     snap = s.snapshot(T0 + 0.15)
     assert snap.capacity_bps == C and snap.capacity_configured
     assert snap.write_cap_mode == "strict"
-    r = snap.lane("restore")
+    r = snap.lane("checkpoint")  # reservation 0, floor 0.02
     assert (r.granted_tickets_total, r.granted_bytes_total, r.delivered_bytes_total) == (1, MiB, MiB)
     assert r.reservation_bps == pytest.approx(0.02 * C)  # its floor, as a guarantee
     assert r.achieved_share == 1.0
@@ -842,7 +860,7 @@ def test_allocation_respects_reservations_limits_and_capacity(
                     assert b / y.weight >= a / x.weight - 1e-6 * capacity
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(params=st.lists(lane_params, min_size=2, max_size=5), cost_kib=st.sampled_from([64, 256, 1024]))
 def test_discrete_scheduler_realises_the_fluid_allocation_for_backlogged_lanes(
     params: list[tuple[float, float, float | None]], cost_kib: int

@@ -4,10 +4,13 @@ floor, alongside the lane's own caps; and it shows in the snapshot."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
-from gateway.core.scheduler import Grant, Scheduler, SchedulerConfig, WaitUntil, default_lanes
+from gateway.config import Config
+from gateway.core.scheduler import Grant, Scheduler, WaitUntil
+from gateway.runtime.wiring import scheduler_config
 
 MiB = 1024 * 1024
 C = 100_000_000.0
@@ -15,7 +18,7 @@ T0 = 1000.0
 
 
 def scheduler() -> Scheduler:
-    return Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=C, burst_bytes=MiB), T0)
+    return Scheduler(replace(scheduler_config(Config(), C), burst_bytes=MiB), T0)
 
 
 def rate_of(

@@ -12,15 +12,16 @@ from dataclasses import replace
 
 import pytest
 
+from gateway.config import Config
 from gateway.core.scheduler import (
     PROGRESS_HEADROOM,
     Grant,
     Scheduler,
     SchedulerConfig,
     WaitUntil,
-    default_lanes,
     saturation_scale,
 )
+from gateway.runtime.wiring import scheduler_config
 
 KiB = 1024
 MiB = 1024 * 1024
@@ -30,7 +31,7 @@ PIECE = 192 * KiB  # Scheduler.piece_bytes for the checkpoint lane at 40 MB/s
 
 
 def config(**kw: object) -> SchedulerConfig:
-    cfg = SchedulerConfig(lanes=default_lanes(), capacity_bps=C, burst_bytes=MiB)
+    cfg = replace(scheduler_config(Config(), C), burst_bytes=MiB)
     return replace(cfg, **kw)  # type: ignore[arg-type]
 
 
@@ -144,13 +145,13 @@ def test_set_floor_raises_the_ceiling_and_the_guarantee_within_the_cap() -> None
     ck = snap.lane("checkpoint")
     assert ck.floor_fraction == pytest.approx(0.2)
     assert ck.limit_bps == pytest.approx(0.2 * C)  # the guard paces it no lower
-    # Its guarantee rises as far as the other guarantees leave room: 1 - 0.70 - 0.02 - 0.02.
     assert ck.reservation_bps == pytest.approx(0.2 * C)
     assert sum(ln.reservation_bps for ln in snap.lanes) <= C * (1 + 1e-9)
     s.set_floor("checkpoint", 0.9, now)
     ck = s.snapshot(now).lane("checkpoint")
     assert ck.floor_fraction == pytest.approx(0.30)  # never above the cap while reads are active
-    assert ck.reservation_bps == pytest.approx(0.26 * C)
+    # Its guarantee rises as far as the other guarantees leave room: 1 - 0.70 (dataset) - 0.02 (metadata).
+    assert ck.reservation_bps == pytest.approx(0.28 * C)
     assert sum(ln.reservation_bps for ln in s.snapshot(now).lanes) == pytest.approx(C)
     s.set_floor("checkpoint", 0.0, now)
     ck = s.snapshot(now).lane("checkpoint")

@@ -77,6 +77,8 @@ PROMETHEUS_GENERATED = frozenset({"up"})
 CLUSTER_ONLY_METRICS = frozenset(
     {"s3lanes_cluster_redis_up", "s3lanes_cluster_nodes", "s3lanes_cluster_allowance_bytes_per_second"}
 )
+# Kinds without a namespace.
+CLUSTER_SCOPED = frozenset({"Namespace", "PriorityClass"})
 # Seconds beyond preStop + shutdown_grace_s + drain_on_shutdown_s before SIGKILL (journal fsync, exit).
 SHUTDOWN_MARGIN_S = 10.0
 
@@ -162,7 +164,7 @@ def test_dockerignore_keeps_everything_the_build_copies() -> None:
 
 
 def test_builder_stage_context_builds_a_complete_wheel(tmp_path: Path) -> None:
-    """What `docker build` cannot show here: the files the builder stage COPYs are enough for a wheel that
+    """What `docker build` cannot show here: the files the builder stage copies are enough for a wheel that
     holds every module and package-data file (the status page), as the image's `pip wheel` step builds it."""
     instructions = dockerfile_instructions(DOCKERFILE)
     runtime_at = max(i for i, (word, _) in enumerate(instructions) if word == "FROM")
@@ -316,7 +318,7 @@ def test_kustomize_build_renders_valid_manifests_with_the_image_and_labels(tmp_p
         assert container["image"] == f"{image['newName']}:{image['newTag']}", container["image"]
     for obj in objects:
         assert obj["metadata"]["labels"].items() >= kust["labels"][0]["pairs"].items(), obj["kind"]
-        if obj["kind"] != "Namespace":
+        if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"]["namespace"] == kust["namespace"]
 
 
@@ -333,7 +335,7 @@ def test_kustomization_lists_every_manifest_of_the_base() -> None:
     ns = find_object(objects, "Namespace")["metadata"]["name"]
     assert kust["namespace"] == ns
     for obj in [*objects, *load_yaml_docs(SECRET_EXAMPLE)]:
-        if obj["kind"] != "Namespace":
+        if obj["kind"] not in CLUSTER_SCOPED:
             assert obj["metadata"].get("namespace") == ns, f"{obj['kind']} is not in namespace {ns}"
     images = {c["image"].split(":")[0] for c in _pod_spec()["containers"] + _pod_spec()["initContainers"]}
     assert images <= {i["name"] for i in kust["images"]}, "an image is not set by kustomization images:"
@@ -350,28 +352,66 @@ def _gateway_container(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def _secret_env() -> dict[str, str]:
-    secret = find_object(load_yaml_docs(SECRET_EXAMPLE), "Secret")
-    env: dict[str, str] = secret["stringData"]
+    """The environment variables of the example Secret the gateway container takes with envFrom."""
+    names = {e["secretRef"]["name"] for e in _gateway_container(_pod_spec())["envFrom"]}
+    (name,) = names
+    env: dict[str, str] = find_object(load_yaml_docs(SECRET_EXAMPLE), "Secret", name)["stringData"]
+    return env
+
+
+def _mounted_secret_files(pod: dict[str, Any]) -> dict[str, str]:
+    """Container path -> content of every file the example Secrets put into the gateway container."""
+    secrets = {s["metadata"]["name"]: s for s in load_yaml_docs(SECRET_EXAMPLE)}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    files: dict[str, str] = {}
+    for mount in _gateway_container(pod)["volumeMounts"]:
+        volume = volumes.get(mount["name"], {})
+        if "secret" in volume:
+            for key, value in secrets[volume["secret"]["secretName"]]["stringData"].items():
+                files[f"{mount['mountPath']}/{key}"] = value
+    return files
+
+
+def _container_env(tmp_path: Path) -> dict[str, str]:
+    """The gateway container's S3LANES_* environment (Secret and env:), with files from mounted Secrets
+    written under tmp_path and the variables naming them pointed there."""
+    pod = _pod_spec()
+    env = dict(_secret_env())
+    files = _mounted_secret_files(pod)
+    for item in _gateway_container(pod)["env"]:
+        value = item["value"]
+        if value in files:
+            copy = tmp_path / "secret-files" / Path(value).relative_to("/")
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(files[value])
+            value = str(copy)
+        if item["name"].startswith("S3LANES_") and item["name"] != "S3LANES_HEALTH_URL":
+            env[item["name"]] = value
     return env
 
 
 def _configmap_config(tmp_path: Path) -> tuple[Config, str]:
     cm = find_object(base_objects(), "ConfigMap")
     text = cm["data"]["s3lanes.toml"]
-    return _load_toml_config(tmp_path, text, _secret_env()), text
+    return _load_toml_config(tmp_path, text, _container_env(tmp_path)), text
 
 
 def test_configmap_toml_and_secret_load_with_the_gateway_config_loader(tmp_path: Path) -> None:
     cfg, _ = _configmap_config(tmp_path)
     assert cfg.server.listen is not None and cfg.server.listen.host == "0.0.0.0"
     assert cfg.backend.endpoint is not None, "the ConfigMap must point at an external store"
-    assert cfg.credentials, "the Secret's S3LANES_CREDENTIALS must parse"
     assert cfg.server.admin_token == _secret_env()["S3LANES_SERVER_ADMIN_TOKEN"]
+    # The client key table is a file from a mounted Secret (reloaded on change), and it parses.
+    assert cfg.server.credentials_file is not None, "the key table should come from a mounted file"
+    assert cfg.server.credentials_file.name == "credentials"
+    assert cfg.credentials, "the mounted key file must parse"
+    assert "S3LANES_CREDENTIALS" not in _secret_env()
 
 
 def test_secret_example_values_are_marked_placeholders() -> None:
-    for key, value in _secret_env().items():
-        assert "REPLACE" in value, f"Secret example value {key} is not a marked placeholder"
+    for secret in load_yaml_docs(SECRET_EXAMPLE):
+        for key, value in secret["stringData"].items():
+            assert "REPLACE" in value, f"Secret example value {key} is not a marked placeholder"
     assert "EXAMPLE" in SECRET_EXAMPLE.read_text().split("apiVersion")[0]
 
 
@@ -418,8 +458,7 @@ def test_daemonset_probes_ports_and_mounts_match_the_gateway(tmp_path: Path) -> 
     state_mount = next(m for m in gw["volumeMounts"] if Path(spool_dir).is_relative_to(m["mountPath"]))
     state_volume = next(v for v in pod["volumes"] if v["name"] == state_mount["name"])
     assert "hostPath" in state_volume, "the spool belongs on the node's disk (hostPath)"
-    secret_name = find_object(load_yaml_docs(SECRET_EXAMPLE), "Secret")["metadata"]["name"]
-    assert {"secretRef": {"name": secret_name}} in gw["envFrom"]
+    assert {"secretRef": {"name": "s3lanes-secrets"}} in gw["envFrom"]
 
     # GPU nodes, non-root, read-only root filesystem, resources.
     assert pod["nodeSelector"] and pod["tolerations"]
@@ -477,6 +516,73 @@ def test_local_pv_alternative_runs_the_same_gateway_container() -> None:
     assert (
         pv["spec"]["storageClassName"] == storage_class["metadata"]["name"] and "nodeAffinity" in pv["spec"]
     )
+
+
+def _all_pod_specs() -> list[tuple[str, dict[str, Any]]]:
+    """Every pod template under deploy/k8s (base and examples), by file and kind."""
+    out = []
+    for manifest in [K8S / "daemonset.yaml", *sorted((K8S / "examples").glob("*.yaml"))]:
+        for obj in load_yaml_docs(manifest):
+            if obj["kind"] in ("DaemonSet", "StatefulSet", "Deployment"):
+                out.append((f"{manifest.name}:{obj['kind']}", obj["spec"]["template"]["spec"]))
+    return out
+
+
+def test_spool_host_path_must_exist_and_is_never_created_on_the_root_disk() -> None:
+    """A node whose NVMe is not mounted has no spool directory: the pod must fail to start there rather
+    than get an empty directory on the root filesystem (DirectoryOrCreate), fill it and cause evictions."""
+    for manifest in [K8S / "daemonset.yaml", *sorted((K8S / "examples").glob("*.yaml"))]:
+        assert "DirectoryOrCreate" not in re.sub(r"#.*", "", manifest.read_text()), manifest.name
+    host_paths = [
+        v["hostPath"] for _, pod in _all_pod_specs() for v in pod.get("volumes", []) if "hostPath" in v
+    ]
+    assert host_paths, "the DaemonSet's spool is a hostPath"
+    for hp in host_paths:
+        assert hp.get("type") == "Directory", f"hostPath {hp['path']}: type {hp.get('type')!r}, not Directory"
+
+
+def test_spool_capacity_is_an_explicit_size_in_the_kubernetes_config(tmp_path: Path) -> None:
+    """0 means 80 % of whatever filesystem the spool landed on: in Kubernetes the size is set explicitly."""
+    cfg, text = _configmap_config(tmp_path)
+    assert cfg.spool.capacity_bytes > 0, "[spool].capacity must be a size, not 0 (80 % of free space)"
+    assert re.search(r"^\s*capacity\s*=\s*\"\d+\s*[KMGT]i?B?\"", text, re.M), "capacity as a readable size"
+
+
+def test_gateway_pods_use_the_priority_class_of_the_base() -> None:
+    pc = find_object(base_objects(), "PriorityClass")
+    assert pc["value"] > 0 and pc["globalDefault"] is False
+    assert not pc["metadata"]["name"].startswith("system-"), "system-* classes are reserved to kube-system"
+    for where, pod in _all_pod_specs():
+        assert pod.get("priorityClassName") == pc["metadata"]["name"], f"{where}: no priorityClassName"
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, "only matchLabels selectors are evaluated here"
+    return bool(selector["matchLabels"].items() <= labels.items())
+
+
+def test_network_policy_limits_who_reaches_the_gateway_pods() -> None:
+    """admin_open = false plus a NetworkPolicy: the pods' port is open only to labelled client namespaces
+    and the monitoring stack, never to every pod of the cluster."""
+    objects = base_objects()
+    ds = find_object(objects, "DaemonSet")
+    np = find_object(objects, "NetworkPolicy")
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert np["metadata"]["namespace"] == ds["metadata"]["namespace"]
+    assert _selects(np["spec"]["podSelector"], pod_labels), "the NetworkPolicy does not select the gateway"
+    assert "Ingress" in np["spec"]["policyTypes"]
+    gw = _gateway_container(ds["spec"]["template"]["spec"])
+    port_names = {p["name"] for p in gw["ports"]}
+    assert np["spec"]["ingress"], "an empty ingress list would block the training jobs too"
+    for rule in np["spec"]["ingress"]:
+        assert rule.get("from"), "a rule without `from` admits every peer"
+        for peer in rule["from"]:
+            assert "ipBlock" not in peer
+            assert peer.get("namespaceSelector", {}).get("matchLabels"), "a peer without a namespace label"
+        for port in rule["ports"]:
+            assert port["port"] in port_names, f"{port['port']} is not a port of the gateway container"
+    cfg = tomllib.loads(find_object(objects, "ConfigMap")["data"]["s3lanes.toml"])
+    assert cfg["server"].get("admin_open", False) is False, "admin_open would open /metrics to every client"
 
 
 # --- systemd ------------------------------------------------------------------------------------------------
@@ -579,6 +685,43 @@ def test_every_alert_has_a_unit_test_where_it_fires() -> None:
     assert {f"S3lanes{n}" for n in required} <= alerts
 
 
+RUNBOOK = REPO / "docs" / "runbook.md"
+
+
+def _markdown_anchors(text: str) -> set[str]:
+    """The fragment ids GitHub (and most Markdown renderers) give the headings of a document."""
+    anchors = set()
+    for line in text.splitlines():
+        m = re.match(r"#{1,6}\s+(.+?)\s*#*$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            anchors.add(slug)
+    return anchors
+
+
+def test_every_alert_links_its_section_of_the_runbook() -> None:
+    """runbook_url on every alert, pointing at docs/runbook.md#<anchor>, and that heading exists; every
+    section of the runbook belongs to an alert (no stale ones after a rename)."""
+    anchors = _markdown_anchors(RUNBOOK.read_text())
+    linked = set()
+    for group in load_yaml(ALERTS)["groups"]:
+        for rule in group["rules"]:
+            if "alert" not in rule:
+                continue
+            url = rule.get("annotations", {}).get("runbook_url")
+            assert url, f"{rule['alert']} has no runbook_url annotation"
+            parts = urlsplit(url)
+            assert parts.scheme == "https" and parts.path.endswith("/docs/runbook.md"), url
+            assert parts.fragment in anchors, f"{rule['alert']}: no #{parts.fragment} heading in runbook.md"
+            assert parts.fragment == rule["alert"].lower(), f"{rule['alert']} links another alert's section"
+            linked.add(parts.fragment)
+    sections = {a for a in anchors if a.startswith("s3lanes")}
+    assert sections == linked, f"runbook sections without an alert: {sorted(sections - linked)}"
+    for heading in re.split(r"^## ", RUNBOOK.read_text(), flags=re.M)[1:]:
+        for part in ("**Meaning.**", "**Check.**", "**Do.**"):
+            assert part in heading, f"runbook section {heading.splitlines()[0]} lacks {part}"
+
+
 def test_gateway_down_alert_watches_the_job_the_scrape_configs_define() -> None:
     expr = next(
         r["expr"]
@@ -671,7 +814,7 @@ def test_dashboard_is_a_provisionable_grafana_dashboard() -> None:
         assert len(refs) == len(set(refs)), f"panel {p['title']!r}: duplicate refIds"
 
 
-def test_dashboard_covers_lanes_spool_backend_and_cluster() -> None:
+def test_dashboard_covers_client_latency_lanes_spool_backend_cluster_and_process() -> None:
     used = set().union(*(metric_names(e) for _, e in dashboard_expressions(_dashboard())))
     required = {
         "s3lanes_lane_bytes_total",  # per-lane throughput
@@ -684,6 +827,10 @@ def test_dashboard_covers_lanes_spool_backend_and_cluster() -> None:
         "s3lanes_spool_oldest_pending_age_seconds",
         "s3lanes_spool_drained_bytes_total",  # drain rate
         "s3lanes_backend_errors_total",
+        "s3lanes_request_duration_seconds_bucket",  # client-visible latency
+        "process_resident_memory_bytes",  # process health
+        "process_open_fds",
+        "s3lanes_event_loop_tasks",
         *CLUSTER_ONLY_METRICS,
     }
     assert required <= used, f"dashboard lacks {sorted(required - used)}"

@@ -32,10 +32,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.clock import SystemClock
-from gateway.config import ClusterConfig
+from gateway.config import ClusterConfig, Config
 from gateway.core.cluster_budget import Mode
-from gateway.core.scheduler import Scheduler, SchedulerConfig, default_lanes
+from gateway.core.scheduler import Scheduler
 from gateway.runtime.cluster import ClusterMember
+from gateway.runtime.wiring import scheduler_config
 from tests.conftest import s3_client
 from tests.e2e.conftest import Gateway, start_gateway, stop_gateway
 from tests.e2e.relay import CountingRelay
@@ -143,7 +144,7 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
 def _member(url: str, node: str, name: str, *, timeout_s: float = 0.25) -> ClusterMember:
     clock = SystemClock()
     cfg = ClusterConfig(redis_url=url, name=name, node_id=node, interval_s=0.5, redis_timeout_s=timeout_s)
-    sched = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=BANDWIDTH_BPS), clock.monotonic())
+    sched = Scheduler(scheduler_config(Config(), BANDWIDTH_BPS), clock.monotonic())
     return ClusterMember(cfg, sched, clock)
 
 

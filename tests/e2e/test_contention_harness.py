@@ -62,8 +62,8 @@ def test_quick_model_run_writes_a_report_with_a_row_per_scenario(quick_run: Path
             cells = [c.strip() for c in row.strip("|").split("|")]
             assert all(cells), row
             assert any(ch.isdigit() for ch in "".join(cells[1:])), row
-    assert "### Targets (issue 6)" in text
-    assert "### Separate pools (issue 9)" in text
+    assert "### Targets" in text
+    assert "### Separate pools" in text
     assert "(d) dataset read p99 during bursts / outside:" in text
     assert "model testbed" in text
 
@@ -116,8 +116,8 @@ def test_quick_model_run_records_numbers_for_every_scenario(quick_run: Path) -> 
     targets = doc["summary"]["targets"]
     assert len(targets) == 5
     assert all(_number(t["measured"]) and isinstance(t["met"], bool) for t in targets)
-    # Issue 9's verdict: (d)'s ratio against its quiet-window band (windows as long as its burst, outside
-    # bursts); the round-to-round spread needs two rounds.
+    # The separate pools' verdict: (d)'s ratio against its quiet-window band (windows as long as its burst,
+    # outside bursts); the round-to-round spread needs two rounds.
     pools = doc["summary"]["pools"]
     assert _number(pools["measured"]) and _number(pools["quiet_band"]) and isinstance(pools["met"], bool)
     assert pools["outside_round_spread"] is None

@@ -210,7 +210,7 @@ def test_a_refused_upload_never_lets_its_body_be_read_as_the_next_request(
         next_line = rfile.readline()
     except ConnectionError:
         next_line = b""
-    if next_line:  # the connection was kept: the answer must be the GET's
+    if next_line:  # the connection was kept: the answer must be the one to the GET
         assert response_headers.get("connection", "").lower() != "close"
         assert next_line.startswith(b"HTTP/1.1 200"), next_line
     assert backend.get_object(Bucket=bucket, Key="victim")["Body"].read() == b"still here"

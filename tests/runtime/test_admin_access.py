@@ -13,10 +13,12 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from gateway.clock import FakeClock
-from gateway.core.scheduler import Scheduler, SchedulerConfig, default_lanes
+from gateway.config import Config
+from gateway.core.scheduler import Scheduler
 from gateway.http.admin import Admin
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import LaneDispatcher
+from gateway.runtime.wiring import scheduler_config
 
 TOKEN = "0123456789abcdef-admin-token"
 
@@ -31,7 +33,7 @@ def request(peer: str, headers: dict[str, str] | None = None, path: str = "/_s3l
 
 def admin(*, open_to_all: bool = False, token: str | None = TOKEN) -> Admin:
     clock = FakeClock()
-    scheduler = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=1e9), clock.monotonic())
+    scheduler = Scheduler(scheduler_config(Config(), 1e9), clock.monotonic())
     return Admin(
         Metrics(), LaneDispatcher(scheduler, clock), clock, open_to_all=open_to_all, admin_token=token
     )
@@ -87,7 +89,7 @@ def test_flush_signed_by_a_restricted_tenant_needs_a_grant_on_the_prefix() -> No
     from gateway.core.access import Grant, TenantPolicy
 
     clock = SystemClock()
-    scheduler = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=1e9), clock.monotonic())
+    scheduler = Scheduler(scheduler_config(Config(), 1e9), clock.monotonic())
     a = Admin(
         Metrics(),
         LaneDispatcher(scheduler, clock),
@@ -150,7 +152,7 @@ def test_drain_switch_pauses_and_resumes_for_admins_only() -> None:
         return state["paused"]
 
     clock = FakeClock()
-    scheduler = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=1e9), clock.monotonic())
+    scheduler = Scheduler(scheduler_config(Config(), 1e9), clock.monotonic())
     a = Admin(
         Metrics(),
         LaneDispatcher(scheduler, clock),
@@ -164,7 +166,10 @@ def test_drain_switch_pauses_and_resumes_for_admins_only() -> None:
         resp = asyncio.run(a.drain(request(peer, headers, path=f"/_s3lanes/drain{query}")))
         return resp.status, resp.text or ""
 
-    assert call("?pause=1", peer="10.1.2.3") == (403, "admin endpoints are served to loopback peers only\n")
+    status, text = call("?pause=1", peer="10.1.2.3")
+    assert status == 403 and "Authorization: Bearer <[server] admin_token>" in text and "--token" in text
+    status, text = call("?pause=1", peer="10.1.2.3", headers={"Authorization": "Bearer wrong"})
+    assert (status, text) == (403, "the bearer token does not match [server] admin_token\n")
     assert state["paused"] is False
     assert call("?pause=1") == (200, '{"paused": true}') and state["paused"] is True
     assert call("") == (200, '{"paused": true}')

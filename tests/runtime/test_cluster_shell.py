@@ -4,18 +4,22 @@ backoff), recover, and show it all in metrics and status. The Redis board: tests
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+from dataclasses import replace
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.clock import FakeClock
-from gateway.config import ClusterConfig
+from gateway.config import ClusterConfig, Config
 from gateway.core.cluster_budget import Mode
-from gateway.core.scheduler import Scheduler, SchedulerConfig, default_lanes
+from gateway.core.scheduler import Scheduler
 from gateway.metrics import Metrics
 from gateway.runtime.cluster import ClusterMember, MemoryBoard
+from gateway.runtime.wiring import scheduler_config
 
 C = 40_000_000.0
 MiB = 1024 * 1024
@@ -32,14 +36,14 @@ def samples(metrics: Metrics) -> dict[str, float]:
 
 
 class Cluster:
-    def __init__(self, backlogs: dict[str, int], readers: set[str]) -> None:
-        self.clock = FakeClock()
+    def __init__(self, backlogs: dict[str, int], readers: set[str], clock: FakeClock | None = None) -> None:
+        self.clock = clock or FakeClock()
         self.board = MemoryBoard(self.clock)
         self.backlogs = backlogs
         self.members: dict[str, ClusterMember] = {}
         for node in sorted(backlogs):
             sched = Scheduler(
-                SchedulerConfig(lanes=default_lanes(), capacity_bps=C, burst_bytes=MiB),
+                replace(scheduler_config(Config(), C), burst_bytes=MiB),
                 self.clock.monotonic(),
             )
             if node in readers:
@@ -126,7 +130,7 @@ async def test_a_second_gateway_with_the_same_node_id_is_reported() -> None:
     cl = Cluster({"n1": 0, "n2": 0}, readers=set())
     twin = ClusterMember(
         ClusterConfig(redis_url="redis://unused", node_id="n1", interval_s=INTERVAL),
-        Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=C), cl.clock.monotonic()),
+        Scheduler(scheduler_config(Config(), C), cl.clock.monotonic()),
         cl.clock,
         board=cl.board,
     )
@@ -146,7 +150,7 @@ async def test_a_restart_under_the_same_node_id_is_not_a_conflict() -> None:
     await cl.rounds(2)
     reborn = ClusterMember(
         ClusterConfig(redis_url="redis://unused", node_id="n1", interval_s=INTERVAL),
-        Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=C), cl.clock.monotonic()),
+        Scheduler(scheduler_config(Config(), C), cl.clock.monotonic()),
         cl.clock,
         board=cl.board,
     )
@@ -163,3 +167,28 @@ async def test_garbage_on_the_board_is_counted_and_ignored() -> None:
     m = cl.members["n1"]
     assert m.bad_reports == 1 and m.redis_up
     assert m.lease.mode is Mode.LEARNING
+
+
+async def test_each_member_runs_a_round_every_interval_on_its_clock() -> None:
+    clock = FakeClock(autojump=True)
+    cl = Cluster({"n1": 10**10, "n2": 0}, readers=set(), clock=clock)
+    rounds: dict[str, list[float]] = {n: [] for n in cl.members}
+    for node, m in cl.members.items():
+        real_step = m.step
+
+        async def counted(node: str = node, real_step: Any = real_step) -> None:
+            rounds[node].append(clock.monotonic())
+            await real_step()
+
+        m.step = counted  # type: ignore[method-assign]
+    t0 = clock.monotonic()
+    tasks = [asyncio.create_task(m.run()) for m in cl.members.values()]
+    try:
+        await clock.sleep(10 * INTERVAL + INTERVAL / 2)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for node in cl.members:
+        assert rounds[node] == pytest.approx([t0 + i * INTERVAL for i in range(11)])
+    assert cl.limit("n1") == pytest.approx(C - 0.02 * C)  # the rounds did their work

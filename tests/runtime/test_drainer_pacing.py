@@ -4,7 +4,9 @@ A paced lane's burst at the backend's bottleneck is what one piece puts into the
 ``[scheduler] chunk_bytes`` of 256 KiB must give 256 KiB pieces, each granted before it is read. The spool
 and the lane dispatcher here are real (a :class:`~gateway.runtime.spool.Spool` on ``tmp_path`` and a
 :class:`~gateway.runtime.dispatcher.LaneDispatcher` over a real scheduler); only the pool lookup is a stand-in
-that returns that dispatcher, since no backend request is made.
+that returns that dispatcher, since no backend request is made. The drainer and the dispatcher share one
+virtual clock (:class:`~gateway.clock.FakeClock`): the tests of a race move it by hand, so that no grant comes
+while a socket is still being read; waits for sockets and threads are on the wall clock.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.clock import SystemClock
+from gateway.clock import FakeClock, SystemClock
 from gateway.config import SpoolConfig
 from gateway.core.spool_state import Entry
 from gateway.metrics import Metrics
@@ -64,7 +66,7 @@ def _drainer(
         OnePool(dispatcher),  # type: ignore[arg-type]
         {},
         SpoolConfig(),
-        SystemClock(),
+        dispatcher._clock,
         Metrics(),
         chunk_bytes=chunk_bytes,
         request_cost_bytes=0,
@@ -88,7 +90,7 @@ async def test_a_spool_file_is_read_one_granted_chunk_at_a_time(tmp_path: Path, 
         pieces: list[bytes] = []
         async for piece in drainer._file_body(entry, entry.files[0], entry.size):
             # Every piece was granted before it was read: the lane has been charged at least this far.
-            lane = dispatcher.scheduler.snapshot(asyncio.get_running_loop().time()).lane("checkpoint")
+            lane = dispatcher.scheduler.snapshot(dispatcher._clock.monotonic()).lane("checkpoint")
             granted_before.append(lane.granted_bytes_total)
             pieces.append(piece)
         assert b"".join(pieces) == data
@@ -178,7 +180,7 @@ class BodySink:
         self.server: asyncio.Server | None = None
 
     def _granted(self) -> int:
-        snap = self._dispatcher.scheduler.snapshot(asyncio.get_running_loop().time())
+        snap = self._dispatcher.scheduler.snapshot(self._dispatcher._clock.monotonic())
         return snap.lane("checkpoint").granted_bytes_total
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -219,7 +221,9 @@ async def test_a_file_body_reaches_the_connection_exactly_and_never_ahead_of_its
     connection stays in step for the second request, no byte arrives before the lane granted it, and the
     zero-copy counter says which way they went."""
     spool = await opened(tmp_path)
-    dispatcher = make_dispatcher(capacity_bps=1e9, burst_bytes=256 * KiB)
+    # The grants are waited for while bodies are on a socket: on the real clock (an autojumping one would
+    # change how the writer and the answer interleave, and the connection's reuse depends on it).
+    dispatcher = make_dispatcher(SystemClock(), capacity_bps=1e9, burst_bytes=256 * KiB)
     sink = BodySink(dispatcher)
     url = await sink.start()
     metrics = Metrics()
@@ -259,8 +263,10 @@ async def test_a_superseded_put_whose_last_piece_is_granted_as_it_is_cancelled_n
     has unwound: it must stop by itself, or the store gets the whole PUT and applies it after the DELETE.
     The store must see a body cut short, never a complete one."""
     spool = await opened(tmp_path)
-    # A slow lane: the first piece drives the bucket into debt, the second waits for it to refill.
-    dispatcher = make_dispatcher(capacity_bps=2e6, burst_bytes=16 * KiB)
+    # A slow lane: the first piece drives the bucket into debt, the second waits for it to refill. Time
+    # moves when the test says so.
+    clock = FakeClock()
+    dispatcher = make_dispatcher(clock, capacity_bps=2e6, burst_bytes=16 * KiB)
     sink = BodySink(dispatcher)
     url = await sink.start()
     try:
@@ -289,7 +295,8 @@ async def test_a_superseded_put_whose_last_piece_is_granted_as_it_is_cancelled_n
             # The first piece is out; the writer waits for the grant of the second.
             assert sink.received == step and dispatcher.waiting == 1
             dispatcher._disarm()  # the grant comes when the test says so, not on the dispatcher's timer
-            await asyncio.sleep(2 * step / 2e6 + 0.05)  # the bucket has refilled
+            clock.advance(2 * step / 2e6 + 0.05)  # the bucket has refilled
+            await asyncio.sleep(0.01)
             assert sink.received == step and dispatcher.waiting == 1
             dispatcher._pump()  # the grant: the writer is runnable ...
             assert dispatcher.waiting == 0
@@ -363,8 +370,10 @@ async def test_a_copied_put_body_never_hands_over_its_last_piece_once_superseded
 
 async def test_a_sendfile_put_body_never_sends_its_last_piece_once_superseded(tmp_path: Path) -> None:
     spool = await opened(tmp_path)
-    # A slow lane: the first piece drives the bucket into debt, the second waits for it to refill.
-    dispatcher = make_dispatcher(capacity_bps=4e6, burst_bytes=16 * KiB)
+    # A slow lane: the first piece drives the bucket into debt, the second waits for it to refill, which
+    # comes when the test moves the clock.
+    clock = FakeClock()
+    dispatcher = make_dispatcher(clock, capacity_bps=4e6, burst_bytes=16 * KiB)
     a, b = socket.socketpair()
     a.setblocking(False)
     try:
@@ -386,6 +395,9 @@ async def test_a_sendfile_put_body_never_sends_its_last_piece_once_superseded(tm
             await asyncio.sleep(0.001)
         assert len(got) == step and dispatcher.waiting == 1  # the second piece waits for its grant
         await _superseded(spool, entry)  # the drain task's cancel has not landed yet
+        refilled_at = clock.next_timer_at()
+        assert refilled_at is not None
+        clock.advance(refilled_at - clock.monotonic())  # the grant of the second piece comes
         with pytest.raises(Superseded):
             await send
         with contextlib.suppress(BlockingIOError):
@@ -412,12 +424,12 @@ async def test_an_unanswered_completing_request_keeps_the_key_blocked_before_a_n
         entry = await _spooled(spool, 1000)
         drainer = _drainer(spool, dispatcher, in_doubt_hold_s=hold_s)
 
-        loop = asyncio.get_running_loop()
+        clock = dispatcher._clock
         failed_at: list[float] = []
 
         async def upload(e: Entry) -> None:
-            await asyncio.sleep(0.2)  # on the wire when the DELETE comes
-            failed_at.append(loop.time())
+            await clock.sleep(0.2)  # on the wire when the DELETE comes
+            failed_at.append(clock.monotonic())
             if in_doubt:
                 drainer._in_doubt.add(e.seq)  # the last byte went out ...
             raise DrainError("connection reset by the store")  # ... and no answer came
@@ -425,21 +437,60 @@ async def test_an_unanswered_completing_request_keeps_the_key_blocked_before_a_n
         drainer._upload = upload  # type: ignore[method-assign]
         spool.state.start_upload(entry)
         task = asyncio.create_task(drainer._drain(entry))
-        await asyncio.sleep(0.05)
+        await clock.sleep(0.05)
         await _superseded(spool, entry)  # a DELETE of the key is acknowledged
         tombstone = spool.state.lookup("b", "k")
         assert tombstone is not None and tombstone.kind == "del"
-        started = loop.time()
-        while tombstone not in spool.state.drainable(loop.time(), 10):
-            assert loop.time() - started < 5 * hold_s, "the key was never released"
-            await asyncio.sleep(0.01)
-        released_after = loop.time() - failed_at[0]
+        started = clock.monotonic()
+        while tombstone not in spool.state.drainable(clock.monotonic(), 10):
+            assert clock.monotonic() - started < 5 * hold_s, "the key was never released"
+            await clock.sleep(0.01)
+        released_after = clock.monotonic() - failed_at[0]
         await task
         if in_doubt:
-            assert released_after >= hold_s - 0.1
+            assert hold_s <= released_after <= hold_s + 0.01 + 1e-9  # held exactly as long as said
         else:
-            assert released_after < 0.1
+            assert released_after <= 0.01 + 1e-9  # released at once (seen at the next look)
         assert entry.seq not in spool.state.entries  # the superseded entry is gone either way
     finally:
+        dispatcher.close()
+        await spool.close()
+
+
+async def test_a_failed_drain_is_retried_when_its_hold_is_over_on_the_drainers_clock(tmp_path: Path) -> None:
+    """The drain loop sleeps until the earliest retry is due (never a fixed poll): each retry of a failing
+    upload starts when its backoff hold ends, on virtual time, and the data is drained once the store takes
+    it. Thirty seconds of backoff take no wall-clock time."""
+    clock = FakeClock(autojump=True)
+    spool = await opened(tmp_path, clock=clock)
+    dispatcher = make_dispatcher(clock, capacity_bps=1e9, burst_bytes=MiB)
+    drainer = _drainer(spool, dispatcher)
+    attempts_at: list[float] = []
+    holds: list[float] = []
+    real_backoff = drainer._backoff
+
+    def backoff(attempts: int) -> float:
+        holds.append(real_backoff(attempts))
+        return holds[-1]
+
+    async def upload(e: Entry) -> None:
+        attempts_at.append(clock.monotonic())
+        if len(attempts_at) < 6:
+            raise DrainError("the store is down")
+
+    drainer._backoff = backoff  # type: ignore[method-assign]
+    drainer._upload = upload  # type: ignore[method-assign]
+    try:
+        await put(spool, "k", b"data")
+        running = asyncio.create_task(drainer.run())
+        spool.drain_wakeup.set()
+        assert await asyncio.wait_for(spool.wait_empty(120.0), 10), "never drained"
+        assert len(attempts_at) == 6 and drainer.uploads_failed == 5 and drainer.uploads_ok == 1
+        for before, after, hold in zip(attempts_at, attempts_at[1:], holds, strict=False):
+            assert hold <= after - before <= hold + 0.01  # retried as the hold ends, not a poll later
+        assert attempts_at[-1] - attempts_at[0] >= 0.25 + 0.5 + 1 + 2 + 4  # at least half of each backoff cap
+    finally:
+        await drainer.close()
+        await asyncio.gather(running, return_exceptions=True)
         dispatcher.close()
         await spool.close()

@@ -261,29 +261,3 @@ async def test_send_file_from_a_short_file_is_source_ended(link: Link, data_file
     with pytest.raises(SourceEnded):
         await splice.send_file(link.client_near.fileno(), fd, len(data) - 1000, 5000, in_thread)
     assert await reader == data[-1000:]
-
-
-async def test_a_cancelled_caller_of_thread_work_is_released_only_once_the_thread_is_done() -> None:
-    """run_settled: the descriptors a thread call uses are closed by the caller after it returns, so a
-    cancellation must not surface while the call still runs, not even a second one."""
-    loop = asyncio.get_running_loop()
-    started = asyncio.Event()
-    done: list[float] = []
-
-    def work() -> int:
-        loop.call_soon_threadsafe(started.set)
-        time.sleep(0.2)
-        done.append(time.monotonic())
-        return 7
-
-    task = asyncio.create_task(splice.run_settled(loop.run_in_executor(None, work)))
-    await started.wait()
-    task.cancel()
-    await asyncio.sleep(0.02)
-    task.cancel()  # a second cancellation does not cut the wait either
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    assert done, "the cancellation surfaced while the thread was still inside the call"
-
-    # Not cancelled: the result comes through.
-    assert await splice.run_settled(loop.run_in_executor(None, lambda: 3)) == 3

@@ -5,15 +5,19 @@ acknowledgement, the acknowledged byte counter), a real scheduler, a fake clock.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 
 import pytest
 
 from gateway.clock import FakeClock
-from gateway.core.scheduler import Scheduler, SchedulerConfig, default_lanes
+from gateway.config import Config
+from gateway.core.scheduler import Scheduler
+from gateway.core.spool_deadline import DeadlinePlan
 from gateway.runtime.dispatcher import LaneDispatcher
-from gateway.runtime.spool_deadline import WARNING_INTERVAL_S, DeadlineKeeper
+from gateway.runtime.spool_deadline import TICK_S, WARNING_INTERVAL_S, DeadlineKeeper
+from gateway.runtime.wiring import scheduler_config
 
 MiB = 1024 * 1024
 C = 40_000_000.0
@@ -54,7 +58,7 @@ class _Spool:
 
 def setup(max_age_s: float | None = None) -> tuple[FakeClock, _Spool, Scheduler, DeadlineKeeper]:
     clock = FakeClock()
-    sched = Scheduler(SchedulerConfig(lanes=default_lanes(), capacity_bps=C), clock.monotonic())
+    sched = Scheduler(scheduler_config(Config(), C), clock.monotonic())
     spool = _Spool()
     keeper = DeadlineKeeper(spool, [LaneDispatcher(sched, clock)], ("checkpoint",), max_age_s, clock)
     return clock, spool, sched, keeper
@@ -178,3 +182,25 @@ async def test_what_the_drains_already_sent_of_objects_still_uploading_is_not_wo
     sched.observe_delivered("checkpoint", 512 * MiB, clock.monotonic())
     tick(clock, sched, keeper)
     assert keeper.remaining_bytes == 0
+
+
+async def test_the_keeper_runs_a_tick_every_tick_s_on_its_clock() -> None:
+    clock = FakeClock(autojump=True)
+    sched = Scheduler(scheduler_config(Config(), C), clock.monotonic())
+    keeper = DeadlineKeeper(_Spool(), [LaneDispatcher(sched, clock)], ("checkpoint",), 3600.0, clock)
+    ticked_at: list[float] = []
+    real_tick = keeper.tick
+
+    def counted() -> DeadlinePlan | None:
+        ticked_at.append(clock.monotonic())
+        return real_tick()
+
+    keeper.tick = counted  # type: ignore[method-assign]
+    t0 = clock.monotonic()
+    task = asyncio.create_task(keeper.run())
+    try:
+        await clock.sleep(10 * TICK_S + TICK_S / 2)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert ticked_at == pytest.approx([t0 + i * TICK_S for i in range(11)])

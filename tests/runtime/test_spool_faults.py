@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 
 import gateway.runtime.spool as spool_module
-from gateway.clock import SystemClock
-from gateway.runtime.spool import Spool, SpoolWriteFailed
+from gateway.clock import FakeClock, SystemClock
+from gateway.runtime.spool import HEAL_INTERVAL_S, Spool, SpoolWriteFailed
 from tests.runtime.test_spool_shell import CFG, opened, put
 
 
@@ -134,7 +134,8 @@ async def test_a_journal_append_cut_by_enospc_is_truncated_back_and_the_spool_he
     truncates the journal back to its last good length at once (no half frame is left for a restart to
     find), goes out of service, and, once the disk takes writes again, rewrites its journal and is back in
     service by itself."""
-    spool = await opened(tmp_path)
+    clock = FakeClock()
+    spool = await opened(tmp_path, clock=clock)
     journal = str(tmp_path / "journal")
     real_write = os.write
 
@@ -157,10 +158,13 @@ async def test_a_journal_append_cut_by_enospc_is_truncated_back_and_the_spool_he
         assert file_size(journal) == size_before  # the half frame was cut off again
         with pytest.raises(SpoolWriteFailed):
             await put(spool, "while-out", b"x")
-        for _ in range(100):  # the heal loop runs every HEAL_INTERVAL_S
+        # The heal loop tries again every HEAL_INTERVAL_S on the spool's clock; the rewrite is thread work.
+        assert clock.next_timer_at() == clock.monotonic() + HEAL_INTERVAL_S
+        clock.advance(HEAL_INTERVAL_S)
+        for _ in range(500):
             if spool.degraded is None:
                 break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.01)
         assert spool.degraded is None, "the spool did not come back into service by itself"
         after = os.urandom(2000)
         await put(spool, "after", after)

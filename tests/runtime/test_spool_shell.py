@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import SystemClock
+from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.config import SpoolConfig
 from gateway.core.journal import file_header, replay
-from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolWriteFailed
+from gateway.runtime.spool import FlushResult, JournalAppendFailed, Spool, SpoolWriteFailed
 
 CFG = SpoolConfig(capacity_bytes=64 * 1024 * 1024)
 
@@ -60,8 +60,8 @@ async def put(spool: Spool, key: str, data: bytes, bucket: str = "b") -> dict[st
     return rec
 
 
-async def opened(root: Path, cfg: SpoolConfig = CFG) -> Spool:
-    spool = Spool(cfg, root, SystemClock())
+async def opened(root: Path, cfg: SpoolConfig = CFG, clock: Clock | None = None) -> Spool:
+    spool = Spool(cfg, root, clock or SystemClock())
     await spool.open()
     return spool
 
@@ -209,28 +209,41 @@ async def test_a_failed_journal_sync_takes_the_spool_out_of_service(
         await again.close()
 
 
+async def flush_timing_out(spool: Spool, clock: FakeClock, prefix: str, timeout_s: float) -> FlushResult:
+    """A flush that nothing drains for: it returns when its timeout has passed on the spool's clock."""
+    task = asyncio.create_task(spool.flush("b", prefix, timeout_s))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    clock.advance(timeout_s - 1e-6)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not task.done(), "returned before its timeout"
+    clock.advance(1e-6)
+    result = await asyncio.wait_for(task, 10)
+    assert result.waited_s == pytest.approx(timeout_s)
+    return result
+
+
 async def test_flush_returns_when_the_prefix_is_drained_or_times_out(tmp_path: Path) -> None:
-    spool = await opened(tmp_path)
+    clock = FakeClock()  # the flush timeouts pass when the test moves the clock
+    spool = await opened(tmp_path, clock=clock)
     try:
         await put(spool, "ckpt/a", b"1")
         await put(spool, "other/b", b"2")
-        quick = await spool.flush("b", "ckpt/", 0.05)
+        quick = await flush_timing_out(spool, clock, "ckpt/", 0.05)
         assert not quick.durable and quick.pending_objects == 1 and quick.pending_bytes == 1
 
-        async def drain_later() -> None:
-            await asyncio.sleep(0.05)
-            entry = spool.state.lookup("b", "ckpt/a")
-            assert entry is not None
-            spool.state.start_upload(entry)
-            spool.state.upload_succeeded(entry)
-            await spool.commit([spool.state.done_record(entry.seq)])
-
-        task = asyncio.create_task(drain_later())
-        done = await spool.flush("b", "ckpt/", 5.0)
-        await task
+        flushing = asyncio.create_task(spool.flush("b", "ckpt/", 5.0))
+        entry = spool.state.lookup("b", "ckpt/a")
+        assert entry is not None
+        spool.state.start_upload(entry)
+        spool.state.upload_succeeded(entry)
+        await spool.commit([spool.state.done_record(entry.seq)])
+        done = await asyncio.wait_for(flushing, 10)
         assert done.durable and done.pending_objects == 0
+        assert done.waited_s == 0.0, "returned on the drain, not at its timeout"
         # Another prefix is untouched.
-        assert not (await spool.flush("b", "other/", 0.01)).durable
+        assert not (await flush_timing_out(spool, clock, "other/", 0.01)).durable
     finally:
         await spool.close()
 
@@ -238,7 +251,8 @@ async def test_flush_returns_when_the_prefix_is_drained_or_times_out(tmp_path: P
 async def test_flush_returns_as_soon_as_a_drain_upload_intent_left_open_is_resolved(tmp_path: Path) -> None:
     """A drain whose CreateMultipartUpload failed leaves an open intent, which flush counts as pending until
     the janitor ends it; the flush returns then, not at its timeout."""
-    spool = await opened(tmp_path)
+    clock = FakeClock()
+    spool = await opened(tmp_path, clock=clock)
     try:
         rec = await put(spool, "ckpt/a", b"1")
         entry = spool.state.entries[rec["seq"]]
@@ -246,17 +260,45 @@ async def test_flush_returns_as_soon_as_a_drain_upload_intent_left_open_is_resol
         spool.state.start_upload(entry)
         spool.state.upload_succeeded(entry)
         await spool.commit([spool.state.done_record(entry.seq)])
-        assert not (await spool.flush("b", "ckpt/", 0.01)).durable  # the open intent
+        assert not (await flush_timing_out(spool, clock, "ckpt/", 0.01)).durable  # the open intent
+        flushing = asyncio.create_task(spool.flush("b", "ckpt/", 10.0))
+        await spool.commit([spool.state.backend_intent_end_record("s1")])
+        done = await asyncio.wait_for(flushing, 10)
+        assert done.durable and done.waited_s == 0.0, "returned once the intent ended, not at its timeout"
+    finally:
+        await spool.close()
 
-        async def resolve_later() -> None:
-            await asyncio.sleep(0.05)
-            await spool.commit([spool.state.backend_intent_end_record("s1")])
 
-        task = asyncio.create_task(resolve_later())
-        started = asyncio.get_running_loop().time()
-        done = await spool.flush("b", "ckpt/", 10.0)
-        await task
-        assert done.durable and asyncio.get_running_loop().time() - started < 5.0
+async def test_wait_empty_polls_on_the_spools_clock_and_gives_up_at_its_timeout(tmp_path: Path) -> None:
+    clock = FakeClock()
+    spool = await opened(tmp_path, clock=clock)
+    try:
+        assert await spool.wait_empty(30.0), "an empty spool is empty at once"
+        rec = await put(spool, "ckpt/a", b"1")
+        t0 = clock.monotonic()
+        waiting = asyncio.create_task(spool.wait_empty(30.0, poll_s=0.5))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert clock.next_timer_at() == t0 + 0.5  # its next look
+        entry = spool.state.entries[rec["seq"]]
+        spool.state.start_upload(entry)
+        spool.state.upload_succeeded(entry)
+        await spool.commit([spool.state.done_record(entry.seq)])
+        assert not waiting.done(), "it polls: the drain is seen at the next look"
+        clock.advance(0.5)
+        assert await asyncio.wait_for(waiting, 10)
+        # Nothing drains: it gives up once its timeout has passed, on the spool's clock.
+        await put(spool, "ckpt/b", b"2")
+        t0 = clock.monotonic()
+        waiting = asyncio.create_task(spool.wait_empty(30.0, poll_s=0.5))
+        while not waiting.done():
+            for _ in range(3):
+                await asyncio.sleep(0)
+            next_at = clock.next_timer_at()
+            if next_at is not None:
+                clock.advance(next_at - clock.monotonic())
+        assert not waiting.result()
+        assert clock.monotonic() - t0 == pytest.approx(30.0)
     finally:
         await spool.close()
 
@@ -299,53 +341,4 @@ async def test_acks_do_not_queue_behind_readers_and_the_journal_not_behind_write
         assert spool.state.lookup("b", "while-reading") is not None
     finally:
         release.set()
-        await spool.close()
-
-
-@pytest.mark.parametrize("pool", ["run_io_owned", "run_read_io_owned"])
-async def test_a_descriptor_opened_for_a_cancelled_caller_is_closed_not_leaked(
-    tmp_path: Path, pool: str
-) -> None:
-    """A drain cut short (or a writer) cancelled while its thread opens a spool file: the thread cannot be
-    stopped, so the descriptor it returns is closed on arrival; without that it stayed open on a file the
-    spool deletes later (found by the soak's idle-descriptor check)."""
-    spool = await opened(tmp_path)
-    target = tmp_path / "victim"
-    target.write_bytes(b"x")
-    opening, release_thread = threading.Event(), threading.Event()
-    got: list[int] = []
-
-    def slow_open() -> int:
-        opening.set()
-        release_thread.wait(10)
-        fd = os.open(target, os.O_RDONLY)
-        got.append(fd)
-        return fd
-
-    closed: list[int] = []
-
-    def close(fd: int) -> None:
-        closed.append(fd)
-        os.close(fd)
-
-    try:
-        task = asyncio.create_task(getattr(spool, pool)(slow_open, release=close))
-        await asyncio.to_thread(opening.wait, 10)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        release_thread.set()
-        for _ in range(200):
-            if closed:
-                break
-            await asyncio.sleep(0.01)
-        assert closed == got and len(got) == 1
-        with pytest.raises(OSError):
-            os.fstat(got[0])  # really closed
-        # Not cancelled: the caller gets the descriptor and nothing is released.
-        fd = await getattr(spool, pool)(os.open, target, os.O_RDONLY, release=close)
-        assert closed == got
-        os.close(fd)
-    finally:
-        release_thread.set()
         await spool.close()

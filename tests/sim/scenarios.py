@@ -11,7 +11,9 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig, SchedulerSnapshot, default_lanes
+from gateway.config import Config
+from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig, SchedulerSnapshot
+from gateway.runtime.wiring import scheduler_config
 from tests.sim.backend_model import BIN_S, Backend, BackendParams, Meter
 from tests.sim.des import Simulator
 from tests.sim.fifo import FifoScheduler
@@ -25,9 +27,10 @@ LANES = ("dataset", "checkpoint", "restore", "metadata")
 
 
 def base_config(**overrides: object) -> SchedulerConfig:
-    cfg = SchedulerConfig(
-        lanes=default_lanes(),
-        capacity_bps=C0,
+    """The scheduler users run (the shipped lanes and settings, through the gateway's own conversion), at the
+    scenarios' scale: the model store's bandwidth, a window and a burst that fit it."""
+    cfg = replace(
+        scheduler_config(Config(), C0),
         inflight_bytes_max=32 * MiB,
         inflight_requests_max=64,
         burst_bytes=2 * MiB,
@@ -304,7 +307,7 @@ def work_conserving_mode() -> Scenario:
 
 
 def lanes_with(**changes: dict[str, object]) -> tuple[LaneSpec, ...]:
-    return tuple(replace(x, **changes.get(x.name, {})) for x in default_lanes())  # type: ignore[arg-type]
+    return tuple(replace(x, **changes.get(x.name, {})) for x in base_config().lanes)  # type: ignore[arg-type]
 
 
 def hidden_queue(*, window: bool) -> Scenario:
