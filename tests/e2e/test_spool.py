@@ -1151,14 +1151,6 @@ def test_flush_with_nothing_pending_returns_at_once_durable(fast: Gateway, bucke
     assert doc["bucket"] == bucket and doc["prefix"] == "nothing/here/"
 
 
-def drain_hold(gw: Gateway, paused: bool) -> None:
-    """Pause (no new upload starts) or resume the gateway's drain: ``POST /_s3lanes/drain``."""
-    query = "pause=1" if paused else "resume=1"
-    req = urllib.request.Request(f"{gw.http_url}/_s3lanes/drain?{query}", method="POST")
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        assert json.loads(resp.read()) == {"paused": paused}
-
-
 def test_flush_timeout_answers_504_with_what_is_still_pending(slow: PlainGateway, bucket: str) -> None:
     s3 = slow.gw.client()
     size = 2 * MiB
@@ -1167,14 +1159,14 @@ def test_flush_timeout_answers_504_with_what_is_still_pending(slow: PlainGateway
     # until the second is acknowledged), which a slow PUT of the second (a loaded machine) used to let
     # happen before the 0.3 s flush answered. Sharing the rate, each needs ~0.9 s. The pause between the
     # PUTs stands for that slow machine.
-    drain_hold(slow.gw, True)
+    slow.gw.drain_paused(True)
     try:
         s3.put_object(Bucket=bucket, Key="big/one", Body=os.urandom(size))
         time.sleep(0.5)
         s3.put_object(Bucket=bucket, Key="big/two", Body=os.urandom(size))
         s3.put_object(Bucket=bucket, Key="other/small", Body=b"x")
     finally:
-        drain_hold(slow.gw, False)
+        slow.gw.drain_paused(False)
     started = time.monotonic()
     status, doc = post_flush(flush_url(slow.gw, bucket, "big/", 0.3))
     assert time.monotonic() - started < 3
