@@ -368,10 +368,9 @@ def boto_request(cfg: dict[str, Any], op: str, args: dict[str, Any]) -> dict[str
 
 
 class BotoWriters:
-    """botocore S3 clients for the checkpoint writers, each in a process of its own (a trainer rank is a
-    process; 16 writer threads beside the data loader's event loop took the loader's GIL, and it read at a
-    sixth of its rate whatever the gateway did). No retries: every failed request is a client error,
-    counted with its text."""
+    """botocore S3 clients for the checkpoint writers, each in a process of its own, as trainer ranks are
+    (threads beside the data loader's event loop would compete with it for the GIL). No retries: every
+    failed request is a client error, counted with its text."""
 
     def __init__(self, spec: dict[str, Any], endpoint_url: str) -> None:
         import multiprocessing
