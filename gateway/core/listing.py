@@ -1022,17 +1022,26 @@ _UPLOAD_ELEMENT = re.compile(rb"<Upload>.*?</Upload>", re.DOTALL)
 _UPLOAD_ID_ELEMENT = re.compile(rb"<UploadId>(.*?)</UploadId>", re.DOTALL)
 
 
-def drop_listed_uploads(xml: bytes, upload_ids: Collection[str]) -> bytes:
+def drop_listed_uploads(xml: bytes, upload_ids: Collection[str], keys: Collection[str] = ()) -> bytes:
     """A backend ListMultipartUploadsResult without the ``<Upload>`` elements of ``upload_ids`` (the
-    drain's own uploads), everything else byte for byte. A page may then hold fewer uploads than
-    max-uploads, which S3 allows; its markers still continue the listing where the backend would."""
-    if not upload_ids:
+    drain's own uploads) nor those of ``keys`` (keys whose drain upload is being created: its id is not
+    known yet), everything else byte for byte. A page may then hold fewer uploads than max-uploads, which
+    S3 allows; its markers still continue the listing where the backend would."""
+    if not upload_ids and not keys:
         return xml
     wanted = {escape(u).encode() for u in upload_ids}
+    url = b"<EncodingType>url</EncodingType>" in xml
 
     def keep(match: re.Match[bytes]) -> bytes:
         found = _UPLOAD_ID_ELEMENT.search(match.group(0))
-        return b"" if found is not None and found.group(1).strip() in wanted else match.group(0)
+        if found is not None and found.group(1).strip() in wanted:
+            return b""
+        if keys:
+            key = _KEY_ELEMENT.search(match.group(0))
+            raw = html.unescape(key.group(1).decode()) if key is not None else None
+            if raw is not None and (unquote_plus(raw) if url else raw) in keys:
+                return b""
+        return match.group(0)
 
     return _UPLOAD_ELEMENT.sub(keep, xml)
 

@@ -114,7 +114,15 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             fence_s=cfg.backend.read_timeout_s if cfg.spool.fence_s is None else cfg.spool.fence_s,
         )
         front = SpoolFront(
-            spool, proxy, cfg, pools, clock, metrics, drain_uploads=drainer.open_upload_ids, keys=keys.known
+            spool,
+            proxy,
+            cfg,
+            pools,
+            clock,
+            metrics,
+            drain_uploads=drainer.open_upload_ids,
+            drain_creating=drainer.creating_upload_keys,
+            keys=keys.known,
         )
         proxy.spool_front = front
         metrics.add_snapshot_collector(spool_collector(spool, clock))

@@ -395,11 +395,14 @@ class SpoolFront:
         metrics: Metrics,
         *,
         drain_uploads: Callable[[], AbstractSet[str]] = frozenset,
+        drain_creating: Callable[[str], AbstractSet[str]] = lambda bucket: frozenset(),
         keys: dict[str, Credential] | None = None,
     ) -> None:
         self.spool = spool
         # The backend upload ids the drain has open: hidden from clients' ListMultipartUploads.
         self._drain_uploads = drain_uploads
+        # Per bucket, keys whose drain upload is being created (its id not known yet): hidden likewise.
+        self._drain_creating = drain_creating
         self._proxy = proxy
         self._cfg = cfg
         self._pools = pools
@@ -462,7 +465,9 @@ class SpoolFront:
             elif op == "DeleteObjects" and state.has_bucket_prefix(bucket, ""):
                 return await self._delete_objects(request, ctx, decision, bucket)
             elif op == "ListMultipartUploads" and (
-                any(u.bucket == bucket for u in state.uploads.values()) or self._drain_uploads()
+                any(u.bucket == bucket for u in state.uploads.values())
+                or self._drain_uploads()
+                or self._drain_creating(bucket)
             ):
                 return await self._list_uploads(request, ctx, decision, bucket, q)
             elif op == "DeleteBucket" and any(
@@ -1065,6 +1070,9 @@ class SpoolFront:
         Spooled uploads are appended to the first page the backend returns (they are few and short-lived);
         key-marker/upload-id-marker paging applies to the backend's uploads only.
         """
+        # The drain's uploads known before the listing and after it: one may end (and its id be forgotten)
+        # or be created (and its id learnt) while the store lists it.
+        hidden, creating = set(self._drain_uploads()), set(self._drain_creating(bucket))
         resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, ctx.view.raw_query)
         try:
             data = await resp.read()
@@ -1072,7 +1080,9 @@ class SpoolFront:
         finally:
             resp.release()
         if status == 200:
-            data = drop_listed_uploads(data, self._drain_uploads())
+            hidden |= self._drain_uploads()
+            creating |= self._drain_creating(bucket)
+            data = drop_listed_uploads(data, hidden, creating)
         if status != 200 or q.get("key-marker") or q.get("upload-id-marker"):
             out = web.Response(
                 status=status, body=with_request_id(data, ctx.request_id), content_type="application/xml"

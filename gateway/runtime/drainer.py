@@ -192,6 +192,8 @@ class Drainer:
         self._janitor: asyncio.Task[None] | None = None
         self._janitor_at = -JANITOR_INTERVAL_S
         self._owned_uploads: set[str] = set()  # backend upload ids of multipart drains in progress
+        # (bucket, key) -> CreateMultipartUploads of the drain sent and not yet answered with an id
+        self._creating: dict[tuple[str, str], int] = {}
         self._intent_locks: dict[
             str, asyncio.Lock
         ] = {}  # one per drain upload intent (see _upload_multipart)
@@ -271,6 +273,11 @@ class Drainer:
         """Backend multipart upload ids the drain has open (journaled, or in progress): not the clients'
         uploads, so a client's ListMultipartUploads through the gateway does not show them."""
         return frozenset(self._spool.state.backend_uploads) | self._owned_uploads
+
+    def creating_upload_keys(self, bucket: str) -> frozenset[str]:
+        """Keys of ``bucket`` whose drain CreateMultipartUpload is on its way: the store may list the upload
+        before its id is known here, so a client's ListMultipartUploads hides that key's uploads meanwhile."""
+        return frozenset(k for (b, k) in self._creating if b == bucket)
 
     def _start_janitor(self) -> None:
         """Backend multipart uploads recorded in the journal that no drain owns (left by a crash, or an abort
@@ -796,12 +803,19 @@ class Drainer:
                     if self._spool.degraded is None:
                         raise
                     journaled = False
-            status, data, _ = await self._request(entry, "POST", "uploads", headers)
-            match = _UPLOAD_ID.search(data)
-            if status != 200 or match is None:
-                raise DrainError(f"CreateMultipartUpload answered {status}: {data[:300]!r}")
-            upload_id = html.unescape(match.group(1).decode())
-            self._owned_uploads.add(upload_id)
+            ident = (entry.bucket, entry.key)
+            self._creating[ident] = self._creating.get(ident, 0) + 1
+            try:
+                status, data, _ = await self._request(entry, "POST", "uploads", headers)
+                match = _UPLOAD_ID.search(data)
+                if status != 200 or match is None:
+                    raise DrainError(f"CreateMultipartUpload answered {status}: {data[:300]!r}")
+                upload_id = html.unescape(match.group(1).decode())
+                self._owned_uploads.add(upload_id)
+            finally:
+                left = self._creating.pop(ident) - 1
+                if left:
+                    self._creating[ident] = left
             try:
                 records = [state.backend_upload_record(upload_id, entry)]
                 if journaled:

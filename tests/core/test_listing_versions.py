@@ -162,6 +162,18 @@ def test_drain_uploads_are_dropped_from_a_backend_uploads_listing_and_the_rest_k
     assert drop_listed_uploads(body, {"drain-2"}) == head + up1 + b"</ListMultipartUploadsResult>"
     assert drop_listed_uploads(body, set()) == body
     assert drop_listed_uploads(body, {"other"}) == body
+    # A key whose drain upload is being created (its id not known yet): its uploads are dropped too.
+    assert drop_listed_uploads(body, set(), {"k1"}) == head + up2 + b"</ListMultipartUploadsResult>"
+    assert drop_listed_uploads(body, set(), {"k3"}) == body
+    url_body = (
+        head
+        + b"<EncodingType>url</EncodingType>"
+        + b"<Upload><Key>a+b%2Fc</Key><UploadId>x</UploadId></Upload>"
+    )
+    url_body += b"</ListMultipartUploadsResult>"
+    assert drop_listed_uploads(url_body, set(), {"a b/c"}) == (
+        head + b"<EncodingType>url</EncodingType></ListMultipartUploadsResult>"
+    )
 
 
 def test_spooled_uploads_are_merged_into_a_backend_page_in_key_order() -> None:
