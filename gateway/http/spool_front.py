@@ -1049,10 +1049,11 @@ class SpoolFront:
             return cached
         if self._owner_unknown_until.get(ident, 0.0) > self._clock.monotonic():
             return None  # asked recently, in vain (an identity without ListBuckets): not on every listing
-        target = backend.target(None, None, "")
         owner: tuple[str, str] | None = None
         try:
-            resp = await backend.request("GET", target, {}, cred, lane="metadata")
+            resp = await self._pools.request(
+                "metadata", None, None, "GET", {}, cred, backend=backend.name, cost=None, observe=False
+            )
             try:
                 data = await resp.read()
                 if resp.status == 200:
