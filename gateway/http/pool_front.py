@@ -126,14 +126,18 @@ class PoolFront:
         per_backend: dict[str, list[tuple[str, str]]] = {}
         owner: ET.Element | None = None
         for name in self._pools.table.backends_to_list():
-            backend = self._pools.backends[name]
             dispatcher = self._pools.dispatcher_of(name)
-            ticket = await dispatcher.acquire(
-                decision.lane, self._proxy.request_cost, gone=lambda: client_gone(request)
-            )
-            dispatcher.release(ticket)
-            resp = await backend.request(
-                "GET", backend.target(None, None, ""), {}, ctx.credential, lane=decision.lane
+            resp = await self._pools.request(
+                decision.lane,
+                None,
+                None,
+                "GET",
+                {},
+                ctx.credential,
+                backend=name,
+                cost=self._proxy.request_cost,
+                gone=lambda: client_gone(request),
+                observe=False,  # once the listing is read
             )
             async with resp:
                 data = await resp.read()
