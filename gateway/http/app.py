@@ -249,9 +249,8 @@ async def bucket_exists(pools: Pools, keys: KeyTables, bucket: str, tenant: str 
     cred = keys.live.get(tenant) if tenant is not None else next(iter(keys.live.values()), None)
     if cred is None:
         return None
-    backend, target = pools.target(bucket, None, "")
     try:
-        resp = await backend.request("HEAD", target, {}, cred, lane="metadata")
+        resp = await pools.request("metadata", bucket, None, "HEAD", {}, cred, cost=None, observe=False)
     except S3Error:
         return None
     resp.release()

@@ -126,14 +126,18 @@ class PoolFront:
         per_backend: dict[str, list[tuple[str, str]]] = {}
         owner: ET.Element | None = None
         for name in self._pools.table.backends_to_list():
-            backend = self._pools.backends[name]
             dispatcher = self._pools.dispatcher_of(name)
-            ticket = await dispatcher.acquire(
-                decision.lane, self._proxy.request_cost, gone=lambda: client_gone(request)
-            )
-            dispatcher.release(ticket)
-            resp = await backend.request(
-                "GET", backend.target(None, None, ""), {}, ctx.credential, lane=decision.lane
+            resp = await self._pools.request(
+                decision.lane,
+                None,
+                None,
+                "GET",
+                {},
+                ctx.credential,
+                backend=name,
+                cost=self._proxy.request_cost,
+                gone=lambda: client_gone(request),
+                observe=False,  # once the listing is read
             )
             async with resp:
                 data = await resp.read()
@@ -197,17 +201,19 @@ class PoolFront:
             for name, value in h.items()
             if name.startswith("x-amz-copy-source-if-")
         }
-        src_backend, src_target = self._pools.target(
-            src_bucket, src_key, f"versionId={version}" if version else ""
+        src_dispatcher = self._pools.dispatcher_for(src_bucket)
+        src = await self._pools.request(
+            lane,
+            src_bucket,
+            src_key,
+            "GET",
+            read_headers,
+            ctx.credential,
+            raw_query=f"versionId={version}" if version else "",
+            cost=self._proxy.request_cost,
+            gone=lambda: client_gone(request),
         )
-        src_dispatcher = self._pools.dispatcher_of(src_backend.name)
-        ticket = await src_dispatcher.acquire(
-            lane, self._proxy.request_cost, gone=lambda: client_gone(request)
-        )
-        src_dispatcher.release(ticket)
-        src = await src_backend.request("GET", src_target, read_headers, ctx.credential, lane=lane)
         try:
-            src_dispatcher.observe_backend(lane, src.status)
             if src.status in (304, 412):
                 raise PreconditionFailed()
             if src.status != 200:
@@ -229,16 +235,20 @@ class PoolFront:
             single_part = len(src_etag) == 32 and "-" not in src_etag
             if single_part:
                 headers["content-md5"] = base64.b64encode(bytes.fromhex(src_etag)).decode()
-            dest_backend, dest_target = self._pools.target(ctx.target.bucket, ctx.target.key, "")
-            dest_dispatcher = self._pools.dispatcher_of(dest_backend.name)
+            dest_dispatcher = self._pools.dispatcher_for(ctx.target.bucket)
             md5 = hashlib.md5()
             body = self._paced(src, src_dispatcher, dest_dispatcher, lane, size, md5)
-            ticket = await dest_dispatcher.acquire(
-                lane, self._proxy.request_cost, gone=lambda: client_gone(request)
-            )
-            dest_dispatcher.release(ticket)
-            put = await dest_backend.request(
-                "PUT", dest_target, headers, ctx.credential, body=body, lane=lane
+            put = await self._pools.request(
+                lane,
+                ctx.target.bucket,
+                ctx.target.key,
+                "PUT",
+                headers,
+                ctx.credential,
+                body,
+                cost=self._proxy.request_cost,
+                gone=lambda: client_gone(request),
+                observe=False,  # once the answer is read
             )
         finally:
             src.release()

@@ -464,7 +464,7 @@ class S3Proxy:
         headers = self._request_headers(ctx, upload)
         payload_hash = ctx.auth.payload_hash
         backend_hash = payload_hash if len(payload_hash) == 64 else UNSIGNED_PAYLOAD
-        backend, target = self.pools.target(ctx.target.bucket, ctx.target.key, ctx.view.raw_query)
+        backend = self.pools.backend_for(ctx.target.bucket)
         dispatcher = self.pools.dispatcher_of(backend.name)
         if "x-amz-copy-source" in headers:
             src_route = self.pools.route(split_copy_source(headers["x-amz-copy-source"])[0])
@@ -475,7 +475,6 @@ class S3Proxy:
 
         body: bytes | AsyncIterator[bytes] | None = None
         pipe: _BodyStream | None = None
-        cost = self._request_cost
         if ctx.target.operation in ("DeleteObjects", "CompleteMultipartUpload"):
             # Checked here as S3 checks it: a store may delete the keys of a DeleteObjects document S3
             # refuses, or complete an upload from a CompleteMultipartUpload document S3 refuses.
@@ -486,7 +485,6 @@ class S3Proxy:
                 delete_objects_keys(body)
             else:
                 complete_multipart_parts(body)
-            cost += len(body)
             arrived = self._clock.monotonic()
         elif upload is not None:
             if upload.expected_bytes is not None and upload.expected_bytes <= SMALL_BODY_BYTES:
@@ -496,34 +494,38 @@ class S3Proxy:
                     # as it keeps one sent in a trailer); a streamed body's trailer is verified only.
                     name, value = upload.verified_checksum
                     headers[name] = value
-                cost += len(body)
                 arrived = self._clock.monotonic()
             else:
                 budget = StreamBudget(dispatcher, lane, self._chunk, upload.expected_bytes)
                 pipe = _BodyStream(request, upload, budget)
                 body = pipe.iterate()
-        # The request's own cost: here requests queue in their lane, in the order the scheduler picks.
-        # The request cost is a charge, not a resource: it is completed at once. Holding it for the whole
-        # exchange would count a long upload as in flight while it waits for its next chunk, and a paced
-        # lane whose window share is used up by such tickets could never be granted that chunk (a stall
-        # the store ends with a read timeout).
-        ticket = await dispatcher.acquire(lane, cost, gone=lambda: client_gone(request))
-        dispatcher.release(ticket)
-        sent = self._clock.monotonic()
-        wait_s = sent - arrived
-        self._metrics.child(self._metrics.wait, lane).observe(wait_s)
-        if isinstance(body, bytes) and body:
-            dispatcher.observe_delivered(lane, len(body))
-            self._metrics.child(self._metrics.bytes, lane, "up").inc(len(body))
+        # Here requests queue in their lane, in the order the scheduler picks, for the request's own cost
+        # and a whole body's bytes.
+        sent = wait_s = 0.0
+
+        def admitted() -> None:
+            nonlocal sent, wait_s
+            sent = self._clock.monotonic()
+            wait_s = sent - arrived
+            self._metrics.child(self._metrics.wait, lane).observe(wait_s)
+            if isinstance(body, bytes) and body:
+                self._metrics.child(self._metrics.bytes, lane, "up").inc(len(body))
+
         try:
-            resp = await backend.request(
+            resp = await self.pools.request(
+                lane,
+                ctx.target.bucket,
+                ctx.target.key,
                 request.method,
-                target,
                 headers,
                 ctx.credential,
-                body=body,
+                body,
+                raw_query=ctx.view.raw_query,
+                cost=self._request_cost,
+                gone=lambda: client_gone(request),
+                account_body=True,
+                admitted=admitted,
                 payload_hash=backend_hash,
-                lane=lane,
                 signed=not ctx.anonymous,
             )
         except S3Error as err:
@@ -544,7 +546,6 @@ class S3Proxy:
         try:
             ttfb_s = self._clock.monotonic() - sent
             self._metrics.child(self._metrics.backend_latency, lane).observe(ttfb_s)
-            dispatcher.observe_backend(lane, resp.status)
             if resp.status >= 500:
                 self._metrics.child(self._metrics.backend_errors, lane, str(resp.status)).inc()
             if ctx.target.operation in _READ_OPERATIONS:

@@ -647,14 +647,25 @@ class SpoolFront:
         headers: dict[str, str] | None = None,
         body: bytes | AsyncIterator[bytes] | None = None,
     ) -> aiohttp.ClientResponse:
-        backend, target = self._pools.target(bucket, key, raw_query)
-        dispatcher = self._pools.dispatcher_of(backend.name)
-        ticket = await dispatcher.acquire(lane, self._request_cost)
-        dispatcher.release(ticket)
-        sent = self._clock.monotonic()
-        resp = await backend.request(method, target, headers or {}, ctx.credential, body=body, lane=lane)
+        sent = 0.0
+
+        def admitted() -> None:
+            nonlocal sent
+            sent = self._clock.monotonic()
+
+        resp = await self._pools.request(
+            lane,
+            bucket,
+            key,
+            method,
+            headers or {},
+            ctx.credential,
+            body,
+            raw_query=raw_query,
+            cost=self._request_cost,
+            admitted=admitted,
+        )
         self._metrics.backend_latency.labels(lane).observe(self._clock.monotonic() - sent)
-        dispatcher.observe_backend(lane, resp.status)
         return resp
 
     async def _check_bucket(self, ctx: RequestContext, bucket: str) -> None:
@@ -1043,10 +1054,11 @@ class SpoolFront:
             return cached
         if self._owner_unknown_until.get(ident, 0.0) > self._clock.monotonic():
             return None  # asked recently, in vain (an identity without ListBuckets): not on every listing
-        target = backend.target(None, None, "")
         owner: tuple[str, str] | None = None
         try:
-            resp = await backend.request("GET", target, {}, cred, lane="metadata")
+            resp = await self._pools.request(
+                "metadata", None, None, "GET", {}, cred, backend=backend.name, cost=None, observe=False
+            )
             try:
                 data = await resp.read()
                 if resp.status == 200:

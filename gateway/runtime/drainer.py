@@ -623,27 +623,27 @@ class Drainer:
         bucket_level: bool = False,
     ) -> tuple[int, bytes, Mapping[str, str]]:
         lane = self._lane(entry)
-        backend, target = self._pools.target(entry.bucket, None if bucket_level else entry.key, raw_query)
-        dispatcher = self._pools.dispatcher_of(backend.name)
-        ticket = await dispatcher.acquire(lane, self._request_cost)
-        dispatcher.release(ticket)
+        key = None if bucket_level else entry.key
         try:
             try:
-                resp = await backend.request(
+                resp = await self._pools.request(
+                    lane,
+                    entry.bucket,
+                    key,
                     method,
-                    target,
                     headers,
                     self._credential(entry),
-                    body=body,
+                    body,
+                    raw_query=raw_query,
+                    cost=self._request_cost,
+                    observe_errors=True,
                     payload_hash=UNSIGNED_PAYLOAD,
-                    lane=lane,
                 )
             except S3Error as exc:
-                dispatcher.observe_backend(lane, exc.status)
-                raise DrainError(f"{method} {target.raw_path}: {exc.code}: {exc.message}") from exc
+                raw_path = self._pools.target(entry.bucket, key, raw_query)[1].raw_path
+                raise DrainError(f"{method} {raw_path}: {exc.code}: {exc.message}") from exc
             self._in_doubt.discard(entry.seq)  # the store answered: whatever it did, it has done
             try:
-                dispatcher.observe_backend(lane, resp.status)
                 data = await resp.read()
                 return resp.status, data, resp.headers.copy()  # case-insensitive (Go sends Etag)
             finally:

@@ -10,11 +10,15 @@ throttles reads from another only where the configuration says they share hardwa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from gateway.config import DEFAULT_BACKEND, BackendConfig
+import aiohttp
+
+from gateway.config import DEFAULT_BACKEND, BackendConfig, Credential
 from gateway.core.routing import Route, RouteTable
-from gateway.runtime.backend import Backend, BackendTarget
+from gateway.core.sigv4 import UNSIGNED_PAYLOAD
+from gateway.errors import S3Error
+from gateway.runtime.backend import Backend, BackendTarget, Body
 from gateway.runtime.dispatcher import LaneDispatcher
 
 
@@ -74,6 +78,82 @@ class Pools:
 
     def bottleneck(self, backend: str) -> str:
         return self._bottleneck[backend]
+
+    async def request(
+        self,
+        lane: str,
+        bucket: str | None,
+        key: str | None,
+        method: str,
+        headers: Mapping[str, str],
+        credential: Credential,
+        body: Body = None,
+        *,
+        raw_query: str = "",
+        cost: int | None,
+        backend: str | None = None,
+        gone: Callable[[], bool] | None = None,
+        account_body: bool = False,
+        admitted: Callable[[], None] | None = None,
+        observe: bool = True,
+        observe_errors: bool = False,
+        payload_hash: str = UNSIGNED_PAYLOAD,
+        signed: bool = True,
+    ) -> aiohttp.ClientResponse:
+        """Call the backend holding ``bucket`` through ``lane``; return its response, body unread (the caller
+        reads or streams it, and releases it).
+
+        The bucket's route picks the backend and the bucket's name there; ``backend`` names one instead, for
+        a request to the store's service (no bucket). The request first queues in its lane at its
+        bottleneck's dispatcher for ``cost`` bytes (``None``: not admitted, a connection-pool choice only);
+        the grant is completed at once, the cost being a charge, not a resource held for the exchange (a
+        long upload waiting for its next chunk would otherwise count as in flight, and a paced lane whose
+        window share such tickets use up could never be granted that chunk). ``gone`` withdraws a waiting
+        request whose client went away. ``account_body``: a whole (bytes) body's length is added to the
+        cost and, once granted, counted as delivered. ``admitted`` is called once the grant is in, just
+        before the signed request goes out. The answer's status is reported to the dispatcher
+        (``observe``), and so is an :class:`~gateway.errors.S3Error`'s (``observe_errors``).
+        """
+        if backend is not None:
+            chosen = self.backends[backend]
+            target = chosen.target(None, key, raw_query)
+        else:
+            chosen, target = self.target(bucket, key, raw_query)
+        dispatcher = self.dispatcher_of(chosen.name)
+        if cost is not None:
+            whole = account_body and isinstance(body, bytes)
+            if whole:
+                assert isinstance(body, bytes)
+                cost += len(body)
+            ticket = await dispatcher.acquire(lane, cost, gone=gone)
+            dispatcher.release(ticket)
+            if whole and body:
+                assert isinstance(body, bytes)
+                dispatcher.observe_delivered(lane, len(body))
+        if admitted is not None:
+            admitted()
+        try:
+            resp = await chosen.request(
+                method,
+                target,
+                headers,
+                credential,
+                body=body,
+                payload_hash=payload_hash,
+                lane=lane,
+                signed=signed,
+            )
+        except S3Error as err:
+            if observe_errors:
+                dispatcher.observe_backend(lane, err.status)
+            raise
+        if observe:
+            try:
+                dispatcher.observe_backend(lane, resp.status)
+            except BaseException:
+                resp.release()
+                raise
+        return resp
 
     async def start(self) -> None:
         started: list[Backend] = []
