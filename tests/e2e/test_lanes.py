@@ -307,7 +307,7 @@ def test_status_command_prints_every_lane(gateway: Gateway) -> None:
         timeout=30,
         check=True,
     ).stdout
-    assert "capacity" in out
+    assert "Backend capacity: " in out
     table = out.split("\n\n")[1]  # the lane table; the spool follows after another blank line
     rows = {line.split()[0] for line in table.splitlines()[1:] if line.strip()}
     assert rows == {"dataset", "checkpoint", "restore", "metadata"}, out

@@ -58,7 +58,7 @@ def test_flush_command_reports_an_unreachable_gateway() -> None:
 def test_status_command_shows_the_spool(spool_gateway: Gateway) -> None:
     out = cli("status", "--url", spool_gateway.http_url)
     assert out.returncode == 0, out.stderr
-    assert "spool " in out.stdout and "pending:" in out.stdout
+    assert "Write spool " in out.stdout and "Pending objects: " in out.stdout
 
 
 def test_a_damaged_journal_stops_the_gateway_loudly(seaweed: Any, tmp_path: Path) -> None:

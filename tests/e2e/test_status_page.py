@@ -336,3 +336,77 @@ def test_page_without_a_spool_says_so_and_marks_itself_stale_when_the_gateway_st
         page.close()
         stop_gateway(proc)
     assert "Traceback" not in gw.log_path.read_text(errors="replace")
+
+
+# --- the page and `s3lanes status` read one document the same way ------------------------------------------
+
+
+def _with_figures(doc: dict[str, Any]) -> dict[str, Any]:
+    """The live document with figures in every unit range (B to GiB, seconds to hours) and a cut guard."""
+    s = doc["scheduler"]
+    s.update(capacity_bps=123_456_789, guard_multiplier=0.5, inflight_tickets=3, inflight_bytes=7 * MiB + 5)
+    for i, ln in enumerate(s["lanes"]):
+        ln.update(
+            queued_tickets=i + 2,
+            queued_bytes=(i + 1) * 3 * MiB + 17,
+            inflight_tickets=i,
+            inflight_bytes=(i + 1) * 900,
+            granted_rate_bps=(i + 1) * 12_345_678,
+            achieved_share=0.1234 * (i + 1) % 1,
+            allocation_bps=(i + 1) * 20_000_000,
+            reservation_bps=(i + 1) * 5_000_000,
+            limit_bps=None if i == 0 else 99_000_000,
+        )
+    doc["spool"].update(
+        used_bytes=5 * 2**30 + 3 * MiB,
+        capacity_bytes=40 * 2**30,
+        reserved_bytes=0,
+        full=False,
+        degraded=None,
+        pending_objects=1234,
+        pending_bytes=3 * 2**30 + 1234,
+        oldest_pending_age_s=5432.1,
+        drain_rate_bps=45_678_901,
+    )
+    return doc
+
+
+def test_cli_status_and_the_page_show_the_same_figures_for_one_document(
+    spool_gateway: Gateway, browser: Browser
+) -> None:
+    from gateway.__main__ import LANE_COLUMNS, render_status
+
+    doc = _with_figures(spool_gateway.status())
+    assert doc["spool"]["enabled"] and doc["spool"].get("drain") is not None
+    text = render_status(doc)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        # The page reads this very document instead of the live one.
+        page.route("**/_s3lanes/status", lambda route: route.fulfill(json=doc))
+        page.goto(f"{spool_gateway.http_url}/_s3lanes/")
+        wait_live(page)
+        wait_value(page, "spool-pending-objects", "v === 1234")
+        lines = text.splitlines()
+        # Every figure of the page's scheduler and spool panels, under the page's own label, in the CLI text.
+        for dd in page.locator("dl dd[id]").all():
+            label = dd.evaluate(
+                "el => el.previousElementSibling ? el.previousElementSibling.textContent : ''"
+            )
+            if not label:
+                continue
+            shown = dd.inner_text()
+            assert any(line.strip() == f"{label}: {shown}" for line in lines), (label, shown, text)
+        for needle in ("1234", "3.00 GiB", "1.5 h", "43.6 MiB/s", "117.7 MiB/s (", "writes \u00d70.50"):
+            assert needle in text
+        # The lanes table: the same column names, and the same cells for every lane.
+        heads = [th.inner_text() for th in page.locator("#lanes thead th").all()]
+        assert [h for h in heads if h in LANE_COLUMNS] == list(LANE_COLUMNS)
+        for ln in doc["scheduler"]["lanes"]:
+            row = page.locator(f"#lanes tr[data-lane='{ln['name']}']")
+            cli_row = next(line for line in lines if re.split(r"\s{2,}", line.strip())[0] == ln["name"])
+            cells = [row.locator("td").nth(0).inner_text()] + [
+                row.locator(f"td[data-field='{f.replace(' ', '_')}']").inner_text() for f in LANE_COLUMNS[1:]
+            ]
+            assert re.split(r"\s{2,}", cli_row.strip()) == cells
+    finally:
+        page.close()
