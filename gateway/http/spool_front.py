@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -824,17 +824,7 @@ class SpoolFront:
                 meta = sorted([*meta, checksum])  # kept, and sent with the drain's PUT
 
             def record() -> dict[str, Any]:
-                return self.spool.state.put_record(
-                    bucket=bucket,
-                    key=key,
-                    file=writer.file_id,
-                    size=writer.size,
-                    md5=md5,
-                    meta=meta,
-                    access_key=ctx.auth.access_key,
-                    lane=decision.lane,
-                    now_wall=self._clock.wall(),
-                )
+                return self._put_record(ctx, decision, bucket, key, writer, md5, meta)
 
             if has_write_preconditions(ctx.view.headers):
                 # If-Match / If-None-Match against the object a client sees at the key now (the spool's
@@ -1254,17 +1244,7 @@ class SpoolFront:
                     try:
                         await self._copy_files(files, writer)
                         md5 = await writer.finish()
-                        rec = self.spool.state.put_record(
-                            bucket=bucket,
-                            key=key,
-                            file=writer.file_id,
-                            size=writer.size,
-                            md5=md5,
-                            meta=meta,
-                            access_key=ctx.auth.access_key,
-                            lane=decision.lane,
-                            now_wall=self._clock.wall(),
-                        )
+                        rec = self._put_record(ctx, decision, bucket, key, writer, md5, meta)
                         await self.spool.commit([rec])
                     except BaseException:
                         await writer.discard()
@@ -1279,6 +1259,29 @@ class SpoolFront:
             for fd, _, _ in files:
                 os.close(fd)
         return self._response(ctx, decision, body=self._copy_result(etag))
+
+    def _put_record(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
+        writer: SpoolFileWriter,
+        md5: str,
+        meta: Sequence[tuple[str, str]],
+    ) -> dict[str, Any]:
+        """The journal record of a PUT whose body ``writer`` holds, stamped now."""
+        return self.spool.state.put_record(
+            bucket=bucket,
+            key=key,
+            file=writer.file_id,
+            size=writer.size,
+            md5=md5,
+            meta=meta,
+            access_key=ctx.auth.access_key,
+            lane=decision.lane,
+            now_wall=self._clock.wall(),
+        )
 
     def _copy_result(self, etag: str) -> bytes:
         return _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
