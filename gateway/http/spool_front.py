@@ -1283,6 +1283,26 @@ class SpoolFront:
             now_wall=self._clock.wall(),
         )
 
+    def _create_upload_record(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        meta: Sequence[tuple[str, str]],
+    ) -> dict[str, Any]:
+        """The journal record of a new spooled multipart upload, stamped now."""
+        return self.spool.state.create_upload_record(
+            upload_id=upload_id,
+            bucket=bucket,
+            key=key,
+            meta=meta,
+            access_key=ctx.auth.access_key,
+            lane=decision.lane,
+            now_wall=self._clock.wall(),
+        )
+
     def _copy_result(self, etag: str) -> bytes:
         return _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
 
@@ -1300,19 +1320,7 @@ class SpoolFront:
         of the same parts, completed at once (the records a client's upload would journal). Its ETag."""
         state = self.spool.state
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
-        await self.spool.commit(
-            [
-                state.create_upload_record(
-                    upload_id=upload_id,
-                    bucket=bucket,
-                    key=key,
-                    meta=meta,
-                    access_key=ctx.auth.access_key,
-                    lane=decision.lane,
-                    now_wall=self._clock.wall(),
-                )
-            ]
-        )
+        await self.spool.commit([self._create_upload_record(ctx, decision, bucket, key, upload_id, meta)])
         try:
             upload = state.uploads[upload_id]
             spans = iter(files)  # one span per non-empty part, in order
@@ -1393,15 +1401,7 @@ class SpoolFront:
         meta = self._with_content_type(upload_meta(h), Written.MULTIPART)
         if algo is not None:  # kept with the upload, and sent with the drain's CreateMultipartUpload
             meta = sorted([*meta, ("x-amz-checksum-algorithm", algo[0]), ("x-amz-checksum-type", algo[1])])
-        rec = self.spool.state.create_upload_record(
-            upload_id=upload_id,
-            bucket=bucket,
-            key=key,
-            meta=meta,
-            access_key=ctx.auth.access_key,
-            lane=decision.lane,
-            now_wall=self._clock.wall(),
-        )
+        rec = self._create_upload_record(ctx, decision, bucket, key, upload_id, meta)
         await self.spool.commit([rec])
         body = _xml(
             "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
