@@ -97,3 +97,14 @@ class ClientConfig:
                 aws_session_token=self.session_token,
             )
         return kwargs
+
+
+def config_for(config: ClientConfig | None, region: str | None, endpoint: str | None) -> ClientConfig:
+    """``region``/``endpoint`` as s3torchconnector takes them, over ``config`` (else the environment)."""
+    base = config if config is not None else ClientConfig.from_env()
+    changes: dict[str, Any] = {}
+    if region is not None:
+        changes["region"] = region
+    if endpoint is not None:
+        changes["endpoint_url"] = endpoint
+    return base.replace(**changes) if changes else base

@@ -15,7 +15,7 @@ from typing import IO, Any, cast
 
 import torch
 
-from clients.config import ClientConfig, MiB
+from clients.config import ClientConfig, MiB, config_for
 from clients.multipart import MultipartWriter
 from clients.reader import ObjectReader
 from clients.sync import GatewayClient
@@ -119,13 +119,7 @@ class S3Checkpoint:
             raise ValueError("give a client, or config/region/endpoint, not both")
         self._own = client is None
         if client is None:
-            base = config if config is not None else ClientConfig.from_env()
-            changes: dict[str, Any] = {}
-            if region is not None:
-                changes["region"] = region
-            if endpoint is not None:
-                changes["endpoint_url"] = endpoint
-            client = GatewayClient(base.replace(**changes) if changes else base)
+            client = GatewayClient(config_for(config, region, endpoint))
         self.client = client
         self.part_size_bytes = part_size_bytes
         self.max_inflight_parts = max_inflight_parts

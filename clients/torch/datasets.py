@@ -35,7 +35,7 @@ from typing import Any, Generic, TypeVar
 import torch.distributed as dist
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
-from clients.config import ClientConfig, MiB
+from clients.config import ClientConfig, MiB, config_for
 from clients.reader import ObjectReader
 from clients.sharding import epoch_order, shard_indices
 from clients.sync import GatewayClient
@@ -71,17 +71,6 @@ def key_and_bytes(sample: Sample) -> tuple[str, bytes]:
 def identity(sample: Any) -> Any:
     """The transform of ``from_prefix``/``from_objects`` (as s3torchconnector's): the reader itself."""
     return sample
-
-
-def _config_for(config: ClientConfig | None, region: str | None, endpoint: str | None) -> ClientConfig:
-    """``region``/``endpoint`` as s3torchconnector takes them, over ``config`` (else the environment)."""
-    base = config if config is not None else ClientConfig.from_env()
-    changes: dict[str, Any] = {}
-    if region is not None:
-        changes["region"] = region
-    if endpoint is not None:
-        changes["endpoint_url"] = endpoint
-    return base.replace(**changes) if changes else base
 
 
 def _bucket_and_keys(object_uris: str | Iterable[str]) -> tuple[str, list[str]]:
@@ -258,7 +247,7 @@ class S3MapDataset(Dataset[T_co], Generic[T_co]):
             parsed.bucket,
             prefix=parsed.key,
             transform=transform,
-            config=_config_for(config, region, endpoint),
+            config=config_for(config, region, endpoint),
             **kwargs,
         )
 
@@ -278,7 +267,7 @@ class S3MapDataset(Dataset[T_co], Generic[T_co]):
         bucket, keys = _bucket_and_keys(object_uris)
         kwargs.setdefault("as_reader", True)
         return S3MapDataset(
-            bucket, keys=keys, transform=transform, config=_config_for(config, region, endpoint), **kwargs
+            bucket, keys=keys, transform=transform, config=config_for(config, region, endpoint), **kwargs
         )
 
     @property
@@ -373,7 +362,7 @@ class S3IterableDataset(IterableDataset[T_co], Generic[T_co]):
             parsed.bucket,
             prefix=parsed.key,
             transform=transform,
-            config=_config_for(config, region, endpoint),
+            config=config_for(config, region, endpoint),
             sharding=enable_sharding,
             **kwargs,
         )
@@ -397,7 +386,7 @@ class S3IterableDataset(IterableDataset[T_co], Generic[T_co]):
             bucket,
             keys=keys,
             transform=transform,
-            config=_config_for(config, region, endpoint),
+            config=config_for(config, region, endpoint),
             sharding=enable_sharding,
             **kwargs,
         )

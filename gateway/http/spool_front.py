@@ -26,7 +26,7 @@ import logging
 import os
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -824,17 +824,7 @@ class SpoolFront:
                 meta = sorted([*meta, checksum])  # kept, and sent with the drain's PUT
 
             def record() -> dict[str, Any]:
-                return self.spool.state.put_record(
-                    bucket=bucket,
-                    key=key,
-                    file=writer.file_id,
-                    size=writer.size,
-                    md5=md5,
-                    meta=meta,
-                    access_key=ctx.auth.access_key,
-                    lane=decision.lane,
-                    now_wall=self._clock.wall(),
-                )
+                return self._put_record(ctx, decision, bucket, key, writer, md5, meta)
 
             if has_write_preconditions(ctx.view.headers):
                 # If-Match / If-None-Match against the object a client sees at the key now (the spool's
@@ -1254,17 +1244,7 @@ class SpoolFront:
                     try:
                         await self._copy_files(files, writer)
                         md5 = await writer.finish()
-                        rec = self.spool.state.put_record(
-                            bucket=bucket,
-                            key=key,
-                            file=writer.file_id,
-                            size=writer.size,
-                            md5=md5,
-                            meta=meta,
-                            access_key=ctx.auth.access_key,
-                            lane=decision.lane,
-                            now_wall=self._clock.wall(),
-                        )
+                        rec = self._put_record(ctx, decision, bucket, key, writer, md5, meta)
                         await self.spool.commit([rec])
                     except BaseException:
                         await writer.discard()
@@ -1279,6 +1259,49 @@ class SpoolFront:
             for fd, _, _ in files:
                 os.close(fd)
         return self._response(ctx, decision, body=self._copy_result(etag))
+
+    def _put_record(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
+        writer: SpoolFileWriter,
+        md5: str,
+        meta: Sequence[tuple[str, str]],
+    ) -> dict[str, Any]:
+        """The journal record of a PUT whose body ``writer`` holds, stamped now."""
+        return self.spool.state.put_record(
+            bucket=bucket,
+            key=key,
+            file=writer.file_id,
+            size=writer.size,
+            md5=md5,
+            meta=meta,
+            access_key=ctx.auth.access_key,
+            lane=decision.lane,
+            now_wall=self._clock.wall(),
+        )
+
+    def _create_upload_record(
+        self,
+        ctx: RequestContext,
+        decision: Decision,
+        bucket: str,
+        key: str,
+        upload_id: str,
+        meta: Sequence[tuple[str, str]],
+    ) -> dict[str, Any]:
+        """The journal record of a new spooled multipart upload, stamped now."""
+        return self.spool.state.create_upload_record(
+            upload_id=upload_id,
+            bucket=bucket,
+            key=key,
+            meta=meta,
+            access_key=ctx.auth.access_key,
+            lane=decision.lane,
+            now_wall=self._clock.wall(),
+        )
 
     def _copy_result(self, etag: str) -> bytes:
         return _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
@@ -1297,19 +1320,7 @@ class SpoolFront:
         of the same parts, completed at once (the records a client's upload would journal). Its ETag."""
         state = self.spool.state
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
-        await self.spool.commit(
-            [
-                state.create_upload_record(
-                    upload_id=upload_id,
-                    bucket=bucket,
-                    key=key,
-                    meta=meta,
-                    access_key=ctx.auth.access_key,
-                    lane=decision.lane,
-                    now_wall=self._clock.wall(),
-                )
-            ]
-        )
+        await self.spool.commit([self._create_upload_record(ctx, decision, bucket, key, upload_id, meta)])
         try:
             upload = state.uploads[upload_id]
             spans = iter(files)  # one span per non-empty part, in order
@@ -1390,15 +1401,7 @@ class SpoolFront:
         meta = self._with_content_type(upload_meta(h), Written.MULTIPART)
         if algo is not None:  # kept with the upload, and sent with the drain's CreateMultipartUpload
             meta = sorted([*meta, ("x-amz-checksum-algorithm", algo[0]), ("x-amz-checksum-type", algo[1])])
-        rec = self.spool.state.create_upload_record(
-            upload_id=upload_id,
-            bucket=bucket,
-            key=key,
-            meta=meta,
-            access_key=ctx.auth.access_key,
-            lane=decision.lane,
-            now_wall=self._clock.wall(),
-        )
+        rec = self._create_upload_record(ctx, decision, bucket, key, upload_id, meta)
         await self.spool.commit([rec])
         body = _xml(
             "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
