@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 # The torch extra (clients.torch) is for the tests and the type check only: setup and run stay without it.
 TORCH_STAMP := $(VENV)/.installed-torch
+# `make run` needs the gateway alone (no test, dev or bench extra); a venv set up by `make setup` has it too.
+RUN_STAMP := $(VENV)/.installed-run
 
 .PHONY: help setup run test test-fast check lint spelling typecheck contracts bench clean
 
@@ -20,6 +22,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,dev,bench]'
 	touch $(STAMP)
 
+$(RUN_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $(RUN_STAMP)
+
 $(TORCH_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[test,dev,bench,torch]'
 	touch $(TORCH_STAMP)
@@ -27,8 +35,8 @@ $(TORCH_STAMP): $(STAMP)
 ## Create .venv/ with the gateway and its test, dev and bench tools.
 setup: $(STAMP)
 
-## Quick start 1: run the gateway with an embedded SeaweedFS backend.
-run: $(STAMP)
+## Quick start 1: run the gateway with an embedded SeaweedFS backend (installs the gateway alone, no extra).
+run: $(RUN_STAMP)
 	$(BIN)/s3lanes serve
 
 ## Quick start 2: the whole test suite (starts its own SeaweedFS): the pure layers first, then the rest.
