@@ -33,6 +33,7 @@ from gateway.http.app import (
 from gateway.http.status_page import PAGE_PATH
 from gateway.logsetup import configure_logging
 from gateway.runtime.backend import Backend
+from gateway.runtime.spool_lock import SpoolDirLock, lock_spool_dir
 from gateway.runtime.wiring import spool_dir
 
 log = logging.getLogger("s3lanes")
@@ -350,6 +351,17 @@ async def serve(cfg: Config, ready_file: Path | None) -> int:
     # A taken port or an unreadable TLS key fails here, before anything starts (StartupError).
     check_listen_addresses(cfg)
     tls_context(cfg)
+    # One gateway per spool directory, held until the process exits: before the store starts or the journal
+    # is read, so a second gateway on the same spool changes nothing (StartupError).
+    spool_lock: SpoolDirLock | None = lock_spool_dir(spool_dir(cfg)) if cfg.spool.enabled else None
+    try:
+        return await _serve_locked(cfg, ready_file, clock)
+    finally:
+        if spool_lock is not None:
+            spool_lock.release()
+
+
+async def _serve_locked(cfg: Config, ready_file: Path | None, clock: SystemClock) -> int:
     weed = None
     endpoint = cfg.backend.endpoint
     if endpoint is None:

@@ -255,6 +255,35 @@ def test_flush_of_a_bucket_that_does_not_exist_does_not_say_durable(
     assert there.returncode == 0 and "durable on the backend" in there.stdout, there.stderr
 
 
+def test_a_second_gateway_on_the_same_spool_directory_is_refused(
+    spool_gateway: Gateway, tmp_path: Path, unique_bucket: str
+) -> None:
+    """The fixture's gateway holds tmp_path/state/spool; a second one on that state directory (another port)
+    is refused with one line and exit 2, before it starts anything, and the first keeps serving."""
+    lock = tmp_path / "state" / "spool" / "lock"
+    assert lock.exists()
+    out = serve(tmp_path, "--listen", "127.0.0.1:0")
+    assert_one_clear_line(out, f"s3lanes: the spool directory {tmp_path / 'state' / 'spool'} is in use by")
+    assert "two gateways cannot share a spool" in out.stderr
+    assert "spool recovery" not in out.stderr  # refused before the journal was read
+    assert lock.exists()  # the refused one takes nothing away
+    s3 = spool_gateway.client()
+    s3.put_object(Bucket=unique_bucket, Key="ckpt/after-refusal", Body=b"x")
+    assert s3.get_object(Bucket=unique_bucket, Key="ckpt/after-refusal")["Body"].read() == b"x"
+
+
+def test_the_spool_lock_is_released_when_the_gateway_exits(seaweed: Any, tmp_path: Path) -> None:
+    """A stopped (here: killed) gateway leaves the lock file but not the lock: the next one starts."""
+    proc, _ = start_plain_gateway(tmp_path, seaweed, backend_endpoint=seaweed.endpoint_url)
+    proc.kill()
+    proc.wait(timeout=30)
+    proc2, gw2 = start_plain_gateway(tmp_path, seaweed, backend_endpoint=seaweed.endpoint_url)
+    try:
+        assert gw2.client().list_buckets()["ResponseMetadata"]["HTTPStatusCode"] == 200
+    finally:
+        stop_and_check(proc2, gw2)
+
+
 def test_metrics_carry_build_info_and_no_created_series(spool_gateway: Gateway) -> None:
     status, text = http_get(f"{spool_gateway.http_url}/metrics")
     assert status == 200
