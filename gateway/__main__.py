@@ -22,6 +22,7 @@ from gateway.core.journal import JournalCorrupt
 from gateway.errors import ConfigError, StartupError
 from gateway.http.admin import METRICS_PATH
 from gateway.http.app import (
+    ADMIN_URL_KEY,
     LIFECYCLE_KEY,
     PROBE_KEY,
     build_app,
@@ -392,10 +393,19 @@ async def _serve_locked(cfg: Config, ready_file: Path | None, clock: SystemClock
     try:
         runner, urls = await start_listeners(cfg, app)
         await app[PROBE_KEY].wait_first_round(STARTUP_PROBE_WAIT_S)  # warns if a backend does not answer
-        _banner(cfg, urls, endpoint, embedded=weed is not None, silent=app[PROBE_KEY].never_answered())
+        admin_url = app[ADMIN_URL_KEY].get("url")
+        _banner(
+            cfg,
+            urls,
+            endpoint,
+            embedded=weed is not None,
+            silent=app[PROBE_KEY].never_answered(),
+            admin_url=admin_url,
+        )
         if ready_file is not None:
             tmp = ready_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"endpoints": urls, "backend": endpoint, "pid": os.getpid()}))
+            doc = {"endpoints": urls, "backend": endpoint, "pid": os.getpid(), "admin": admin_url}
+            tmp.write_text(json.dumps(doc))
             os.replace(tmp, ready_file)
 
         app[LIFECYCLE_KEY].state = "ready"
@@ -435,12 +445,22 @@ async def _serve_locked(cfg: Config, ready_file: Path | None, clock: SystemClock
             await weed.astop()
 
 
-def _banner(cfg: Config, urls: list[str], backend: str, *, embedded: bool, silent: list[str]) -> None:
+def _banner(
+    cfg: Config,
+    urls: list[str],
+    backend: str,
+    *,
+    embedded: bool,
+    silent: list[str],
+    admin_url: str | None = None,
+) -> None:
     url = urls[0]
+    admin = admin_url or url
     lines = [
         f"s3lanes {__version__} serving S3 on " + ", ".join(urls),
         f"backend: {backend}" + (" (embedded SeaweedFS)" if embedded else ""),
-        f"status page: {url}{PAGE_PATH}  metrics: {url}{METRICS_PATH}  (loopback peers: docs/operations.md)",
+        f"status page: {admin}{PAGE_PATH}  metrics: {admin}{METRICS_PATH}"
+        "  (loopback peers: docs/operations.md)",
     ]
     if silent:
         ready = "not ready until they do" if cfg.server.ready_requires_backend else "ready anyway"

@@ -56,6 +56,10 @@ class Listen:
 class ServerConfig:
     listen: Listen | None = field(default_factory=lambda: Listen("127.0.0.1", 9000))
     https_listen: Listen | None = None
+    # A separate plain-HTTP listener for /metrics and /_s3lanes/* (status, probes, page, drain); when set, the
+    # S3 listeners no longer serve them, except the signed durability API POST /_s3lanes/flush. None = the
+    # admin endpoints share the S3 listeners.
+    admin_listen: Listen | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
     # Virtual-hosted-style requests: Host "bucket.<domain>" for any of these domains.
@@ -500,6 +504,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
     "server": {
         "listen": "listen",
         "https_listen": "listen",
+        "admin_listen": "listen",
         "tls_cert": "path",
         "tls_key": "path",
         "domains": "str_list",
@@ -591,6 +596,7 @@ _NULLABLE = {
     "admin_token",
     "listen",
     "https_listen",
+    "admin_listen",
     "tls_cert",
     "tls_key",
     "credentials_file",
@@ -981,6 +987,10 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[server]", "no listener: set listen and/or https_listen")
     if s.https_listen is not None and (s.tls_cert is None or s.tls_key is None):
         problems.add("[server]", "https_listen needs tls_cert and tls_key")
+    if s.admin_listen is not None and s.admin_listen.port != 0:
+        for other, name in ((s.listen, "listen"), (s.https_listen, "https_listen")):
+            if other is not None and other.port == s.admin_listen.port:
+                problems.add("[server].admin_listen", f"must use another port than {name} ({other})")
     for name in ("tls_cert", "tls_key"):
         p = getattr(s, name)
         if p is not None and not p.is_file():

@@ -58,6 +58,9 @@ CLUSTER_KEY = web.AppKey("cluster", ClusterMember)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 FRONT_KEY = web.AppKey("spool_front", SpoolFront)
 PROBE_KEY = web.AppKey("backend_probe", ReachabilityProbe)
+# The bound URL of the [server] admin_listen listener, once open (start_listeners); its port tells a request
+# that came in there from one on an S3 listener.
+ADMIN_URL_KEY = web.AppKey("admin_url", dict[str, Any])
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -221,6 +224,10 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     app.cleanup_ctx.append(backend_ctx)
     app.on_cleanup.append(lambda _app: _close(pools))
     status_page = StatusPage(admin.allowed, admin.forbidden_text)
+    admin_url: dict[str, Any] = {}  # "url" and "port", once bound
+    app[ADMIN_URL_KEY] = admin_url
+    separate = cfg.server.admin_listen is not None
+    on_admin = _on_admin_listener(admin_url)
     for path, handler in (
         (HEALTH_PATH, admin.healthz),
         (READY_PATH, admin.readyz),
@@ -229,11 +236,23 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         (PAGE_PATH, status_page.page),
         (BARE_PATH, status_page.redirect),
     ):
-        app.router.add_get(path, _unless_signed(handler, proxy))
+        route = _admin_only(handler, proxy, on_admin) if separate else _unless_signed(handler, proxy)
+        app.router.add_get(path, route)
+    # The durability API stays on the S3 listeners too: jobs call it (signed) where they write.
     app.router.add_post(FLUSH_PATH, admin.flush)
-    app.router.add_post(DRAIN_PATH, admin.drain)
+    app.router.add_post(DRAIN_PATH, _admin_only(admin.drain, proxy, on_admin) if separate else admin.drain)
 
     async def s3_or_metrics(request: web.Request) -> web.StreamResponse:
+        if separate:
+            if not on_admin(request):
+                return await proxy.handle(request)
+            if request.method == "GET" and request.path == METRICS_PATH:
+                return await admin.metrics(request)
+            return web.Response(
+                status=404,
+                text="not found: this is the s3lanes admin listener (/metrics, /_s3lanes/...); "
+                "S3 requests go to the S3 listener\n",
+            )
         # GET /metrics is also ListObjects of a bucket named "metrics": only an unsigned request is a scrape.
         if request.method == "GET" and request.path == METRICS_PATH and not _signed(request):
             return await admin.metrics(request)
@@ -306,6 +325,32 @@ def _unless_signed(handler: Handler, proxy: S3Proxy) -> Handler:
         if _signed(request):
             return await proxy.handle(request)
         return await handler(request)
+
+    return route
+
+
+def _on_admin_listener(admin_url: dict[str, Any]) -> Callable[[web.Request], bool]:
+    """Whether a request came in on the admin listener: its connection's local port is the one that listener
+    bound (``[server] admin_listen`` must use another port than the S3 listeners, config validation)."""
+
+    def on_admin(request: web.Request) -> bool:
+        port = admin_url.get("port")
+        if port is None or request.transport is None:
+            return False
+        sockname = request.transport.get_extra_info("sockname")
+        return sockname is not None and int(sockname[1]) == port
+
+    return on_admin
+
+
+def _admin_only(handler: Handler, proxy: S3Proxy, on_admin: Callable[[web.Request], bool]) -> Handler:
+    """With ``[server] admin_listen``: an admin path is the admin endpoint on the admin listener only; on an
+    S3 listener it is an S3 request like any other (path-style, bucket ``_s3lanes``: InvalidBucketName)."""
+
+    async def route(request: web.Request) -> web.StreamResponse:
+        if on_admin(request):
+            return await handler(request)
+        return await proxy.handle(request)
 
     return route
 
@@ -423,6 +468,12 @@ async def _open(cfg: Config, runner: web.AppRunner) -> list[str]:
         )
         await _bind(tls_site, cfg.server.https_listen, "https_listen")
         urls.append(_bound_url(tls_site, "https"))
+    if cfg.server.admin_listen is not None:
+        admin = cfg.server.admin_listen
+        admin_site = web.TCPSite(runner, admin.host, admin.port, reuse_address=True)
+        await _bind(admin_site, admin, "admin_listen")
+        url = _bound_url(admin_site, "http")
+        runner.app[ADMIN_URL_KEY].update(url=url, port=int(url.rsplit(":", 1)[1]))
     return urls
 
 
@@ -436,7 +487,11 @@ async def _bind(site: web.TCPSite, listen: Listen, setting: str) -> None:
 def check_listen_addresses(cfg: Config) -> None:
     """Fail early (StartupError) if a configured listen address cannot be bound, e.g. the port is taken:
     before an embedded store starts and the spool is recovered. The listeners bind for real later."""
-    for listen, setting in ((cfg.server.listen, "listen"), (cfg.server.https_listen, "https_listen")):
+    for listen, setting in (
+        (cfg.server.listen, "listen"),
+        (cfg.server.https_listen, "https_listen"),
+        (cfg.server.admin_listen, "admin_listen"),
+    ):
         if listen is None or listen.port == 0:
             continue
         family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
@@ -453,8 +508,8 @@ def _listen_error(listen: Listen, setting: str, exc: OSError) -> StartupError:
         why = "the address is already in use (another s3lanes, or another service, holds the port)"
     else:
         why = (exc.strerror or str(exc)).lower()
-    flag = "--listen" if setting == "listen" else "--https-listen"
-    return StartupError(f"cannot listen on {listen}: {why}; choose another with {flag} or [server] {setting}")
+    flag = {"listen": "--listen ", "https_listen": "--https-listen "}.get(setting, "")
+    return StartupError(f"cannot listen on {listen}: {why}; choose another with {flag}or [server] {setting}")
 
 
 def _bound_url(site: web.TCPSite, scheme: str) -> str:
