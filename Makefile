@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# The torch extra (clients.torch) is for the tests and the type check only: setup and run stay without it.
+# The torch and s3torch extras (clients.torch; AWS's s3torchconnector against the gateway) are for the tests and
+# the type check only: setup and run stay without them.
 TORCH_STAMP := $(VENV)/.installed-torch
 # `make run` needs the gateway alone (no test, dev or bench extra); a venv set up by `make setup` has it too.
 RUN_STAMP := $(VENV)/.installed-run
@@ -29,7 +30,7 @@ $(RUN_STAMP): pyproject.toml
 	touch $(RUN_STAMP)
 
 $(TORCH_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,dev,bench,torch]'
+	$(BIN)/pip install -q -e '.[test,dev,bench,torch,s3torch]'
 	touch $(TORCH_STAMP)
 
 ## Create .venv/ with the gateway and its test, dev and bench tools.
