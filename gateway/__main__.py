@@ -12,6 +12,7 @@ import shlex
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +25,19 @@ from gateway.http.admin import METRICS_PATH
 from gateway.http.app import (
     LIFECYCLE_KEY,
     PROBE_KEY,
+    ListenSockets,
+    bind_listen_sockets,
     build_app,
     check_listen_addresses,
     drain_for_shutdown,
+    sock_url,
     start_listeners,
     tls_context,
 )
 from gateway.http.status_page import PAGE_PATH
 from gateway.logsetup import configure_logging
 from gateway.runtime.backend import Backend
+from gateway.runtime.cluster import Board
 from gateway.runtime.wiring import spool_dir
 
 log = logging.getLogger("s3lanes")
@@ -345,48 +350,73 @@ def embedded_credentials(state_dir: Path) -> tuple[Credential, ...]:
     return (Credential(doc["access_key"], doc["secret_key"], doc["access_key"], doc["secret_key"]),)
 
 
-async def serve(cfg: Config, ready_file: Path | None) -> int:
+def _embedded_store(cfg: Config) -> tuple[Config, Any]:
+    """The embedded SeaweedFS (not started yet) and the config with its credentials."""
+    from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+
+    if not cfg.credentials:
+        cfg = cfg.with_credentials(embedded_credentials(cfg.server.state_dir))
+    identities = tuple(
+        SeaweedIdentity(name=f"user{i}", access_key=c.backend_access_key, secret_key=c.backend_secret_key)
+        for i, c in enumerate(cfg.credentials)
+    )
+    weed = SeaweedProcess(
+        SeaweedOptions(
+            state_dir=cfg.server.state_dir / "seaweedfs",
+            identities=identities,
+            s3_port=cfg.embedded.s3_port,
+            startup_timeout_s=cfg.embedded.startup_timeout_s,
+        )
+    )
+    log.info("starting embedded SeaweedFS in %s", cfg.server.state_dir / "seaweedfs")
+    return cfg, weed
+
+
+def _write_ready_file(ready_file: Path, doc: dict[str, Any]) -> None:
+    tmp = ready_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, ready_file)
+
+
+async def serve(
+    cfg: Config,
+    ready_file: Path | None,
+    *,
+    sockets: ListenSockets | None = None,
+    ready_fd: int | None = None,
+    cluster_board: Board | None = None,
+) -> int:
+    """Run the gateway until SIGTERM/SIGINT. A worker of a supervisor (gateway.runtime.workers) gets its
+    listening ``sockets``, writes a byte to ``ready_fd`` once it serves, prints no banner and writes no
+    ready file; its lanes share the node's budget through ``cluster_board`` (or the cluster's Redis)."""
     clock = SystemClock()
-    # A taken port or an unreadable TLS key fails here, before anything starts (StartupError).
-    check_listen_addresses(cfg)
+    if sockets is None:
+        # A taken port or an unreadable TLS key fails here, before anything starts (StartupError).
+        check_listen_addresses(cfg)
     tls_context(cfg)
     weed = None
     endpoint = cfg.backend.endpoint
     if endpoint is None:
-        from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
-
-        if not cfg.credentials:
-            cfg = cfg.with_credentials(embedded_credentials(cfg.server.state_dir))
-        identities = tuple(
-            SeaweedIdentity(name=f"user{i}", access_key=c.backend_access_key, secret_key=c.backend_secret_key)
-            for i, c in enumerate(cfg.credentials)
-        )
-        weed = SeaweedProcess(
-            SeaweedOptions(
-                state_dir=cfg.server.state_dir / "seaweedfs",
-                identities=identities,
-                s3_port=cfg.embedded.s3_port,
-                startup_timeout_s=cfg.embedded.startup_timeout_s,
-            )
-        )
-        log.info("starting embedded SeaweedFS in %s", cfg.server.state_dir / "seaweedfs")
+        cfg, weed = _embedded_store(cfg)
         await weed.astart()
         endpoint = weed.endpoint_url
         log.info("embedded SeaweedFS ready at %s (pid %s)", endpoint, weed.pid)
 
     backend = Backend(cfg.backend, endpoint, clock)
-    app = build_app(cfg, backend, clock)
+    app = build_app(cfg, backend, clock, cluster_board=cluster_board)
     runner = None
     try:
-        runner, urls = await start_listeners(cfg, app)
+        runner, urls = await start_listeners(cfg, app, sockets)
         await app[PROBE_KEY].wait_first_round(STARTUP_PROBE_WAIT_S)  # warns if a backend does not answer
-        _banner(cfg, urls, endpoint, embedded=weed is not None, silent=app[PROBE_KEY].never_answered())
+        if ready_fd is None:
+            _banner(cfg, urls, endpoint, embedded=weed is not None, silent=app[PROBE_KEY].never_answered())
         if ready_file is not None:
-            tmp = ready_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"endpoints": urls, "backend": endpoint, "pid": os.getpid()}))
-            os.replace(tmp, ready_file)
+            _write_ready_file(ready_file, {"endpoints": urls, "backend": endpoint, "pid": os.getpid()})
 
         app[LIFECYCLE_KEY].state = "ready"
+        if ready_fd is not None:
+            os.write(ready_fd, b"r")
+            os.close(ready_fd)
         stop = asyncio.Event()
         again = asyncio.Event()  # a second signal skips the drain
 
@@ -421,6 +451,71 @@ async def serve(cfg: Config, ready_file: Path | None) -> int:
             await runner.cleanup()
         if weed is not None:
             await weed.astop()
+
+
+# How long the supervisor waits for its workers to serve before it gives up.
+WORKERS_START_TIMEOUT_S = 120.0
+
+
+def supervise(cfg: Config, ready_file: Path | None) -> int:
+    """``[server] workers`` > 1: bind the listeners, start the embedded store if any, run the workers on
+    the listeners until SIGTERM (gateway.runtime.workers). No event loop runs in this process."""
+    import uvloop
+
+    from gateway.runtime.workers import FileBoard, Supervisor, clear_board
+
+    tls_context(cfg)
+    sockets = bind_listen_sockets(cfg)  # a taken port fails here (StartupError), before anything starts
+    weed = None
+    try:
+        if cfg.backend.endpoint is None:
+            cfg, weed = _embedded_store(cfg)
+            weed.start()
+            cfg = replace(cfg, backend=replace(cfg.backend, endpoint=weed.endpoint_url))
+            log.info("embedded SeaweedFS ready at %s (pid %s)", weed.endpoint_url, weed.pid)
+        endpoint = cfg.backend.endpoint
+        assert endpoint is not None
+        board_dir = cfg.server.state_dir / "workers-board"
+        clear_board(board_dir)
+        shared = tuple(lane for lane in cfg.cluster.lanes if lane in cfg.lanes)
+
+        def run_worker(index: int, ready_fd: int) -> int:
+            wcfg = replace(
+                cfg, cluster=replace(cfg.cluster, node_id=f"{cfg.cluster.node_id}.w{index}", lanes=shared)
+            )
+            board = None if cfg.cluster.enabled or not shared else FileBoard(board_dir, SystemClock())
+            return int(uvloop.run(serve(wcfg, None, sockets=sockets, ready_fd=ready_fd, cluster_board=board)))
+
+        s = cfg.server
+        sup = Supervisor(
+            s.workers, run_worker, stop_timeout_s=s.shutdown_grace_s + s.drain_on_shutdown_s + 15.0
+        )
+        sup.start()
+        if not sup.wait_ready(WORKERS_START_TIMEOUT_S):
+            log.error("the workers did not all start; stopping")
+            sup.stop()
+            return 1
+        urls = [
+            sock_url(sock, scheme)
+            for sock, scheme in ((sockets.http, "http"), (sockets.https, "https"))
+            if sock is not None
+        ]
+        _banner(cfg, urls, endpoint, embedded=weed is not None, silent=[])
+        print(f"{s.workers} workers (pids {', '.join(map(str, sup.pids()))})", flush=True)
+        if ready_file is not None:
+            _write_ready_file(
+                ready_file,
+                {"endpoints": urls, "backend": endpoint, "pid": os.getpid(), "workers": sup.pids()},
+            )
+        code = sup.run(should_stop=lambda: weed is not None and weed.returncode is not None)
+        if weed is not None and weed.returncode is not None:
+            log.error("the embedded SeaweedFS exited unexpectedly; stopped (logs in %s)", weed.log_dir)
+            code = 1
+        return code
+    finally:
+        sockets.close()
+        if weed is not None:
+            weed.stop()
 
 
 def _banner(cfg: Config, urls: list[str], backend: str, *, embedded: bool, silent: list[str]) -> None:
@@ -462,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     try:
+        if cfg.server.workers > 1:
+            return supervise(cfg, args.ready_file)
         return int(uvloop.run(serve(cfg, args.ready_file)))
     except StartupError as exc:
         print(f"s3lanes: {exc}", file=sys.stderr)
