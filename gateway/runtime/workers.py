@@ -251,12 +251,13 @@ class Supervisor:
         return failed
 
     def _drop_ready_reports(self) -> None:
-        """A restarted worker's ready byte: read it (nobody waits for it), so the pipe is closed."""
-        for w in self._workers.values():
+        """A restarted worker's ready byte: log it and close the pipe."""
+        for i, w in self._workers.items():
             if w.ready_fd is not None:
                 readable, _, _ = select.select([w.ready_fd], [], [], 0)
                 if readable:
-                    os.read(w.ready_fd, 1)
+                    if os.read(w.ready_fd, 1):
+                        log.info("worker %d (pid %d) serves", i, w.pid)
                     os.close(w.ready_fd)
                     w.ready_fd = None
 
