@@ -23,7 +23,9 @@ from gateway.core.journal import JournalCorrupt
 from gateway.errors import ConfigError, StartupError
 from gateway.http.admin import METRICS_PATH
 from gateway.http.app import (
+    ADMIN_KEY,
     LIFECYCLE_KEY,
+    METRICS_KEY,
     PROBE_KEY,
     ListenSockets,
     bind_listen_sockets,
@@ -385,10 +387,12 @@ async def serve(
     sockets: ListenSockets | None = None,
     ready_fd: int | None = None,
     cluster_board: Board | None = None,
+    worker: tuple[int, int, int] | None = None,
 ) -> int:
     """Run the gateway until SIGTERM/SIGINT. A worker of a supervisor (gateway.runtime.workers) gets its
     listening ``sockets``, writes a byte to ``ready_fd`` once it serves, prints no banner and writes no
-    ready file; its lanes share the node's budget through ``cluster_board`` (or the cluster's Redis)."""
+    ready file; its lanes share the node's budget through ``cluster_board`` (or the cluster's Redis);
+    ``worker`` = (supervisor pid, index, count): its /metrics are the node's (NodeMetrics)."""
     clock = SystemClock()
     if sockets is None:
         # A taken port or an unreadable TLS key fails here, before anything starts (StartupError).
@@ -405,7 +409,14 @@ async def serve(
     backend = Backend(cfg.backend, endpoint, clock)
     app = build_app(cfg, backend, clock, cluster_board=cluster_board)
     runner = None
+    node_metrics = None
     try:
+        if worker is not None:
+            from gateway.runtime.workers import NodeMetrics
+
+            node_metrics = NodeMetrics(*worker, render=app[METRICS_KEY].render)
+            await node_metrics.start()
+            app[ADMIN_KEY].gather_metrics = node_metrics.gather
         runner, urls = await start_listeners(cfg, app, sockets)
         await app[PROBE_KEY].wait_first_round(STARTUP_PROBE_WAIT_S)  # warns if a backend does not answer
         if ready_fd is None:
@@ -449,6 +460,8 @@ async def serve(
     finally:
         if runner is not None:
             await runner.cleanup()
+        if node_metrics is not None:
+            await node_metrics.close()
         if weed is not None:
             await weed.astop()
 
@@ -478,13 +491,25 @@ def supervise(cfg: Config, ready_file: Path | None) -> int:
         board_dir = cfg.server.state_dir / "workers-board"
         clear_board(board_dir)
         shared = tuple(lane for lane in cfg.cluster.lanes if lane in cfg.lanes)
+        supervisor_pid = os.getpid()
 
         def run_worker(index: int, ready_fd: int) -> int:
             wcfg = replace(
                 cfg, cluster=replace(cfg.cluster, node_id=f"{cfg.cluster.node_id}.w{index}", lanes=shared)
             )
             board = None if cfg.cluster.enabled or not shared else FileBoard(board_dir, SystemClock())
-            return int(uvloop.run(serve(wcfg, None, sockets=sockets, ready_fd=ready_fd, cluster_board=board)))
+            return int(
+                uvloop.run(
+                    serve(
+                        wcfg,
+                        None,
+                        sockets=sockets,
+                        ready_fd=ready_fd,
+                        cluster_board=board,
+                        worker=(supervisor_pid, index, cfg.server.workers),
+                    )
+                )
+            )
 
         s = cfg.server
         sup = Supervisor(

@@ -93,6 +93,8 @@ class Admin:
         self._backends_waiting = backends_waiting
         # (bucket, signing tenant or None) -> does the store have it (None: could not tell)
         self._bucket_exists = bucket_exists
+        # One of several workers (gateway.runtime.workers.NodeMetrics.gather): own exposition -> the node's.
+        self.gather_metrics: Callable[[bytes], Awaitable[bytes]] | None = None
 
     def allowed(self, request: web.Request) -> bool:
         return self._open or _is_loopback(request) or self._bearer_ok(request)
@@ -135,7 +137,10 @@ class Admin:
     async def metrics(self, request: web.Request) -> web.Response:
         if not self.allowed(request):
             return web.Response(status=403, text=self.forbidden_text(request))
-        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        body = self._metrics.render()
+        if self.gather_metrics is not None:  # one of several workers: the node's metrics
+            body = await self.gather_metrics(body)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     def status_document(self) -> dict[str, Any]:
         snap = self._dispatcher.scheduler.snapshot(self._clock.monotonic())

@@ -59,6 +59,7 @@ CLUSTER_KEY = web.AppKey("cluster", ClusterMember)
 LIFECYCLE_KEY = web.AppKey("lifecycle", Lifecycle)
 FRONT_KEY = web.AppKey("spool_front", SpoolFront)
 PROBE_KEY = web.AppKey("backend_probe", ReachabilityProbe)
+ADMIN_KEY = web.AppKey("admin", Admin)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -167,6 +168,7 @@ def build_app(
         bucket_exists=lambda bucket, tenant: bucket_exists(pools, keys, bucket, tenant),
     )
     app[LIFECYCLE_KEY] = admin.lifecycle
+    app[ADMIN_KEY] = admin
     app[BACKEND_KEY] = backend
     app[PROXY_KEY] = proxy
     app[DISPATCHER_KEY] = dispatcher

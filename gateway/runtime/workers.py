@@ -28,6 +28,7 @@ worker reads and writes; with it, the workers join the cluster's Redis like any 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
@@ -35,6 +36,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,10 +44,12 @@ from pathlib import Path
 from types import FrameType
 
 from gateway.clock import Clock
+from gateway.core.metrics_merge import merge_expositions
 from gateway.runtime.cluster import BoardRound
 
 log = logging.getLogger("s3lanes.workers")
 
+SIBLING_TIMEOUT_S = 2.0  # a worker that does not answer a scrape within this is left out of it
 RESTART_HOLD_S = 1.0  # a worker that died within YOUNG_S of its start is restarted after this hold
 YOUNG_S = 10.0
 POLL_S = 0.1  # the supervisor's loop: reap, restart, pass signals on
@@ -105,6 +109,81 @@ def clear_board(directory: Path) -> None:
         for entry in os.listdir(directory):
             with contextlib.suppress(FileNotFoundError):
                 (directory / entry).unlink()
+
+
+class NodeMetrics:
+    """This worker's exposition for its siblings, and the node's (all workers') for a scrape."""
+
+    def __init__(self, supervisor_pid: int, index: int, count: int, render: Callable[[], bytes]) -> None:
+        self._supervisor = supervisor_pid
+        self.index = index
+        self.count = count
+        self._render = render
+        self._server: asyncio.AbstractServer | None = None
+
+    def address(self, index: int) -> str:
+        return f"\0s3lanes-{self._supervisor}-w{index}"
+
+    async def start(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(self.address(self.index))
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self._server = await asyncio.start_unix_server(self._serve, sock=sock)
+
+    async def _serve(self, _reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            writer.write(self._render())
+            await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _read(self, index: int) -> str:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, self.address(index))
+        except OSError:
+            sock.close()
+            raise
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
+        try:
+            return (await reader.read(-1)).decode()
+        finally:
+            writer.close()
+
+    async def gather(self, own: bytes) -> bytes:
+        """The node's exposition: this worker's ``own`` and its siblings', merged."""
+        others = [i for i in range(self.count) if i != self.index]
+        got = await asyncio.gather(
+            *(asyncio.wait_for(self._read(i), SIBLING_TIMEOUT_S) for i in others), return_exceptions=True
+        )
+        texts = {self.index: own.decode()}
+        for i, text in zip(others, got, strict=True):
+            if isinstance(text, str):
+                texts[i] = text
+            elif not isinstance(text, (OSError, TimeoutError)):
+                raise text
+        tail = (
+            "# HELP s3lanes_workers Worker processes of this gateway ([server] workers).\n"
+            "# TYPE s3lanes_workers gauge\n"
+            f"s3lanes_workers {self.count}\n"
+            "# HELP s3lanes_workers_scraped Workers whose metrics are in this scrape (the others did not"
+            " answer in time: restarting or stuck).\n"
+            "# TYPE s3lanes_workers_scraped gauge\n"
+            f"s3lanes_workers_scraped {len(texts)}\n"
+        )
+        return (merge_expositions(texts) + tail).encode()
 
 
 @dataclass(slots=True)

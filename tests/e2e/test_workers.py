@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Gateway, start_gateway, stop_gateway
 
@@ -99,7 +100,22 @@ def test_two_workers_serve_one_port_and_share_the_lane_budget(workers_gateway: A
             break
         time.sleep(0.5)
     assert sorted(n.rsplit(".", 1)[1] for n in nodes) == ["w0", "w1"], nodes
+    # One /metrics for the node: whichever worker answers, both workers' samples, labelled.
     psutil.Process(w0).send_signal(signal.SIGCONT)
+    for accepting, other in ((w0, w1), (w1, w0)):
+        _only(accepting, [other])
+        with urllib.request.urlopen(f"{gw.http_url}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        psutil.Process(other).send_signal(signal.SIGCONT)
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert families["s3lanes_workers_scraped"].samples[0].value == 1  # the stopped one cannot answer
+        with urllib.request.urlopen(f"{gw.http_url}/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert families["s3lanes_workers"].samples[0].value == 2
+        assert families["s3lanes_workers_scraped"].samples[0].value == 2
+        workers = {s.labels.get("worker") for f in families.values() for s in f.samples}
+        assert {"0", "1"} <= workers
 
 
 def test_a_killed_worker_is_replaced_and_sigterm_stops_them_all(workers_gateway: Any) -> None:
