@@ -5,6 +5,7 @@ the budget as they do through Redis, and forget a worker that stopped reporting.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,7 +60,7 @@ async def test_workers_on_a_file_board_hold_the_write_cap_for_the_node(tmp_path:
     assert math.fsum(v for v in limits.values() if v is not None) == pytest.approx(0.30 * C)
     assert limits["n.w2"] == pytest.approx(0.02 * C)  # idle: its floor
     assert limits["n.w0"] == pytest.approx(limits["n.w1"])  # equal backlogs, equal shares
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["n.w0", "n.w1", "n.w2"]
+    assert sorted(os.listdir(tmp_path)) == ["n.w0", "n.w1", "n.w2"]
 
 
 async def test_a_worker_that_stops_reporting_is_forgotten_after_the_ttl(tmp_path: Path) -> None:
@@ -79,4 +80,4 @@ async def test_a_worker_that_stops_reporting_is_forgotten_after_the_ttl(tmp_path
         clock.advance(INTERVAL)
     assert [r.node_id for r in w0._last_reports] == ["n.w0"]
     clear_board(tmp_path)
-    assert list(tmp_path.iterdir()) == []
+    assert os.listdir(tmp_path) == []
