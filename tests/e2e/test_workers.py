@@ -5,20 +5,29 @@ process takes no connection from the shared accept queue), so the tests know whi
 from __future__ import annotations
 
 import json
+import os
 import signal
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import boto3
 import psutil
 import pytest
+from botocore.config import Config as BotoConfig
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Gateway, start_gateway, stop_gateway
+from tests.e2e.relay import CountingRelay
 
 pytestmark = pytest.mark.timeout(240)
+
+BANDWIDTH_BPS = 40_000_000
+OBJECT_BYTES = 4 * 1024 * 1024
 
 
 def _toml(tmp: Path, seaweed: Any) -> str:
@@ -147,6 +156,95 @@ def test_a_killed_worker_is_replaced_and_sigterm_stops_them_all(workers_gateway:
     text = gw.log_path.read_text()
     assert f"worker 0 (pid {w0}) exited with status -9; restarting it" in text
     assert "Traceback" not in text, text[-4000:]
+
+
+def _loop(stop: threading.Event, errors: list[BaseException], fn: Any) -> None:
+    try:
+        while not stop.is_set():
+            fn()
+    except BaseException as exc:
+        errors.append(exc)
+
+
+def test_the_write_cap_holds_for_the_node_not_per_worker(tmp_path: Path, seaweed: Any) -> None:
+    """Readers and writers on both workers, behind a byte-counting relay: the checkpoint lanes of the two
+    workers together keep to 30 % of the store's bandwidth while reads are active (each worker alone would
+    allow itself 30 %: 60 % in all)."""
+    parts = urlsplit(seaweed.endpoint_url)
+    relay = CountingRelay(parts.hostname or "127.0.0.1", parts.port or 80)
+    relay.start()
+    toml = _toml(tmp_path, seaweed).replace(seaweed.endpoint_url, f"http://127.0.0.1:{relay.port}")
+    toml = toml.replace('bandwidth = "1GB/s"', f'bandwidth = "{BANDWIDTH_BPS}"')
+    toml += "\n[scheduler]\nlatency_target_ms = 2000\n"  # CPU contention is not store latency (test_lanes.py)
+    proc, ready, log_path = start_gateway(tmp_path, toml)
+    w = ready["workers"]
+    url = ready["endpoints"][0]
+    admin = seaweed.admin
+    bucket = "workers-cap"
+
+    def client() -> Any:
+        return boto3.client(
+            "s3",
+            endpoint_url=url,
+            aws_access_key_id=admin.access_key,
+            aws_secret_access_key=admin.secret_key,
+            region_name="us-east-1",
+            config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, read_timeout=60),
+        )
+
+    stop_reads, stop_writes = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    threads: list[threading.Thread] = []
+    try:
+        payload = os.urandom(OBJECT_BYTES)
+        setup = client()
+        setup.create_bucket(Bucket=bucket)
+        for i in range(2):
+            setup.put_object(Bucket=bucket, Key=f"data/{i}", Body=payload)
+        for k in range(2):  # each worker gets 2 readers and 4 writers, connected while it alone accepts
+            _only(w[k], [w[1 - k]])
+            for i in range(2):
+                s3 = client()
+                s3.head_object(Bucket=bucket, Key=f"data/{i}")  # opens the connection on worker k
+
+                def read(s3: Any = s3, i: int = i) -> None:
+                    s3.get_object(Bucket=bucket, Key=f"data/{i}")["Body"].read()
+
+                threads.append(threading.Thread(target=_loop, args=(stop_reads, errors, read)))
+            for j in range(4):
+                s3 = client()
+                s3.head_bucket(Bucket=bucket)
+                n = iter(range(10**6))
+
+                def write(s3: Any = s3, j: int = j, k: int = k, n: Any = n) -> None:
+                    s3.put_object(Bucket=bucket, Key=f"ckpt/w{k}/{j}-{next(n)}", Body=payload)
+
+                threads.append(threading.Thread(target=_loop, args=(stop_writes, errors, write)))
+        psutil.Process(w[0]).send_signal(signal.SIGCONT)
+        for t in threads:
+            t.start()
+        time.sleep(4.0)  # reads become active, the workers' reports meet on the board, caps apply
+        since = time.monotonic()
+        time.sleep(6.0)
+        until = time.monotonic()
+    finally:
+        for pid in w:
+            psutil.Process(pid).send_signal(signal.SIGCONT)
+        stop_reads.set()
+        stop_writes.set()
+        for t in threads:
+            t.join(60)
+        code = stop_gateway(proc)
+        relay.stop()
+    assert not errors, errors
+    windows = relay.windows(since, until)
+    up = sum(u for u, _d in windows) / (len(windows) * relay.window_s)
+    down = sum(d for _u, d in windows) / (len(windows) * relay.window_s)
+    report = f"writes {up / 1e6:.1f} MB/s, reads {down / 1e6:.1f} MB/s, windows {windows}"
+    assert down > 0.2 * BANDWIDTH_BPS, report  # reads were active throughout
+    assert 0.1 * BANDWIDTH_BPS < up <= 0.30 * BANDWIDTH_BPS * 1.15, report
+    assert code == 0
+    assert "Traceback" not in log_path.read_text()
 
 
 def test_more_workers_with_the_spool_on_is_a_config_error(tmp_path: Path, seaweed: Any) -> None:
