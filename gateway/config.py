@@ -94,7 +94,7 @@ class ServerConfig:
     # Secret mounted as a volume rotates keys without a restart. None = [[credentials]] and the environment.
     credentials_file: Path | None = None
     # Worker processes serving the listeners (one event loop, so one core, each). 1 = one process, as
-    # before; N > 1: a supervisor binds the listeners and runs N workers on them (docs/workers.md). The
+    # before; N > 1: a supervisor binds the listeners and runs N workers on them (docs/deploy.md). The
     # workers share the node's write lanes' budget; they do not share a spool yet ([spool] enabled = false).
     workers: int = 1
 
