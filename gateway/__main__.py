@@ -256,8 +256,10 @@ def render_status(doc: dict[str, Any]) -> str:
     s = doc["scheduler"]
     cap_kind = "configured" if s["capacity_configured"] else "estimated"
     max_bytes = s.get("inflight_bytes_max")
+    w = doc.get("worker")
     lines = [
-        f"s3lanes v{doc['version']}",
+        f"s3lanes v{doc['version']}"
+        + ("" if w is None else f" (worker {w['index']} of {w['count']}, pid {w['pid']})"),
         f"Backend capacity: {fmt_rate(s['capacity_bps'])} ({cap_kind})",
         f"Reads active: {'yes' if s['reads_active'] else 'no'}",
         f"Write cap mode: {s['write_cap_mode']}",
@@ -417,6 +419,7 @@ async def serve(
             node_metrics = NodeMetrics(*worker, render=app[METRICS_KEY].render)
             await node_metrics.start()
             app[ADMIN_KEY].gather_metrics = node_metrics.gather
+            app[ADMIN_KEY].worker = {"index": worker[1], "count": worker[2], "pid": os.getpid()}
         runner, urls = await start_listeners(cfg, app, sockets)
         await app[PROBE_KEY].wait_first_round(STARTUP_PROBE_WAIT_S)  # warns if a backend does not answer
         if ready_fd is None:

@@ -30,11 +30,15 @@ BANDWIDTH_BPS = 40_000_000
 OBJECT_BYTES = 4 * 1024 * 1024
 
 
-def _toml(tmp: Path, seaweed: Any) -> str:
+def _toml(tmp: Path, seaweed: Any, tls: tuple[Path, Path, Path] | None = None) -> str:
     admin = seaweed.admin
+    https = ""
+    if tls is not None:
+        https = f'https_listen = "127.0.0.1:0"\ntls_cert = "{tls[1]}"\ntls_key = "{tls[2]}"'
     return f"""
 [server]
 listen = "127.0.0.1:0"
+{https}
 state_dir = "{tmp / "state"}"
 workers = 2
 shutdown_grace_s = 5
@@ -53,13 +57,15 @@ secret_key = "{admin.secret_key}"
 
 
 @pytest.fixture
-def workers_gateway(tmp_path: Path, seaweed: Any) -> Iterator[tuple[Any, Gateway, dict[str, Any]]]:
-    proc, ready, log_path = start_gateway(tmp_path, _toml(tmp_path, seaweed))
+def workers_gateway(
+    tmp_path: Path, seaweed: Any, tls_ca: tuple[Path, Path, Path]
+) -> Iterator[tuple[Any, Gateway, dict[str, Any]]]:
+    proc, ready, log_path = start_gateway(tmp_path, _toml(tmp_path, seaweed, tls_ca))
     admin = seaweed.admin
     gw = Gateway(
         http_url=ready["endpoints"][0],
-        https_url="",
-        ca_bundle="",
+        https_url=ready["endpoints"][1],
+        ca_bundle=str(tls_ca[0]),
         access_key=admin.access_key,
         secret_key=admin.secret_key,
         user2_access_key="",
@@ -101,6 +107,7 @@ def test_two_workers_serve_one_port_and_share_the_lane_budget(workers_gateway: A
     c1 = gw.client()  # a new client: its connections are accepted by worker 1
     assert c1.get_object(Bucket=bucket, Key="a/b")["Body"].read() == b"written through worker 0"
     assert [o["Key"] for o in c1.list_objects_v2(Bucket=bucket)["Contents"]] == ["a/b"]
+    assert gw.client(https=True).get_object(Bucket=bucket, Key="a/b")["Body"].read().startswith(b"written")
     # Both workers are members of the node's budget: each sees the other's report on the board.
     deadline = time.monotonic() + 30
     while True:
@@ -109,6 +116,7 @@ def test_two_workers_serve_one_port_and_share_the_lane_budget(workers_gateway: A
             break
         time.sleep(0.5)
     assert sorted(n.rsplit(".", 1)[1] for n in nodes) == ["w0", "w1"], nodes
+    assert _status(gw)["worker"] == {"index": 1, "count": 2, "pid": w1}  # worker 0 is stopped
     # One /metrics for the node: whichever worker answers, both workers' samples, labelled.
     psutil.Process(w0).send_signal(signal.SIGCONT)
     for accepting, other in ((w0, w1), (w1, w0)):
