@@ -12,6 +12,7 @@ import shlex
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +23,24 @@ from gateway.core.journal import JournalCorrupt
 from gateway.errors import ConfigError, StartupError
 from gateway.http.admin import METRICS_PATH
 from gateway.http.app import (
+    ADMIN_KEY,
     ADMIN_URL_KEY,
     LIFECYCLE_KEY,
+    METRICS_KEY,
     PROBE_KEY,
+    ListenSockets,
+    bind_listen_sockets,
     build_app,
     check_listen_addresses,
     drain_for_shutdown,
+    sock_url,
     start_listeners,
     tls_context,
 )
 from gateway.http.status_page import PAGE_PATH
 from gateway.logsetup import configure_logging
 from gateway.runtime.backend import Backend
+from gateway.runtime.cluster import Board
 from gateway.runtime.spool_lock import SpoolDirLock, lock_spool_dir
 from gateway.runtime.wiring import spool_dir
 
@@ -251,8 +258,10 @@ def render_status(doc: dict[str, Any]) -> str:
     s = doc["scheduler"]
     cap_kind = "configured" if s["capacity_configured"] else "estimated"
     max_bytes = s.get("inflight_bytes_max")
+    w = doc.get("worker")
     lines = [
-        f"s3lanes v{doc['version']}",
+        f"s3lanes v{doc['version']}"
+        + ("" if w is None else f" (worker {w['index']} of {w['count']}, pid {w['pid']})"),
         f"Backend capacity: {fmt_rate(s['capacity_bps'])} ({cap_kind})",
         f"Reads active: {'yes' if s['reads_active'] else 'no'}",
         f"Write cap mode: {s['write_cap_mode']}",
@@ -347,68 +356,120 @@ def embedded_credentials(state_dir: Path) -> tuple[Credential, ...]:
     return (Credential(doc["access_key"], doc["secret_key"], doc["access_key"], doc["secret_key"]),)
 
 
-async def serve(cfg: Config, ready_file: Path | None) -> int:
+def _embedded_store(cfg: Config) -> tuple[Config, Any]:
+    """The embedded SeaweedFS (not started yet) and the config with its credentials."""
+    from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+
+    if not cfg.credentials:
+        cfg = cfg.with_credentials(embedded_credentials(cfg.server.state_dir))
+    identities = tuple(
+        SeaweedIdentity(name=f"user{i}", access_key=c.backend_access_key, secret_key=c.backend_secret_key)
+        for i, c in enumerate(cfg.credentials)
+    )
+    weed = SeaweedProcess(
+        SeaweedOptions(
+            state_dir=cfg.server.state_dir / "seaweedfs",
+            identities=identities,
+            s3_port=cfg.embedded.s3_port,
+            startup_timeout_s=cfg.embedded.startup_timeout_s,
+        )
+    )
+    log.info("starting embedded SeaweedFS in %s", cfg.server.state_dir / "seaweedfs")
+    return cfg, weed
+
+
+def _write_ready_file(ready_file: Path, doc: dict[str, Any]) -> None:
+    tmp = ready_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, ready_file)
+
+
+async def serve(
+    cfg: Config,
+    ready_file: Path | None,
+    *,
+    sockets: ListenSockets | None = None,
+    ready_fd: int | None = None,
+    cluster_board: Board | None = None,
+    worker: tuple[int, int, int] | None = None,
+) -> int:
+    """Run the gateway until SIGTERM/SIGINT. A worker of a supervisor (gateway.runtime.workers) gets its
+    listening ``sockets``, writes a byte to ``ready_fd`` once it serves, prints no banner and writes no
+    ready file; its lanes share the node's budget through ``cluster_board`` (or the cluster's Redis);
+    ``worker`` = (supervisor pid, index, count): its /metrics are the node's (NodeMetrics)."""
     clock = SystemClock()
-    # A taken port or an unreadable TLS key fails here, before anything starts (StartupError).
-    check_listen_addresses(cfg)
+    if sockets is None:
+        # A taken port or an unreadable TLS key fails here, before anything starts (StartupError).
+        check_listen_addresses(cfg)
     tls_context(cfg)
     # One gateway per spool directory, held until the process exits: before the store starts or the journal
     # is read, so a second gateway on the same spool changes nothing (StartupError).
     spool_lock: SpoolDirLock | None = lock_spool_dir(spool_dir(cfg)) if cfg.spool.enabled else None
     try:
-        return await _serve_locked(cfg, ready_file, clock)
+        return await _serve_locked(
+            cfg,
+            ready_file,
+            clock,
+            sockets=sockets,
+            ready_fd=ready_fd,
+            cluster_board=cluster_board,
+            worker=worker,
+        )
     finally:
         if spool_lock is not None:
             spool_lock.release()
 
 
-async def _serve_locked(cfg: Config, ready_file: Path | None, clock: SystemClock) -> int:
+async def _serve_locked(
+    cfg: Config,
+    ready_file: Path | None,
+    clock: SystemClock,
+    *,
+    sockets: ListenSockets | None,
+    ready_fd: int | None,
+    cluster_board: Board | None,
+    worker: tuple[int, int, int] | None,
+) -> int:
     weed = None
     endpoint = cfg.backend.endpoint
     if endpoint is None:
-        from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
-
-        if not cfg.credentials:
-            cfg = cfg.with_credentials(embedded_credentials(cfg.server.state_dir))
-        identities = tuple(
-            SeaweedIdentity(name=f"user{i}", access_key=c.backend_access_key, secret_key=c.backend_secret_key)
-            for i, c in enumerate(cfg.credentials)
-        )
-        weed = SeaweedProcess(
-            SeaweedOptions(
-                state_dir=cfg.server.state_dir / "seaweedfs",
-                identities=identities,
-                s3_port=cfg.embedded.s3_port,
-                startup_timeout_s=cfg.embedded.startup_timeout_s,
-            )
-        )
-        log.info("starting embedded SeaweedFS in %s", cfg.server.state_dir / "seaweedfs")
+        cfg, weed = _embedded_store(cfg)
         await weed.astart()
         endpoint = weed.endpoint_url
         log.info("embedded SeaweedFS ready at %s (pid %s)", endpoint, weed.pid)
 
     backend = Backend(cfg.backend, endpoint, clock)
-    app = build_app(cfg, backend, clock)
+    app = build_app(cfg, backend, clock, cluster_board=cluster_board)
     runner = None
+    node_metrics = None
     try:
-        runner, urls = await start_listeners(cfg, app)
+        if worker is not None:
+            from gateway.runtime.workers import NodeMetrics
+
+            node_metrics = NodeMetrics(*worker, render=app[METRICS_KEY].render)
+            await node_metrics.start()
+            app[ADMIN_KEY].gather_metrics = node_metrics.gather
+            app[ADMIN_KEY].worker = {"index": worker[1], "count": worker[2], "pid": os.getpid()}
+        runner, urls = await start_listeners(cfg, app, sockets)
         await app[PROBE_KEY].wait_first_round(STARTUP_PROBE_WAIT_S)  # warns if a backend does not answer
         admin_url = app[ADMIN_URL_KEY].get("url")
-        _banner(
-            cfg,
-            urls,
-            endpoint,
-            embedded=weed is not None,
-            silent=app[PROBE_KEY].never_answered(),
-            admin_url=admin_url,
-        )
+        if ready_fd is None:
+            _banner(
+                cfg,
+                urls,
+                endpoint,
+                embedded=weed is not None,
+                silent=app[PROBE_KEY].never_answered(),
+                admin_url=admin_url,
+            )
         if ready_file is not None:
-            tmp = ready_file.with_suffix(".tmp")
             doc = {"endpoints": urls, "backend": endpoint, "pid": os.getpid(), "admin": admin_url}
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, ready_file)
+            _write_ready_file(ready_file, doc)
 
         app[LIFECYCLE_KEY].state = "ready"
+        if ready_fd is not None:
+            os.write(ready_fd, b"r")
+            os.close(ready_fd)
         stop = asyncio.Event()
         again = asyncio.Event()  # a second signal skips the drain
 
@@ -441,8 +502,87 @@ async def _serve_locked(cfg: Config, ready_file: Path | None, clock: SystemClock
     finally:
         if runner is not None:
             await runner.cleanup()
+        if node_metrics is not None:
+            await node_metrics.close()
         if weed is not None:
             await weed.astop()
+
+
+# How long the supervisor waits for its workers to serve before it gives up.
+WORKERS_START_TIMEOUT_S = 120.0
+
+
+def supervise(cfg: Config, ready_file: Path | None) -> int:
+    """``[server] workers`` > 1: bind the listeners, start the embedded store if any, run the workers on
+    the listeners until SIGTERM (gateway.runtime.workers). No event loop runs in this process."""
+    import uvloop
+
+    from gateway.runtime.workers import FileBoard, Supervisor, clear_board
+
+    tls_context(cfg)
+    sockets = bind_listen_sockets(cfg)  # a taken port fails here (StartupError), before anything starts
+    weed = None
+    try:
+        if cfg.backend.endpoint is None:
+            cfg, weed = _embedded_store(cfg)
+            weed.start()
+            cfg = replace(cfg, backend=replace(cfg.backend, endpoint=weed.endpoint_url))
+            log.info("embedded SeaweedFS ready at %s (pid %s)", weed.endpoint_url, weed.pid)
+        endpoint = cfg.backend.endpoint
+        assert endpoint is not None
+        board_dir = cfg.server.state_dir / "workers-board"
+        clear_board(board_dir)
+        shared = tuple(lane for lane in cfg.cluster.lanes if lane in cfg.lanes)
+        supervisor_pid = os.getpid()
+
+        def run_worker(index: int, ready_fd: int) -> int:
+            wcfg = replace(
+                cfg, cluster=replace(cfg.cluster, node_id=f"{cfg.cluster.node_id}.w{index}", lanes=shared)
+            )
+            board = None if cfg.cluster.enabled or not shared else FileBoard(board_dir, SystemClock())
+            return int(
+                uvloop.run(
+                    serve(
+                        wcfg,
+                        None,
+                        sockets=sockets,
+                        ready_fd=ready_fd,
+                        cluster_board=board,
+                        worker=(supervisor_pid, index, cfg.server.workers),
+                    )
+                )
+            )
+
+        s = cfg.server
+        sup = Supervisor(
+            s.workers, run_worker, stop_timeout_s=s.shutdown_grace_s + s.drain_on_shutdown_s + 15.0
+        )
+        sup.start()
+        if not sup.wait_ready(WORKERS_START_TIMEOUT_S):
+            log.error("the workers did not all start; stopping")
+            sup.stop()
+            return 1
+        urls = [
+            sock_url(sock, scheme)
+            for sock, scheme in ((sockets.http, "http"), (sockets.https, "https"))
+            if sock is not None
+        ]
+        _banner(cfg, urls, endpoint, embedded=weed is not None, silent=[])
+        print(f"{s.workers} workers (pids {', '.join(map(str, sup.pids()))})", flush=True)
+        if ready_file is not None:
+            _write_ready_file(
+                ready_file,
+                {"endpoints": urls, "backend": endpoint, "pid": os.getpid(), "workers": sup.pids()},
+            )
+        code = sup.run(should_stop=lambda: weed is not None and weed.returncode is not None)
+        if weed is not None and weed.returncode is not None:
+            log.error("the embedded SeaweedFS exited unexpectedly; stopped (logs in %s)", weed.log_dir)
+            code = 1
+        return code
+    finally:
+        sockets.close()
+        if weed is not None:
+            weed.stop()
 
 
 def _banner(
@@ -494,6 +634,8 @@ def main(argv: list[str] | None = None) -> int:
     import uvloop
 
     try:
+        if cfg.server.workers > 1:
+            return supervise(cfg, args.ready_file)
         return int(uvloop.run(serve(cfg, args.ready_file)))
     except StartupError as exc:
         print(f"s3lanes: {exc}", file=sys.stderr)

@@ -97,6 +97,10 @@ class ServerConfig:
     # backend_secret_key] per line or comma-separated, # comments), re-read when it changes: a Kubernetes
     # Secret mounted as a volume rotates keys without a restart. None = [[credentials]] and the environment.
     credentials_file: Path | None = None
+    # Worker processes serving the listeners (one event loop, so one core, each). 1 = one process, as
+    # before; N > 1: a supervisor binds the listeners and runs N workers on them (docs/deploy.md). The
+    # workers share the node's write lanes' budget; they do not share a spool yet ([spool] enabled = false).
+    workers: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,6 +523,7 @@ _SCHEMA: dict[str, dict[str, str]] = {
         "log_format": "str",
         "drain_on_shutdown_s": "float",
         "zero_copy_min_bytes": "size",
+        "workers": "int",
         "anonymous_reads": "bool",
         "credentials_file": "path",
         "ready_requires_backend": "bool",
@@ -1001,6 +1006,20 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[server].max_skew_s", "must be positive")
     if s.zero_copy_min_bytes < 0:
         problems.add("[server].zero_copy_min_bytes", "must be 0 (never) or a size")
+    if not 1 <= s.workers <= MAX_WORKERS:
+        problems.add("[server].workers", f"must be within [1, {MAX_WORKERS}], got {s.workers}")
+    elif s.workers > 1 and cfg.spool.enabled:
+        problems.add(
+            "[server].workers",
+            f"{s.workers} workers cannot share one write spool yet: set [spool] enabled = false"
+            " (or workers = 1)",
+        )
+    elif s.workers > 1 and s.admin_listen is not None:
+        problems.add(
+            "[server].workers",
+            f"{s.workers} workers do not open a separate admin listener yet: unset [server] admin_listen"
+            " (or workers = 1)",
+        )
     if s.log_format not in ("text", "json"):
         problems.add("[server].log_format", f"expected 'text' or 'json', got {s.log_format!r}")
     if s.admin_token is not None and len(s.admin_token) < 16:
@@ -1091,6 +1110,8 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[embedded].s3_port", "out of range")
     _validate_cluster(cfg, problems)
 
+
+MAX_WORKERS = 1024
 
 _CLUSTER_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _NODE_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")

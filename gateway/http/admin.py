@@ -93,6 +93,10 @@ class Admin:
         self._backends_waiting = backends_waiting
         # (bucket, signing tenant or None) -> does the store have it (None: could not tell)
         self._bucket_exists = bucket_exists
+        # One of several workers (gateway.runtime.workers.NodeMetrics.gather): own exposition -> the node's.
+        self.gather_metrics: Callable[[bytes], Awaitable[bytes]] | None = None
+        # One of several workers: {"index", "count", "pid"} in the status document (None: a single process).
+        self.worker: dict[str, int] | None = None
 
     def allowed(self, request: web.Request) -> bool:
         return self._open or _is_loopback(request) or self._bearer_ok(request)
@@ -135,7 +139,10 @@ class Admin:
     async def metrics(self, request: web.Request) -> web.Response:
         if not self.allowed(request):
             return web.Response(status=403, text=self.forbidden_text(request))
-        return web.Response(body=self._metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        body = self._metrics.render()
+        if self.gather_metrics is not None:  # one of several workers: the node's metrics
+            body = await self.gather_metrics(body)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     def status_document(self) -> dict[str, Any]:
         snap = self._dispatcher.scheduler.snapshot(self._clock.monotonic())
@@ -144,7 +151,7 @@ class Admin:
             spool = self._spool.status()
             if self._drainer_status is not None:
                 spool["drain"] = self._drainer_status()
-        return {
+        doc: dict[str, Any] = {
             "version": __version__,
             "state": self.lifecycle.state,
             "scheduler": plain(snap),
@@ -154,6 +161,9 @@ class Admin:
             "pools": self._pools_status() if self._pools_status is not None else {},
             "event_loop_tasks": event_loop_tasks(),
         }
+        if self.worker is not None:
+            doc["worker"] = dict(self.worker)
+        return doc
 
     def _signed_by_a_tenant(self, request: web.Request) -> str | None:
         """The access key of a valid SigV4 signature by a configured key pair (the flush API is a tenant

@@ -9,6 +9,7 @@ import logging
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -34,7 +35,7 @@ from gateway.http.spool_front import SpoolFront
 from gateway.http.status_page import BARE_PATH, PAGE_PATH, StatusPage
 from gateway.metrics import Metrics
 from gateway.runtime.backend import Backend
-from gateway.runtime.cluster import ClusterMember, spool_backlog
+from gateway.runtime.cluster import Board, ClusterMember, spool_backlog
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.drainer import Drainer
 from gateway.runtime.keyfile import CredentialsFileWatcher, KeyTables
@@ -61,15 +62,21 @@ PROBE_KEY = web.AppKey("backend_probe", ReachabilityProbe)
 # The bound URL of the [server] admin_listen listener, once open (start_listeners); its port tells a request
 # that came in there from one on an S3 listener.
 ADMIN_URL_KEY = web.AppKey("admin_url", dict[str, Any])
+ADMIN_KEY = web.AppKey("admin", Admin)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # aiohttp's parser limits, set from config: S3 rejects header sections over 8 KiB.
 _MAX_FIELD_BYTES = 8190
 _PARSER_MAX_HEADERS = 4096
+LISTEN_BACKLOG = 1024  # of the listeners a supervisor binds for its workers (asyncio's default is 100)
 
 
-def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
+def build_app(
+    cfg: Config, backend: Backend, clock: Clock, *, cluster_board: Board | None = None
+) -> web.Application:
+    """The gateway's application. ``cluster_board``: the blackboard of the cluster budget when this process
+    is one of several workers of a node and there is no Redis (gateway.runtime.workers.FileBoard)."""
     app = web.Application(
         client_max_size=0,
         # auto_decompress off: a request's Content-Encoding (gzip, deflate...) describes the object S3 stores
@@ -137,9 +144,11 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         app[DRAINER_KEY] = drainer
         app[FRONT_KEY] = front
     cluster: ClusterMember | None = None
-    if cfg.cluster.enabled:  # [cluster].redis_url set: shared lanes get a cluster-wide budget
+    if cfg.cluster.enabled or cluster_board is not None:  # shared lanes get a cluster- or node-wide budget
         backlog = spool_backlog(spool) if spool is not None else None
-        cluster = ClusterMember(cfg.cluster, scheduler, clock, backlog_bytes=backlog, wake=dispatcher.wake)
+        cluster = ClusterMember(
+            cfg.cluster, scheduler, clock, board=cluster_board, backlog_bytes=backlog, wake=dispatcher.wake
+        )
         metrics.add_snapshot_collector(cluster.collector())
         app[CLUSTER_KEY] = cluster
     probe = ReachabilityProbe(pools.backends, gates_readiness=cfg.server.ready_requires_backend)
@@ -162,6 +171,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         bucket_exists=lambda bucket, tenant: bucket_exists(pools, keys, bucket, tenant),
     )
     app[LIFECYCLE_KEY] = admin.lifecycle
+    app[ADMIN_KEY] = admin
     app[BACKEND_KEY] = backend
     app[PROXY_KEY] = proxy
     app[DISPATCHER_KEY] = dispatcher
@@ -429,8 +439,11 @@ def tls_context(cfg: Config) -> ssl.SSLContext | None:
     return ctx
 
 
-async def start_listeners(cfg: Config, app: web.Application) -> tuple[web.AppRunner, list[str]]:
-    """Open the HTTP and HTTPS listeners; return the runner and the endpoint URLs actually bound."""
+async def start_listeners(
+    cfg: Config, app: web.Application, sockets: ListenSockets | None = None
+) -> tuple[web.AppRunner, list[str]]:
+    """Open the HTTP and HTTPS listeners; return the runner and the endpoint URLs actually bound.
+    ``sockets``: listening sockets bound already (by a supervisor of several workers) to serve on."""
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -443,16 +456,24 @@ async def start_listeners(cfg: Config, app: web.Application) -> tuple[web.AppRun
         max_headers=_PARSER_MAX_HEADERS,
     )
     try:
-        urls = await _open(cfg, runner)
+        urls = await _open(cfg, runner, sockets)
     except BaseException:
         await runner.cleanup()  # what started (spool, drainer, backend sessions) stops cleanly
         raise
     return runner, urls
 
 
-async def _open(cfg: Config, runner: web.AppRunner) -> list[str]:
+async def _open(cfg: Config, runner: web.AppRunner, sockets: ListenSockets | None) -> list[str]:
     await runner.setup()
     urls: list[str] = []
+    if sockets is not None:
+        if sockets.http is not None:
+            await web.SockSite(runner, sockets.http).start()
+            urls.append(sock_url(sockets.http, "http"))
+        if sockets.https is not None:
+            await web.SockSite(runner, sockets.https, ssl_context=tls_context(cfg)).start()
+            urls.append(sock_url(sockets.https, "https"))
+        return urls
     if cfg.server.listen is not None:
         site = web.TCPSite(runner, cfg.server.listen.host, cfg.server.listen.port, reuse_address=True)
         await _bind(site, cfg.server.listen, "listen")
@@ -482,6 +503,52 @@ async def _bind(site: web.TCPSite, listen: Listen, setting: str) -> None:
         await site.start()
     except OSError as exc:
         raise _listen_error(listen, setting, exc) from None
+
+
+@dataclass(frozen=True, slots=True)
+class ListenSockets:
+    """Listening sockets bound before the workers start (they inherit them)."""
+
+    http: socket.socket | None
+    https: socket.socket | None
+
+    def close(self) -> None:
+        for sock in (self.http, self.https):
+            if sock is not None:
+                sock.close()
+
+
+def bind_listen_sockets(cfg: Config) -> ListenSockets:
+    """Bind and listen on the configured addresses (StartupError if one cannot be bound)."""
+    bound: list[socket.socket | None] = []
+    try:
+        for listen, setting in ((cfg.server.listen, "listen"), (cfg.server.https_listen, "https_listen")):
+            if listen is None or (setting == "https_listen" and tls_context(cfg) is None):
+                bound.append(None)
+                continue
+            family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((listen.host, listen.port))
+            except OSError as exc:
+                raise _listen_error(listen, setting, exc) from None
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+    except BaseException:
+        for s in bound:
+            if s is not None:
+                s.close()
+        raise
+    return ListenSockets(http=bound[0], https=bound[1])
+
+
+def sock_url(sock: socket.socket, scheme: str) -> str:
+    host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port}"
 
 
 def check_listen_addresses(cfg: Config) -> None:

@@ -1,0 +1,48 @@
+"""The workers' Prometheus texts merged into the node's: each family once, every sample with its worker."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.core.metrics_merge import merge_expositions, with_worker_label
+
+
+def test_the_worker_label_goes_first_in_the_braces_or_makes_them() -> None:
+    assert with_worker_label('a_total{lane="x"} 1.0', 2) == 'a_total{worker="2",lane="x"} 1.0'
+    assert with_worker_label("a 1.0", 0) == 'a{worker="0"} 1.0'
+    assert with_worker_label("a{} 1.0", 1) == 'a{worker="1"} 1.0'
+
+
+def _worker_text(requests: float, inflight: float, seconds: list[float]) -> str:
+    reg = CollectorRegistry()
+    c = Counter("s3lanes_requests", "requests", ["lane"], registry=reg)
+    c.labels(lane="dataset").inc(requests)
+    Gauge("s3lanes_inflight", "in flight", registry=reg).set(inflight)
+    h = Histogram("s3lanes_wait_seconds", "wait", buckets=(0.1, 1.0), registry=reg)
+    for s in seconds:
+        h.observe(s)
+    return generate_latest(reg).decode()
+
+
+def test_two_workers_merge_into_one_valid_exposition_that_sums_to_the_node() -> None:
+    merged = merge_expositions({1: _worker_text(5, 2, [0.5]), 0: _worker_text(3, 1, [0.05, 2.0])})
+    families = {f.name: f for f in text_string_to_metric_families(merged)}  # parses: one HELP/TYPE each
+    assert merged.count("# TYPE s3lanes_wait_seconds histogram") == 1
+    req = [s for s in families["s3lanes_requests"].samples if s.name == "s3lanes_requests_total"]
+    assert {(s.labels["worker"], s.labels["lane"], s.value) for s in req} == {
+        ("0", "dataset", 3.0),
+        ("1", "dataset", 5.0),
+    }
+    assert sum(s.value for s in families["s3lanes_inflight"].samples) == 3.0
+    counts = [s for s in families["s3lanes_wait_seconds"].samples if s.name == "s3lanes_wait_seconds_count"]
+    assert sorted((s.labels["worker"], s.value) for s in counts) == [("0", 2.0), ("1", 1.0)]
+    le1 = [
+        s.value
+        for s in families["s3lanes_wait_seconds"].samples
+        if s.name == "s3lanes_wait_seconds_bucket" and s.labels["le"] == "1.0"
+    ]
+    assert sorted(le1) == [1.0, 1.0]
+    # Worker 0's samples come before worker 1's within a family, whatever the order given.
+    lines = [ln for ln in merged.splitlines() if ln.startswith("s3lanes_inflight")]
+    assert lines == ['s3lanes_inflight{worker="0"} 1.0', 's3lanes_inflight{worker="1"} 2.0']

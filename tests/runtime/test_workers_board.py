@@ -1,0 +1,83 @@
+"""The workers of one node share the write lanes' budget through a FileBoard (a directory of report files):
+the cluster shell's members, each over a real scheduler and its own FileBoard on one directory, apportion
+the budget as they do through Redis, and forget a worker that stopped reporting."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gateway.clock import FakeClock
+from gateway.config import ClusterConfig, Config
+from gateway.core.cluster_budget import Mode
+from gateway.core.scheduler import Scheduler
+from gateway.runtime.cluster import ClusterMember
+from gateway.runtime.wiring import scheduler_config
+from gateway.runtime.workers import FileBoard, clear_board
+
+C = 40_000_000.0
+MiB = 1024 * 1024
+INTERVAL = 0.5
+
+
+def workers(
+    directory: Path, clock: FakeClock, backlogs: dict[str, int], readers: set[str]
+) -> dict[str, ClusterMember]:
+    members = {}
+    for node, backlog in sorted(backlogs.items()):
+        sched = Scheduler(replace(scheduler_config(Config(), C), burst_bytes=MiB), clock.monotonic())
+        if node in readers:
+            sched.submit("dataset", MiB, clock.monotonic())  # a queued read keeps the worker's reads active
+        members[node] = ClusterMember(
+            ClusterConfig(node_id=node, interval_s=INTERVAL),
+            sched,
+            clock,
+            board=FileBoard(directory, clock),  # one board object per worker, as in separate processes
+            backlog_bytes=lambda lane, b=backlog: b if lane == "checkpoint" else 0,  # type: ignore[misc]
+        )
+    return members
+
+
+def limit(member: ClusterMember, clock: FakeClock) -> float | None:
+    return member._scheduler.snapshot(clock.monotonic()).lane("checkpoint").external_limit_bps
+
+
+async def test_workers_on_a_file_board_hold_the_write_cap_for_the_node(tmp_path: Path) -> None:
+    clock = FakeClock()
+    members = workers(tmp_path, clock, {"n.w0": 10**10, "n.w1": 10**10, "n.w2": 0}, readers={"n.w2"})
+    for _ in range(6):  # past the learning TTL
+        for m in members.values():
+            await m.step()
+        clock.advance(INTERVAL)
+    assert all(m.lease.mode is Mode.NORMAL for m in members.values())
+    limits = {n: limit(m, clock) for n, m in members.items()}
+    # Reads on one worker cap the checkpoint lane of all three together at 30 % of the node's capacity
+    # (each alone would allow itself 30 %: 90 % in all).
+    assert math.fsum(v for v in limits.values() if v is not None) == pytest.approx(0.30 * C)
+    assert limits["n.w2"] == pytest.approx(0.02 * C)  # idle: its floor
+    assert limits["n.w0"] == pytest.approx(limits["n.w1"])  # equal backlogs, equal shares
+    assert sorted(os.listdir(tmp_path)) == ["n.w0", "n.w1", "n.w2"]
+
+
+async def test_a_worker_that_stops_reporting_is_forgotten_after_the_ttl(tmp_path: Path) -> None:
+    clock = FakeClock()
+    members = workers(tmp_path, clock, {"n.w0": 10**10, "n.w1": 10**10}, readers={"n.w0"})
+    board = FileBoard(tmp_path, clock)
+    rnd = await board.exchange("probe", b"{}", ttl_s=1.0, score=0.0)
+    assert rnd.payloads == [b"{}"] and rnd.previous is None
+    for _ in range(6):
+        for m in members.values():
+            await m.step()
+        clock.advance(INTERVAL)
+    w0 = members["n.w0"]
+    assert len(w0._last_reports) == 2
+    for _ in range(6):  # n.w1 has died: its report expires after ttl_s (1.5 s)
+        await w0.step()
+        clock.advance(INTERVAL)
+    assert [r.node_id for r in w0._last_reports] == ["n.w0"]
+    clear_board(tmp_path)
+    assert os.listdir(tmp_path) == []
