@@ -29,7 +29,10 @@ from gateway.http.admin import (
     Lifecycle,
     plain,
 )
+from gateway.http.intake import Intake
+from gateway.http.pool_front import PoolFront
 from gateway.http.proxy import S3Proxy
+from gateway.http.router import Router
 from gateway.http.spool_front import SpoolFront
 from gateway.http.status_page import BARE_PATH, PAGE_PATH, StatusPage
 from gateway.metrics import Metrics
@@ -50,6 +53,7 @@ log = logging.getLogger("s3lanes.app")
 
 BACKEND_KEY = web.AppKey("backend", Backend)
 PROXY_KEY = web.AppKey("proxy", S3Proxy)
+ROUTER_KEY = web.AppKey("router", Router)
 DISPATCHER_KEY = web.AppKey("dispatcher", LaneDispatcher)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 SPOOL_KEY = web.AppKey("spool", Spool)
@@ -93,7 +97,10 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         if cfg.server.credentials_file is not None
         else None
     )
-    proxy = S3Proxy(cfg, pools, clock, classifier=classifier, metrics=metrics, keys=keys.live)
+    intake = Intake(cfg, clock, keys=keys.live)
+    pool_front = PoolFront(cfg, pools, clock)
+    proxy = S3Proxy(cfg, pools, clock, metrics=metrics, renamed=pool_front.relay_renamed)
+    front: SpoolFront | None = None
     spool: Spool | None = None
     drainer: Drainer | None = None
     keeper: DeadlineKeeper | None = None
@@ -115,7 +122,6 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         )
         front = SpoolFront(
             spool,
-            proxy,
             cfg,
             pools,
             clock,
@@ -124,7 +130,6 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             drain_creating=drainer.creating_upload_keys,
             keys=keys.known,
         )
-        proxy.spool_front = front
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         keeper = DeadlineKeeper(
             spool, list(pools.dispatchers.values()), cfg.spool.lanes, cfg.spool.max_age_s, clock
@@ -160,7 +165,19 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
     )
     app[LIFECYCLE_KEY] = admin.lifecycle
     app[BACKEND_KEY] = backend
+    router = Router(
+        cfg,
+        pools,
+        clock,
+        intake=intake,
+        proxy=proxy,
+        pool_front=pool_front,
+        spool_front=front,
+        classifier=classifier,
+        metrics=metrics,
+    )
     app[PROXY_KEY] = proxy
+    app[ROUTER_KEY] = router
     app[DISPATCHER_KEY] = dispatcher
     app[METRICS_KEY] = metrics
 
@@ -174,8 +191,8 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
             except BaseException:  # a damaged journal: the backend sessions close before the exit
                 await pools.close()
                 raise
-            if proxy.spool_front is not None:
-                proxy.spool_front.remember_buckets()
+            if front is not None:
+                front.remember_buckets()
             drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
             drain_task.add_done_callback(crash_on_failure)
         deadline_task: asyncio.Task[None] | None = None
@@ -229,7 +246,7 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         (PAGE_PATH, status_page.page),
         (BARE_PATH, status_page.redirect),
     ):
-        app.router.add_get(path, _unless_signed(handler, proxy))
+        app.router.add_get(path, _unless_signed(handler, router))
     app.router.add_post(FLUSH_PATH, admin.flush)
     app.router.add_post(DRAIN_PATH, admin.drain)
 
@@ -237,9 +254,9 @@ def build_app(cfg: Config, backend: Backend, clock: Clock) -> web.Application:
         # GET /metrics is also ListObjects of a bucket named "metrics": only an unsigned request is a scrape.
         if request.method == "GET" and request.path == METRICS_PATH and not _signed(request):
             return await admin.metrics(request)
-        return await proxy.handle(request)
+        return await router.handle(request)
 
-    app.router.add_route("*", "/{tail:(?s:.*)}", s3_or_metrics, expect_handler=proxy.expect_handler)
+    app.router.add_route("*", "/{tail:(?s:.*)}", s3_or_metrics, expect_handler=router.expect_handler)
     return app
 
 
@@ -297,14 +314,14 @@ def _drain_status(drainer: Drainer, keeper: DeadlineKeeper | None) -> Callable[[
     return status
 
 
-def _unless_signed(handler: Handler, proxy: S3Proxy) -> Handler:
+def _unless_signed(handler: Handler, router: Router) -> Handler:
     """Admin GETs are unsigned (or carry the admin bearer token). A SigV4-signed GET of the same path is an S3
     request: a virtual-hosted ``GET b.<domain>/_s3lanes/status`` reads the key ``_s3lanes/status`` of bucket
     ``b``, and a path-style one names the bucket ``_s3lanes``, which S3 refuses as InvalidBucketName."""
 
     async def route(request: web.Request) -> web.StreamResponse:
         if _signed(request):
-            return await proxy.handle(request)
+            return await router.handle(request)
         return await handler(request)
 
     return route

@@ -1,7 +1,8 @@
 """The S3 operations the write spool answers itself, and the ordering guards around the ones it does not.
 
-:meth:`SpoolFront.route` runs for every authenticated request before it is proxied. It returns a response
-when the spool is involved, or ``None`` to let the request pass through to the backend:
+:meth:`SpoolFront.route` runs for every authenticated request before it is proxied (the router,
+:mod:`gateway.http.router`, asks it first). It returns a response when the spool is involved, or ``None`` to
+let the request pass through to the backend:
 
 * PutObject, CreateMultipartUpload and the parts of a spooled upload (upload ids ``s3lanes-...``) in a
   spooled lane are written to local disk and acknowledged once durable (``gateway.runtime.spool``).
@@ -29,7 +30,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 from xml.sax.saxutils import escape
 
@@ -108,16 +109,21 @@ from gateway.errors import (
     ServiceUnavailable,
     SlowDown,
 )
-from gateway.http.proxy import SOURCE_HEADER, echo_request_id, read_small_body
+from gateway.http.intake import (
+    SOURCE_HEADER,
+    RequestContext,
+    echo_request_id,
+    lane_headers,
+    read_small_body,
+    request_headers,
+    upload_body,
+)
 from gateway.http.s3xml import with_request_id
 from gateway.metrics import Metrics
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
 from gateway.runtime.splice import DestinationGone, SourceEnded, plain_socket, send_file
 from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolFileWriter
-
-if TYPE_CHECKING:
-    from gateway.http.proxy import RequestContext, S3Proxy
 
 log = logging.getLogger("s3lanes.spool")
 
@@ -388,7 +394,6 @@ class SpoolFront:
     def __init__(
         self,
         spool: Spool,
-        proxy: S3Proxy,
         cfg: Config,
         pools: Pools,
         clock: Clock,
@@ -403,7 +408,6 @@ class SpoolFront:
         self._drain_uploads = drain_uploads
         # Per bucket, keys whose drain upload is being created (its id not known yet): hidden likewise.
         self._drain_creating = drain_creating
-        self._proxy = proxy
         self._cfg = cfg
         self._pools = pools
         self._clock = clock
@@ -561,7 +565,7 @@ class SpoolFront:
             resp.content_type = "application/xml"
         resp.headers["x-amz-request-id"] = ctx.request_id
         resp.headers[SOURCE_HEADER] = "spool"
-        self._proxy._lane_headers(resp, decision)
+        lane_headers(resp, decision)
         return resp
 
     def stop_accepting(self) -> None:
@@ -787,7 +791,7 @@ class SpoolFront:
             raise
 
     async def _read_xml_body(self, request: web.Request, ctx: RequestContext) -> bytes:
-        upload = self._proxy._upload_body(request, ctx)
+        upload = upload_body(request, ctx)
         if upload is None:
             return b""
         if (upload.expected_bytes or 0) > MAX_XML_BODY_BYTES:
@@ -802,7 +806,7 @@ class SpoolFront:
         if not self._spoolable(ctx, decision, bucket, key):
             await self._wait_clear(bucket, key)
             return None
-        upload = self._proxy._upload_body(request, ctx)
+        upload = upload_body(request, ctx)
         declared = upload.expected_bytes if upload is not None else 0
         size = declared or 0
         adm = self._admit(size)
@@ -891,7 +895,7 @@ class SpoolFront:
             resp.content_length = plan.length if plan.status != 304 else None
             resp.headers["x-amz-request-id"] = ctx.request_id
             resp.headers[SOURCE_HEADER] = "spool"
-            self._proxy._lane_headers(resp, decision)
+            lane_headers(resp, decision)
             await resp.prepare(request)
             for fd, offset, count in files:
                 await self._send_file(request, resp, fd, offset, count, decision.lane)
@@ -1090,7 +1094,7 @@ class SpoolFront:
                 status=status, body=with_request_id(data, ctx.request_id), content_type="application/xml"
             )
             out.headers["x-amz-request-id"] = ctx.request_id
-            self._proxy._lane_headers(out, decision)
+            lane_headers(out, decision)
             return out
         prefix = q.get("prefix", "")
         encode = q.get("encoding-type") == "url"
@@ -1160,7 +1164,7 @@ class SpoolFront:
         if records:
             await self.spool.commit(records)
         # The backend deletes what it has; the tombstones keep an upload in flight from bringing a key back.
-        headers = self._proxy._request_headers(ctx, None)
+        headers = request_headers(ctx, None)
         headers["content-length"] = str(len(body))
         resp = await self._backend_call(
             ctx, decision.lane, "POST", bucket, None, ctx.view.raw_query, headers, body
@@ -1172,7 +1176,7 @@ class SpoolFront:
                 if name in resp.headers:
                     out.headers[name] = resp.headers[name]
             echo_request_id(out, ctx.request_id)
-            self._proxy._lane_headers(out, decision)
+            lane_headers(out, decision)
             return out
         finally:
             resp.release()
@@ -1545,7 +1549,7 @@ class SpoolFront:
         number = int(raw_number)
         if copy:
             return await self._upload_part_copy(request, ctx, decision, upload, number)
-        body = self._proxy._upload_body(request, ctx)
+        body = upload_body(request, ctx)
         declared = body.expected_bytes if body is not None else 0
         size = declared or 0
         room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
