@@ -31,7 +31,6 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qsl, unquote
 from xml.sax.saxutils import escape
 
 import aiohttp
@@ -49,7 +48,6 @@ from gateway.core.checksums import (
     is_checksum_value_header,
     new_checksum,
     upload_checksum,
-    without_aws_chunked,
 )
 from gateway.core.classify import Decision
 from gateway.core.listing import (
@@ -75,8 +73,6 @@ from gateway.core.listing import (
     shows_owner,
 )
 from gateway.core.objectread import (
-    DEFAULT_CONTENT_TYPE,
-    StoredObject,
     check_write_preconditions,
     copy_range_span,
     has_write_preconditions,
@@ -92,6 +88,17 @@ from gateway.core.s3docs import (
 )
 from gateway.core.s3request import query_names
 from gateway.core.sniff import SNIFF_BYTES, Written, default_content_type
+from gateway.core.spool_policy import (
+    WRITE_THROUGH_ONLY,
+    copy_conditions,
+    not_checksum_meta,
+    parse_copy_source,
+    stored_object,
+    tagging_xml,
+    upload_meta,
+    write_through_reason,
+    xml_document,
+)
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, SpoolSpace, Upload
 from gateway.core.uri import s3_quote
 from gateway.errors import (
@@ -127,7 +134,6 @@ from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolFileWriter
 
 log = logging.getLogger("s3lanes.spool")
 
-WRITE_THROUGH_HEADER = "x-s3lanes-write-through"
 UPLOAD_ID_PREFIX = "s3lanes-"
 # How long a write-through operation waits for a key's spooled data to reach the backend before 503.
 KEY_CLEAR_TIMEOUT_S = 30.0
@@ -138,52 +144,6 @@ REROUTE_TRIES = 3  # see _Moved
 # (a client retrying after a lost answer) gets the same answer, as from the store.
 COMPLETED_UPLOADS_KEPT = 4096
 ROOM_STEP_BYTES = 8 * 1024 * 1024  # see _Room
-
-# Request headers kept with a spooled object and sent with its upload to the backend.
-_KEEP_HEADERS = frozenset(
-    {
-        "content-type",
-        "content-encoding",
-        "content-disposition",
-        "content-language",
-        "cache-control",
-        "expires",
-        "x-amz-tagging",
-        "x-amz-storage-class",
-        "x-amz-website-redirect-location",
-        "x-amz-acl",
-        "x-amz-grant-full-control",
-        "x-amz-grant-read",
-        "x-amz-grant-read-acp",
-        "x-amz-grant-write-acp",
-        "x-amz-server-side-encryption",
-        "x-amz-server-side-encryption-aws-kms-key-id",
-        "x-amz-server-side-encryption-context",
-        "x-amz-server-side-encryption-bucket-key-enabled",
-    }
-)
-# Of those, the ones GET/HEAD show (besides Content-Type and x-amz-meta-*).
-_SERVED_HEADERS = frozenset(
-    {
-        "content-encoding",
-        "content-disposition",
-        "content-language",
-        "cache-control",
-        "expires",
-        "x-amz-website-redirect-location",
-        "x-amz-server-side-encryption",
-    }
-)
-# Requests with these cannot be answered from local disk honestly: they go to the backend.
-_WRITE_THROUGH_ONLY = (
-    "x-amz-server-side-encryption-customer-algorithm",
-    "x-amz-object-lock-mode",
-    "x-amz-object-lock-retain-until-date",
-    "x-amz-object-lock-legal-hold",
-    "if-match",
-    "if-none-match",
-)
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,58 +164,6 @@ class _Moved(Exception):
     request is routed again, to the key's newer entry, its tombstone or the backend, which has it now."""
 
 
-def upload_meta(headers: Mapping[str, str]) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    for name, value in headers.items():
-        if name.startswith("x-amz-meta-") or name in _KEEP_HEADERS:
-            if name.startswith("x-amz-meta-") and not value.strip():
-                continue  # the store drops user metadata with an empty value (it would after the drain)
-            if name == "content-encoding":
-                value = without_aws_chunked(value)
-                if not value.strip():
-                    continue
-            out.append((name, value))
-    return sorted(out)
-
-
-def _not_checksum_meta(meta: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Headers of a copied object: a multipart source's checksum algorithm and type do not carry over to
-    the single object the copy is (its own checksum value, of the same bytes, does)."""
-    return [(k, v) for k, v in meta if k not in ("x-amz-checksum-algorithm", "x-amz-checksum-type")]
-
-
-def stored_object(entry: Entry) -> StoredObject:
-    meta = dict(entry.meta)
-    served = (
-        tuple(
-            (k, v)
-            for k, v in entry.meta
-            if k.startswith("x-amz-meta-")
-            or k in _SERVED_HEADERS
-            or (k == "x-amz-storage-class" and v != "STANDARD")
-        )
-        + entry.checksum
-    )
-    tagging = meta.get("x-amz-tagging", "")
-    return StoredObject(
-        size=entry.size,
-        etag=entry.etag,
-        last_modified=entry.acked_at,
-        content_type=meta.get("content-type", DEFAULT_CONTENT_TYPE),
-        headers=served,
-        tag_count=len([t for t in tagging.split("&") if t]),
-        part_sizes=entry.part_sizes,
-    )
-
-
-def _xml(root: str, fields: list[tuple[str, str]]) -> bytes:
-    inner = "".join(f"<{k}>{escape(v)}</{k}>" for k, v in fields)
-    return (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-        f"{inner}</{root}>"
-    ).encode()
-
-
 def _our_token(q: Mapping[str, str]) -> bool:
     token = q.get("continuation-token")
     if q.get("list-type") != "2" or not token:
@@ -267,102 +175,11 @@ def _our_token(q: Mapping[str, str]) -> bool:
     return True
 
 
-def tagging_xml(tagging: str) -> bytes:
-    """GetObjectTagging's answer for an object stored with ``x-amz-tagging`` (a URL query: k=v&k2=v2)."""
-    tags = "".join(
-        f"<Tag><Key>{escape(k)}</Key><Value>{escape(v)}</Value></Tag>"
-        for k, v in parse_qsl(tagging, keep_blank_values=True)
-    )
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n<Tagging xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-        f"<TagSet>{tags}</TagSet></Tagging>"
-    ).encode()
-
-
-def _odd_path_segments(key: str) -> bool:
-    """Empty, "." or ".." path segments (backslashes count as separators: some stores map them to "/")."""
-    segments = key.replace("\\", "/").split("/")
-    return any(seg in ("", ".", "..") for seg in segments[:-1]) or segments[-1] in (".", "..")
-
-
-def parse_copy_source(value: str) -> tuple[str, str]:
-    """``x-amz-copy-source``: ``[/]bucket/key[?versionId=...]``, URL-encoded."""
-    raw = value.split("?", 1)[0]
-    raw = raw[1:] if raw.startswith("/") else raw
-    bucket, sep, key = raw.partition("/")
-    if not sep or not bucket or not key:
-        raise InvalidArgument("Copy Source must mention the source bucket and key: sourcebucket/sourcekey.")
-    return unquote(bucket), unquote(key)
-
-
-def _utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # surrogates: bytes that were not UTF-8 on the wire
-        return False
-    return True
-
-
-def _key_storable(key: str) -> bool:
-    """S3 keys are at most 1,024 bytes of UTF-8; stores refuse NUL and path segments over 255 bytes."""
-    raw = key.encode("utf-8", "surrogatepass")
-    return len(raw) <= 1024 and b"\x00" not in raw and all(len(seg) <= 255 for seg in raw.split(b"/"))
-
-
-_STORAGE_CLASSES = frozenset(
-    {
-        "STANDARD",
-        "REDUCED_REDUNDANCY",
-        "STANDARD_IA",
-        "ONEZONE_IA",
-        "INTELLIGENT_TIERING",
-        "GLACIER",
-        "DEEP_ARCHIVE",
-        "OUTPOSTS",
-        "GLACIER_IR",
-        "SNOW",
-        "EXPRESS_ONEZONE",
-    }
-)
-
-
-def _headers_storable(h: Mapping[str, str]) -> bool:
-    """Headers a store would refuse (so the spool could acknowledge a write that never drains): a bad
-    ``x-amz-tagging`` query, an ``Expires`` that is not an HTTP date, an unknown storage class."""
-    tagging = h.get("x-amz-tagging")
-    if tagging is not None:
-        try:
-            pairs = parse_qsl(tagging, keep_blank_values=True, strict_parsing=bool(tagging), errors="strict")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        if len(pairs) > 10 or any(not k or len(k) > 128 or len(v) > 256 for k, v in pairs):
-            return False
-        if any("%" in k + v for k, v in pairs):  # a '%' left over: not valid percent-encoding
-            return False
-    expires = h.get("expires")
-    if expires is not None:
-        try:
-            email.utils.parsedate_to_datetime(expires)
-        except (TypeError, ValueError, IndexError):
-            return False
-    sc = h.get("x-amz-storage-class")
-    return sc is None or sc in _STORAGE_CLASSES
-
-
 def _writes_key(op: str) -> bool:
     """Operations that change an object (its data, tags, ACL, or whether it exists)."""
     return op in ("PutObject", "CopyObject", "CreateMultipartUpload", "DeleteObject", "RestoreObject") or (
         op.startswith(("Put", "Delete", "Complete", "UploadPart"))
     )
-
-
-def _copy_conditions(headers: Mapping[str, str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name in ("if-match", "if-none-match", "if-modified-since", "if-unmodified-since"):
-        value = headers.get("x-amz-copy-source-" + name)
-        if value is not None:
-            out[name] = value
-    return out
 
 
 class _Room:
@@ -589,25 +406,10 @@ class SpoolFront:
             return "degraded"
         if self._closing:
             return "shutdown"
-        if key.endswith("/"):
-            # SeaweedFS stores a key ending in "/" as a directory (its bytes dropped, Content-Length 0): let
-            # the store answer it from the start, so that the object does not change at the drain.
-            return "key"
-        if _odd_path_segments(key):
-            # Stores disagree on keys with "."/".." or empty segments (SeaweedFS refuses or folds them):
-            # let the backend answer such writes itself rather than acknowledge what may never drain.
-            return "key"
-        if h.get(WRITE_THROUGH_HEADER, "").strip().lower() in _TRUE:
-            return "requested"
-        if not all(_utf8(v) for v in h.values()) or not _key_storable(key) or not _headers_storable(h):
-            # Header bytes that are not UTF-8 (the spool stores headers as text), or a key the store will
-            # refuse: let the backend answer such a write itself rather than acknowledge what cannot drain.
-            return "unstorable"
-        if "x-amz-server-side-encryption-customer-algorithm" in h:
-            return "sse_c"
-        if any(name.startswith("x-amz-object-lock-") for name in h):
-            return "object_lock"
-        if any(name in h for name in _WRITE_THROUGH_ONLY):
+        reason = write_through_reason(key, h)
+        if reason is not None:
+            return reason
+        if any(name in h for name in WRITE_THROUGH_ONLY):
             # A conditional write of a key the spool holds is evaluated against the spool's newest write of
             # it and spooled (see _put); of any other key the store evaluates it.
             spooled_put = (
@@ -1196,7 +998,7 @@ class SpoolFront:
         if src.kind == "del":
             raise NoSuchKey(Key=src_key)
         await self._authorize_read(ctx, src_bucket, src.access_key)
-        conditions = _copy_conditions(h)
+        conditions = copy_conditions(h)
         # A copy-source condition that a GET would answer 304 (If-None-Match, If-Modified-Since) fails the
         # copy with 412, as S3 documents.
         if (
@@ -1213,7 +1015,7 @@ class SpoolFront:
                     " changing the object's metadata, storage class, website redirect location or"
                     " encryption attributes."
                 )
-            meta = [(k, v) for k, v in _not_checksum_meta(list(src.meta)) if k != "x-amz-tagging"]
+            meta = [(k, v) for k, v in not_checksum_meta(list(src.meta)) if k != "x-amz-tagging"]
             meta += [
                 (k, v) for k, v in upload_meta(h) if not k.startswith("x-amz-meta-") and k != "content-type"
             ]
@@ -1308,7 +1110,9 @@ class SpoolFront:
         )
 
     def _copy_result(self, etag: str) -> bytes:
-        return _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
+        return xml_document(
+            "CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)]
+        )
 
     async def _copy_parts(
         self,
@@ -1407,7 +1211,7 @@ class SpoolFront:
             meta = sorted([*meta, ("x-amz-checksum-algorithm", algo[0]), ("x-amz-checksum-type", algo[1])])
         rec = self._create_upload_record(ctx, decision, bucket, key, upload_id, meta)
         await self.spool.commit([rec])
-        body = _xml(
+        body = xml_document(
             "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
         )
         resp = self._response(ctx, decision, body=body)
@@ -1524,7 +1328,7 @@ class SpoolFront:
     ) -> bytes:
         # An absolute URL of the object at this endpoint, path-style, as the store answers it.
         location = f"{request.scheme}://{request.host}/{bucket}/{s3_quote(key, safe='/')}"
-        return _xml(
+        return xml_document(
             "CompleteMultipartUploadResult",
             [("Location", location), ("Bucket", bucket), ("Key", key), ("ETag", etag), *checksum_fields],
         )
@@ -1597,7 +1401,7 @@ class SpoolFront:
     ) -> web.StreamResponse:
         h = ctx.view.headers
         src_bucket, src_key = parse_copy_source(h.get("x-amz-copy-source", ""))
-        read_headers = _copy_conditions(h)
+        read_headers = copy_conditions(h)
         copy_range = h.get("x-amz-copy-source-range")
         if copy_range is not None:
             parse_copy_range(copy_range)  # the form first; whether it fits the source, below
@@ -1647,7 +1451,9 @@ class SpoolFront:
             md5, writer = await self._part_from_backend(
                 ctx, decision, upload, number, src_bucket, src_key, read_headers, copy_range
             )
-        body = _xml("CopyPartResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", f'"{md5}"')])
+        body = xml_document(
+            "CopyPartResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", f'"{md5}"')]
+        )
         return self._response(ctx, decision, body=body)
 
     async def _part_from_backend(
