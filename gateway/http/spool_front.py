@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import functools
 import logging
 import os
 import secrets
@@ -102,13 +101,11 @@ from gateway.core.spool_policy import (
 from gateway.core.spool_state import MAX_PARTS, Admission, Entry, SpoolSpace, Upload
 from gateway.core.uri import s3_quote
 from gateway.errors import (
-    AccessDenied,
     IncompleteBody,
     InvalidArgument,
     InvalidRange,
     InvalidRequest,
     MalformedXML,
-    NoSuchBucket,
     NoSuchKey,
     NoSuchUpload,
     PreconditionFailed,
@@ -127,6 +124,7 @@ from gateway.http.intake import (
 )
 from gateway.http.s3xml import with_request_id
 from gateway.metrics import Metrics
+from gateway.runtime.bucket_check import BUCKET_CHECK_TTL_S, BucketCheck
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
 from gateway.runtime.splice import DestinationGone, SourceEnded, plain_socket, send_file
@@ -137,7 +135,6 @@ log = logging.getLogger("s3lanes.spool")
 UPLOAD_ID_PREFIX = "s3lanes-"
 # How long a write-through operation waits for a key's spooled data to reach the backend before 503.
 KEY_CLEAR_TIMEOUT_S = 30.0
-BUCKET_CHECK_TTL_S = 30.0
 READ_CHUNK_BYTES = 1024 * 1024
 REROUTE_TRIES = 3  # see _Moved
 # Spooled multipart uploads remembered after their completion, so that a repeated CompleteMultipartUpload
@@ -232,9 +229,7 @@ class SpoolFront:
         self._lanes = frozenset(cfg.spool.lanes)
         # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
         self._creds = keys if keys is not None else {c.access_key: c for c in cfg.credentials}
-        # (backend identity, bucket) -> monotonic time until which the bucket is known to be there for it
-        self._bucket_ok: dict[tuple[str, str], float] = {}
-        self._bucket_checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # HEADs on their way
+        self._buckets = BucketCheck(spool, clock, self._head_status)
         # (backend, backend access key) -> (Owner ID, DisplayName)
         self._owners: dict[tuple[str, str], tuple[str, str]] = {}
         self._owner_unknown_until: dict[tuple[str, str], float] = {}  # monotonic time of the next try
@@ -475,53 +470,20 @@ class SpoolFront:
         return resp
 
     async def _check_bucket(self, ctx: RequestContext, bucket: str) -> None:
-        """The bucket exists and this identity may use it (HEAD bucket, cached); required before an ack.
-        Requests arriving while a check of the same (identity, bucket) is on its way share it."""
-        ident = (ctx.credential.backend_access_key, bucket)
-        until = self._bucket_ok.get(ident)
-        if until is not None and until > self._clock.monotonic():
-            return
-        check = self._bucket_checks.get(ident)
-        if check is None:
-            check = asyncio.ensure_future(self._head_bucket(ctx, bucket, ident))
-            self._bucket_checks[ident] = check
-            check.add_done_callback(functools.partial(self._bucket_check_done, ident))
-        await asyncio.shield(check)
+        """The bucket exists and this identity may use it (HEAD bucket, cached); required before an ack."""
+        await self._buckets.check(ctx, bucket)
 
-    def _bucket_check_done(self, ident: tuple[str, str], task: asyncio.Future[None]) -> None:
-        self._bucket_checks.pop(ident, None)
-        if not task.cancelled():
-            task.exception()  # retrieved: every waiter got it, or none is left to
-
-    async def _head_bucket(self, ctx: RequestContext, bucket: str, ident: tuple[str, str]) -> None:
-        until = self._bucket_ok.get(ident)
-        try:
-            resp = await self._backend_call(ctx, "metadata", "HEAD", bucket, None, "")
-        except S3Error:
-            # The backend is unreachable. A bucket seen before (or with spooled data) keeps absorbing
-            # writes: that is what the spool is for. One never seen cannot be checked: refuse it promptly.
-            if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
-                return
-            raise
-        status = resp.status
+    async def _head_status(self, ctx: RequestContext, bucket: str) -> int:
+        resp = await self._backend_call(ctx, "metadata", "HEAD", bucket, None, "")
         resp.release()
-        if status == 200:
-            self._bucket_ok[ident] = self._clock.monotonic() + BUCKET_CHECK_TTL_S
-            return
-        if status == 404:
-            raise NoSuchBucket(BucketName=bucket)
-        if status == 403:
-            raise AccessDenied()
-        if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
-            return
-        raise ServiceUnavailable(f"The backend answered {status} to a bucket check.")
+        return resp.status
 
     def remember_buckets(self) -> None:
         """After recovery: buckets with spooled data were checked when it was acknowledged."""
         for entry in self.spool.state.entries.values():
             cred = self._creds.get(entry.access_key)
             if cred is not None:
-                self._bucket_ok.setdefault((cred.backend_access_key, entry.bucket), 0.0)
+                self._buckets.remember(cred.backend_access_key, entry.bucket)
 
     async def _authorize_read(self, ctx: RequestContext, bucket: str, writer_access_key: str) -> None:
         writer = self._creds.get(writer_access_key)
