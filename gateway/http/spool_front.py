@@ -108,11 +108,11 @@ from gateway.http.intake import (
 )
 from gateway.http.s3xml import with_request_id
 from gateway.http.spool_listings import SpoolListings
+from gateway.http.spool_reads import READ_CHUNK_BYTES, Moved, SpoolReads, close_span
 from gateway.metrics import Metrics
 from gateway.runtime.bucket_check import BucketCheck
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
-from gateway.runtime.splice import DestinationGone, SourceEnded, plain_socket, send_file
 from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolFileWriter
 
 log = logging.getLogger("s3lanes.spool")
@@ -120,8 +120,7 @@ log = logging.getLogger("s3lanes.spool")
 UPLOAD_ID_PREFIX = "s3lanes-"
 # How long a write-through operation waits for a key's spooled data to reach the backend before 503.
 KEY_CLEAR_TIMEOUT_S = 30.0
-READ_CHUNK_BYTES = 1024 * 1024
-REROUTE_TRIES = 3  # see _Moved
+REROUTE_TRIES = 3  # see Moved
 # Spooled multipart uploads remembered after their completion, so that a repeated CompleteMultipartUpload
 # (a client retrying after a lost answer) gets the same answer, as from the store.
 COMPLETED_UPLOADS_KEPT = 4096
@@ -138,12 +137,6 @@ class _Completed:
     seq: int  # the spool entry it made
     access_key: str  # the identity that wrote it
     checksum_fields: tuple[tuple[str, str], ...] = ()  # ChecksumCRC32 etc. of the completed object
-
-
-class _Moved(Exception):
-    """The spooled entry a read or copy was routed to left the spool (drained and freed, or superseded and
-    freed) between the lookup and the opening of its files. Nothing has been read or written yet: the
-    request is routed again, to the key's newer entry, its tombstone or the backend, which has it now."""
 
 
 def _our_token(q: Mapping[str, str]) -> bool:
@@ -184,11 +177,6 @@ class _Room:
             self.reserved += ROOM_STEP_BYTES
 
 
-def _close_span(files: list[tuple[int, int, int]]) -> None:
-    for fd, _, _ in files:
-        os.close(fd)
-
-
 class SpoolFront:
     def __init__(
         self,
@@ -215,6 +203,7 @@ class SpoolFront:
         # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
         self._creds = keys if keys is not None else {c.access_key: c for c in cfg.credentials}
         self._buckets = BucketCheck(spool, clock, self._head_status)
+        self._reads = SpoolReads(spool, cfg, clock, metrics, authorize_read=self._authorize_read)
         self._listings = SpoolListings(
             spool,
             cfg,
@@ -242,7 +231,7 @@ class SpoolFront:
         for _ in range(REROUTE_TRIES):
             try:
                 return await self._route(request, ctx, decision)
-            except _Moved:
+            except Moved:
                 continue
         raise SlowDown(
             "The object is being moved from the gateway's spool to the store; retry.",
@@ -316,7 +305,7 @@ class SpoolFront:
                 return None
             if entry.kind == "del":
                 raise NoSuchKey(Key=key)
-            return await self._serve(request, ctx, decision, entry)
+            return await self._reads.serve(request, ctx, decision, entry)
         if op in ("PutObject", "CompleteMultipartUpload") and has_write_preconditions(ctx.view.headers):
             # A conditional write goes to the store (which evaluates it) once the key's spooled data is
             # there; if the spool's latest write of the key already fails the condition, answer now.
@@ -629,83 +618,6 @@ class SpoolFront:
 
     # -- GET / HEAD ------------------------------------------------------------------------------------------
 
-    async def _serve(
-        self, request: web.Request, ctx: RequestContext, decision: Decision, entry: Entry
-    ) -> web.StreamResponse | None:
-        await self._authorize_read(ctx, entry.bucket, entry.access_key)
-        query = query_names(ctx.view.raw_query)
-        plan = plan_read(stored_object(entry), request.method, ctx.view.headers, query, self._clock.wall())
-        files: list[tuple[int, int, int]] = []  # (fd, offset in file, count)
-        if request.method == "GET" and plan.length:
-            try:
-                files = await self.spool.run_read_io_owned(
-                    self._open_span, entry, plan.start, plan.length, release=_close_span
-                )
-            except FileNotFoundError:
-                raise _Moved() from None
-        try:
-            resp = web.StreamResponse(status=plan.status)
-            for name, value in plan.headers:
-                if name.lower() == "content-length":
-                    continue
-                resp.headers[name] = value
-            resp.content_length = plan.length if plan.status != 304 else None
-            resp.headers["x-amz-request-id"] = ctx.request_id
-            resp.headers[SOURCE_HEADER] = "spool"
-            lane_headers(resp, decision)
-            await resp.prepare(request)
-            for fd, offset, count in files:
-                await self._send_file(request, resp, fd, offset, count, decision.lane)
-            await resp.write_eof()
-            return resp
-        finally:
-            for fd, _, _ in files:
-                os.close(fd)
-
-    def _open_span(self, entry: Entry, start: int, length: int) -> list[tuple[int, int, int]]:
-        sizes = entry.part_sizes or (entry.size,)
-        out: list[tuple[int, int, int]] = []
-        pos = 0
-        end = start + length
-        try:
-            for file_id, size in zip(entry.files, sizes, strict=True):
-                lo, hi = max(start, pos), min(end, pos + size)
-                if lo < hi:
-                    out.append((os.open(self.spool.file_path(file_id), os.O_RDONLY), lo - pos, hi - lo))
-                pos += size
-        except BaseException:
-            for fd, _, _ in out:
-                os.close(fd)
-            raise
-        return out
-
-    async def _send_file(
-        self, request: web.Request, resp: web.StreamResponse, fd: int, offset: int, count: int, lane: str
-    ) -> None:
-        transport = request.transport
-        if transport is None:
-            raise ConnectionResetError("Connection lost")
-        sock = plain_socket(transport) if self._cfg.server.zero_copy_min_bytes > 0 else None
-        # Zero-copy over plain TCP once everything written before (the headers) has left the transport.
-        if sock is not None and transport.get_write_buffer_size() == 0:
-            try:
-                await send_file(sock.fileno(), fd, offset, count, self.spool.run_read_io)
-            except DestinationGone as exc:
-                transport.abort()
-                raise ConnectionResetError(str(exc)) from None
-            except SourceEnded:
-                transport.abort()
-                raise ConnectionResetError("spool file ended early") from None
-            self._metrics.zero_copy_bytes.labels(lane).inc(count)
-            return
-        while count > 0:
-            chunk = await self.spool.run_read_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)
-            if not chunk:
-                raise ConnectionResetError("spool file ended early")
-            await resp.write(chunk)
-            offset += len(chunk)
-            count -= len(chunk)
-
     # -- deletes ---------------------------------------------------------------------------------------------
 
     async def _tombstone(
@@ -818,12 +730,14 @@ class SpoolFront:
         meta.sort()
         try:
             files = (
-                await self.spool.run_read_io_owned(self._open_span, src, 0, src.size, release=_close_span)
+                await self.spool.run_read_io_owned(
+                    self._reads.open_span, src, 0, src.size, release=close_span
+                )
                 if src.size
                 else []
             )
         except FileNotFoundError:
-            raise _Moved() from None
+            raise Moved() from None
         try:
             if self._spoolable(ctx, decision, bucket, key) and self._admit(src.size) is Admission.SPOOL:
                 try:
@@ -1213,13 +1127,13 @@ class SpoolFront:
                 try:
                     files = (
                         await self.spool.run_read_io_owned(
-                            self._open_span, src, start, size, release=_close_span
+                            self._reads.open_span, src, start, size, release=close_span
                         )
                         if size
                         else []
                     )
                 except FileNotFoundError:
-                    raise _Moved() from None
+                    raise Moved() from None
                 writer = self.spool.writer(size)
                 hasher = self._part_hasher(upload, writer)
                 await writer.open()
