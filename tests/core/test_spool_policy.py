@@ -30,7 +30,7 @@ from gateway.errors import InvalidArgument
         ("a/..", {}, "key"),
         ("k", {WRITE_THROUGH_HEADER: " True "}, "requested"),
         ("k", {WRITE_THROUGH_HEADER: "no"}, None),
-        ("k", {"x-amz-meta-name": "caf\udce9"}, "unstorable"),
+        ("k", {"x-amz-meta-name": "\udce9t\u00e9"}, "unstorable"),
         ("k" * 1025, {}, "unstorable"),
         ("k\x00", {}, "unstorable"),
         ("k", {"x-amz-tagging": "a=b&c="}, None),
