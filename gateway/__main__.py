@@ -353,7 +353,8 @@ async def serve(cfg: Config, ready_file: Path | None) -> int:
     weed = None
     endpoint = cfg.backend.endpoint
     if endpoint is None:
-        from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+        from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
+        from gateway.seaweed.process import SeaweedProcess
 
         if not cfg.credentials:
             cfg = cfg.with_credentials(embedded_credentials(cfg.server.state_dir))

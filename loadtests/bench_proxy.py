@@ -65,7 +65,9 @@ from yarl import URL
 import gateway
 from gateway import __version__ as GATEWAY_VERSION
 from gateway.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
-from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess, find_weed_binary
+from gateway.seaweed.command import find_weed_binary
+from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
+from gateway.seaweed.process import SeaweedProcess
 
 # The directory holding the gateway package under test (a checkout, or an exported tree run from its
 # directory with PYTHONPATH pointing at this one's loadtests/).

@@ -81,7 +81,7 @@ import uvloop
 
 from gateway.config import parse_rate
 from gateway.core.sigv4 import UNSIGNED_PAYLOAD
-from gateway.runtime.seaweed import SeaweedProcess
+from gateway.seaweed.process import SeaweedProcess
 from loadtests.bench_proxy import (
     ACCESS_KEY,
     BUCKET,

@@ -95,7 +95,8 @@ from gateway.core.sigv4 import (
     sign_headers,
     signing_key,
 )
-from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
+from gateway.seaweed.process import SeaweedProcess
 
 QUICK_CASES = 600
 FULL_CASES = 10_000
@@ -120,7 +121,7 @@ MAX_EXAMPLES_PER_FINDING = 3
 MAX_RESTARTS = 25
 EXCERPT_BYTES = 1500
 WRITE_THROUGH = ("x-s3lanes-write-through", "true")
-# weed makes one unix socket per gRPC server in /tmp with no flag to move it (gateway.runtime.seaweed).
+# weed makes one unix socket per gRPC server in /tmp with no flag to move it (gateway.seaweed).
 _WEED_SOCKET_RE = re.compile(r"^seaweedfs-\w+-grpc-\d+\.sock$")
 _SPOOL_LAYOUT_RE = re.compile(r"^(journal|journal\.tmp|data|data/[0-9a-f]{32})$")
 _TRACEBACK = "Traceback (most recent call last)"

@@ -92,7 +92,8 @@ from urllib.parse import quote, unquote, urlsplit
 from clients import ClientConfig, GatewayClient
 from gateway.config import parse_size
 from gateway.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
-from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
+from gateway.seaweed.process import SeaweedProcess
 from loadtests.bench_proxy import machine_facts
 from loadtests.dataprep import prepare
 
