@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
 from gateway.seaweed.process import SeaweedProcess
 from loadtests.fuzz_http.case import Case
 from loadtests.fuzz_http.endchecks import (
@@ -46,6 +45,7 @@ from loadtests.fuzz_http.stack import (
     start_gateway,
     stop_gateway,
 )
+from loadtests.harness.store import seaweed
 
 # --------------------------------------------------------------------------------------------------------
 # The run
@@ -243,13 +243,7 @@ def fuzz(opts: Options, *, work_dir: Path | None = None, say: Callable[[str], No
     try:
         if backend is None:
             secret = secrets.token_urlsafe(30)
-            weed = SeaweedProcess(
-                SeaweedOptions(
-                    state_dir=root / "seaweedfs",
-                    identities=(SeaweedIdentity("fuzz", ACCESS_KEY, secret),),
-                    buckets=(bucket,),
-                )
-            )
+            weed = seaweed(root / "seaweedfs", "fuzz", ACCESS_KEY, secret, (bucket,))
             say("starting SeaweedFS ...")
             weed.start()
             backend = BackendSpec(weed.endpoint_url, ACCESS_KEY, secret)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +22,7 @@ from loadtests.fuzz_http.options import (
     BackendSpec,
     FuzzError,
 )
+from loadtests.harness.gateway import http_endpoint, spawn, stop_process, wait_ready
 
 # --------------------------------------------------------------------------------------------------------
 # The stack: SeaweedFS, the gateway, and the directories a hostile key must not escape
@@ -96,40 +94,18 @@ def start_gateway(stack: Stack) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3LANES_"))}
     env["TMPDIR"] = str(stack.gateway_tmp)
     env["PYTHONPATH"] = str(stack.gateway_source)
-    with open(stack.log_path, "wb") as log_fh:
-        stack.proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--ready-file", str(ready)],
-            stdout=log_fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C reaches this script only; it stops the gateway itself
-            cwd=stack.gateway_cwd,
-            env=env,
-        )
-    deadline = time.monotonic() + GATEWAY_START_TIMEOUT_S
-    while not ready.exists():
-        if stack.proc.poll() is not None or time.monotonic() > deadline:
-            raise FuzzError(
-                "the gateway did not start:\n" + stack.log_path.read_text(errors="replace")[-3000:]
-            )
-        time.sleep(0.05)
-    doc = json.loads(ready.read_text())
-    url = next(u for u in doc["endpoints"] if u.startswith("http://"))
-    stack.port = int(url.rsplit(":", 1)[1].rstrip("/"))
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--ready-file", str(ready)]
+    # In its own session: a Ctrl-C reaches this script only; it stops the gateway itself.
+    stack.proc = spawn(argv, stack.log_path, cwd=stack.gateway_cwd, env=env)
+    doc = wait_ready(
+        stack.proc, ready, stack.log_path, GATEWAY_START_TIMEOUT_S, "the gateway", error=FuzzError
+    )
+    stack.port = http_endpoint(doc).port
 
 
 def stop_gateway(stack: Stack) -> None:
-    proc = stack.proc
-    if proc is None:
-        return
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(GATEWAY_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    stack.exit_code = proc.returncode
+    if stack.proc is not None:
+        stack.exit_code = stop_process(stack.proc, GATEWAY_STOP_TIMEOUT_S)
 
 
 def s3_client(backend: BackendSpec) -> Any:
