@@ -180,14 +180,8 @@ class SeaweedProcess:
                 while not self._poll_ready(time.monotonic()):
                     time.sleep(POLL_INTERVAL_S)
                 return
-            except _PortCollision as exc:
-                self._kill_now()
-                if attempt == PORT_ATTEMPTS:
-                    raise
-                log.warning("weed lost a port race, retrying with fresh ports: %s", exc.log_tail[-300:])
-            except BaseException:
-                self._kill_now()
-                raise
+            except BaseException as exc:
+                self._after_failed_attempt(exc, attempt)
 
     async def astart(self) -> None:
         """:meth:`start` without blocking the event loop. Cancelling it kills weed and re-raises."""
@@ -203,14 +197,16 @@ class SeaweedProcess:
                 while not await asyncio.to_thread(self._poll_ready, time.monotonic()):  # noqa: ASYNC110
                     await asyncio.sleep(POLL_INTERVAL_S)
                 return
-            except _PortCollision as exc:
-                self._kill_now()
-                if attempt == PORT_ATTEMPTS:
-                    raise
-                log.warning("weed lost a port race, retrying with fresh ports: %s", exc.log_tail[-300:])
-            except BaseException:
-                self._kill_now()
-                raise
+            except BaseException as exc:
+                self._after_failed_attempt(exc, attempt)
+
+    def _after_failed_attempt(self, exc: BaseException, attempt: int) -> None:
+        """Kill weed after a failed start attempt; return (to retry with fresh ports) only when it lost a
+        port race and attempts are left, else re-raise ``exc``."""
+        self._kill_now()
+        if not isinstance(exc, _PortCollision) or attempt == PORT_ATTEMPTS:
+            raise exc
+        log.warning("weed lost a port race, retrying with fresh ports: %s", exc.log_tail[-300:])
 
     def _prepare_state_dir(self) -> None:
         """Blocking file work before a spawn: directories, s3.json (0600), the stale-weed check."""

@@ -17,7 +17,7 @@ from loadtests.fuzz_http.options import (
     FLUSH_WINDOW_S,
     BackendSpec,
 )
-from loadtests.fuzz_http.rawhttp import Conn, Req, excerpt, md5_hex
+from loadtests.fuzz_http.rawhttp import Answer, Conn, Req, excerpt, md5_hex
 from loadtests.fuzz_http.runstate import Run
 from loadtests.fuzz_http.stack import s3_client
 
@@ -47,14 +47,19 @@ class EndReport:
     spool_status: dict[str, Any] = field(default_factory=dict)  # when the flush did not end durable
 
 
-async def spool_status(run: Run) -> dict[str, Any]:
-    """The gateway's own view of what is still pending (``GET /_s3lanes/status``, its spool section)."""
+async def exchange(run: Run, req: Req) -> Answer:
+    """One request to the gateway on a connection of its own, and its answer."""
     conn = await Conn.open(run.host, run.port)
     try:
-        await conn.send(Req("GET", "/_s3lanes/status", [("Host", run.host_header)]).wire())
-        ans = await conn.answer("GET")
+        await conn.send(req.wire())
+        return await conn.answer(req.method)
     finally:
         await conn.close()
+
+
+async def spool_status(run: Run) -> dict[str, Any]:
+    """The gateway's own view of what is still pending (``GET /_s3lanes/status``, its spool section)."""
+    ans = await exchange(run, Req("GET", "/_s3lanes/status", [("Host", run.host_header)]))
     try:
         doc = json.loads(ans.body)
     except ValueError:
@@ -71,13 +76,8 @@ async def flush(run: Run) -> dict[str, Any]:
     stalled = 0
     doc: dict[str, Any] = {}
     while time.monotonic() - began < FLUSH_TIMEOUT_S:
-        conn = await Conn.open(run.host, run.port)
-        try:
-            target = f"/_s3lanes/flush?bucket={run.bucket}&timeout={FLUSH_WINDOW_S:.0f}"
-            await conn.send(Req("POST", target, [("Host", run.host_header), ("Content-Length", "0")]).wire())
-            ans = await conn.answer("POST")
-        finally:
-            await conn.close()
+        target = f"/_s3lanes/flush?bucket={run.bucket}&timeout={FLUSH_WINDOW_S:.0f}"
+        ans = await exchange(run, Req("POST", target, [("Host", run.host_header), ("Content-Length", "0")]))
         try:
             doc = json.loads(ans.body)
         except ValueError:

@@ -105,25 +105,17 @@ def _severity(category: str) -> int:
 
 
 def git_commit() -> str:
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=GATEWAY_SOURCE, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=GATEWAY_SOURCE,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=GATEWAY_SOURCE,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
+        commit = git("rev-parse", "--short", "HEAD") or "unknown"
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    commit = out.stdout.strip() or "unknown"
-    return commit + ("+dirty" if dirty.stdout.strip() else "")
+    return commit + ("+dirty" if dirty else "")
 
 
 async def run_cases(

@@ -22,7 +22,7 @@ from loadtests.fuzz_http.options import (
     BackendSpec,
     FuzzError,
 )
-from loadtests.harness.gateway import http_endpoint, spawn, stop_process, wait_ready
+from loadtests.harness.gateway import http_endpoint, server_toml, spawn, stop_process, wait_ready
 
 # --------------------------------------------------------------------------------------------------------
 # The stack: SeaweedFS, the gateway, and the directories a hostile key must not escape
@@ -54,13 +54,7 @@ class Stack:
 def gateway_toml(stack: Stack) -> str:
     b = stack.backend
     return f"""
-[server]
-listen = "127.0.0.1:0"
-state_dir = "{stack.state_dir}"
-domains = ["localhost"]
-log_level = "INFO"
-shutdown_grace_s = 5
-drain_on_shutdown_s = 0
+{server_toml(stack.state_dir, log_level="INFO")}domains = ["localhost"]
 
 [backend]
 endpoint = "{b.endpoint_url}"

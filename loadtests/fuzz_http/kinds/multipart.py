@@ -36,6 +36,15 @@ async def _create_upload(c: Case, key: str, wt: bool) -> str | None:
     return upload_id
 
 
+async def _open_upload(c: Case, prefix: str, write_through_share: float) -> tuple[str, bool, str] | None:
+    """A new key under ``prefix`` and an upload on it, written through with that probability: (key,
+    written through, upload id), or None when the create failed (the case is then over)."""
+    key = c.key(prefix)
+    wt = c.rng.random() < write_through_share
+    upload_id = await _create_upload(c, key, wt)
+    return None if upload_id is None else (key, wt, upload_id)
+
+
 async def _upload_part(c: Case, key: str, upload_id: str, number: str, body: bytes) -> Answer:
     query = f"partNumber={number}&uploadId={quote(upload_id, safe='~')}"
     return await c.x(f"upload part {number}", c.signed("PUT", key, query=query, body=body), OK)
@@ -74,11 +83,10 @@ async def _finish_upload(
 
 async def case_part_numbers(c: Case) -> None:
     """UploadPart, ListParts and uploads with odd part numbers, odd upload ids and odd paging parameters."""
-    key = c.key("mp")
-    wt = c.rng.random() < 0.4
-    upload_id = await _create_upload(c, key, wt)
-    if upload_id is None:
+    opened = await _open_upload(c, "mp", 0.4)
+    if opened is None:
         return
+    key, wt, upload_id = opened
     parts: list[tuple[int, str, bytes]] = []
     part = c.body(c.rng.randint(1, 3000))
     ans = await _upload_part(c, key, upload_id, "1", part)
@@ -209,11 +217,10 @@ def _bad_xml(c: Case, root: str, good: bytes, inner_good: str) -> tuple[str, byt
 
 async def case_xml_complete(c: Case) -> None:
     """CompleteMultipartUpload with malformed, hostile and invalid part lists; the upload survives them."""
-    key = c.key("mpx")
-    wt = c.rng.random() < 0.35
-    upload_id = await _create_upload(c, key, wt)
-    if upload_id is None:
+    opened = await _open_upload(c, "mpx", 0.35)
+    if opened is None:
         return
+    key, wt, upload_id = opened
     parts: list[tuple[int, str, bytes]] = []
     for n in range(1, c.rng.choice([1, 1, 2, 3]) + 1):
         body = c.body(c.rng.randint(1, 2000))
