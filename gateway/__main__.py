@@ -358,7 +358,8 @@ def embedded_credentials(state_dir: Path) -> tuple[Credential, ...]:
 
 def _embedded_store(cfg: Config) -> tuple[Config, Any]:
     """The embedded SeaweedFS (not started yet) and the config with its credentials."""
-    from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+    from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
+    from gateway.seaweed.process import SeaweedProcess
 
     if not cfg.credentials:
         cfg = cfg.with_credentials(embedded_credentials(cfg.server.state_dir))
