@@ -91,7 +91,7 @@ from gateway.core.s3docs import (
 )
 from gateway.core.s3request import query_names
 from gateway.core.sniff import SNIFF_BYTES, Written, default_content_type
-from gateway.core.spool_state import MAX_PARTS, Admission, Entry, SpoolSpace, Upload
+from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
 from gateway.core.uri import s3_quote
 from gateway.errors import (
     AccessDenied,
@@ -364,7 +364,7 @@ class _Room:
     ROOM_STEP_BYTES at a time; 503 SlowDown once the spool cannot hold more. The caller releases
     :attr:`reserved` when the write ends."""
 
-    def __init__(self, space: SpoolSpace, retry_after_s: int) -> None:
+    def __init__(self, space: Spool, retry_after_s: int) -> None:
         self._space = space
         self._retry_after_s = retry_after_s
         self.reserved = 0
@@ -447,7 +447,7 @@ class SpoolFront:
         bucket, key, op = target.bucket, target.key, target.operation
         if bucket is None:
             return None
-        state = self.spool.state
+        state = self.spool  # the spool answers for its state
         q = query_names(ctx.view.raw_query)
         if key is None:
             if op in ("ListObjects", "ListObjectsV2"):
@@ -465,13 +465,13 @@ class SpoolFront:
             elif op == "DeleteObjects" and state.has_bucket_prefix(bucket, ""):
                 return await self._delete_objects(request, ctx, decision, bucket)
             elif op == "ListMultipartUploads" and (
-                any(u.bucket == bucket for u in state.uploads.values())
+                any(u.bucket == bucket for u in state.uploads())
                 or self._drain_uploads()
                 or self._drain_creating(bucket)
             ):
                 return await self._list_uploads(request, ctx, decision, bucket, q)
             elif op == "DeleteBucket" and any(
-                e.bucket == bucket and e.kind == "put" for e in state.entries.values()
+                e.bucket == bucket and e.kind == "put" for e in state.entries()
             ):
                 # Spooled objects are objects of the bucket: drain them first, then the backend answers
                 # BucketNotEmpty as S3 would (deleting the bucket under them would strand them). Spooled
@@ -572,7 +572,7 @@ class SpoolFront:
     def _spoolable(self, ctx: RequestContext, decision: Decision, bucket: str, key: str) -> bool:
         """Whether this write may be spooled. One that would be, but for a reason goes to the backend, is
         counted in ``s3lanes_spool_write_through_total{reason}`` (called once per write)."""
-        if decision.lane not in self._lanes and not self.spool.state.has_key(bucket, key):
+        if decision.lane not in self._lanes and not self.spool.has_key(bucket, key):
             return False  # not a spooled lane: not a write-through either
         reason = self._write_through_reason(ctx, bucket, key)
         if reason is not None:
@@ -606,15 +606,13 @@ class SpoolFront:
         if any(name in h for name in _WRITE_THROUGH_ONLY):
             # A conditional write of a key the spool holds is evaluated against the spool's newest write of
             # it and spooled (see _put); of any other key the store evaluates it.
-            spooled_put = (
-                ctx.target.operation == "PutObject" and self.spool.state.lookup(bucket, key) is not None
-            )
+            spooled_put = ctx.target.operation == "PutObject" and self.spool.lookup(bucket, key) is not None
             if not (spooled_put and has_write_preconditions(h)):
                 return "conditional"
         return None
 
     async def _wait_clear(self, bucket: str, key: str) -> None:
-        if not self.spool.state.has_key(bucket, key):
+        if not self.spool.has_key(bucket, key):
             return
         if not await self.spool.wait_key_clear(bucket, key, KEY_CLEAR_TIMEOUT_S):
             raise SlowDown(
@@ -625,7 +623,7 @@ class SpoolFront:
     def _admit(self, nbytes: int, *, must: bool = False) -> Admission:
         """Room for a write that may be spooled; one that gets none goes to the backend (counted), or is
         answered 503 SlowDown (``when_full = "slowdown"``)."""
-        adm = self.spool.space.admit(nbytes, must=must)
+        adm = self.spool.admit(nbytes, must=must)
         if adm is Admission.FULL and self._cfg.spool.when_full == "slowdown":
             raise SlowDown(
                 "The gateway's write spool is full; retry later.", retry_after_s=self._cfg.spool.retry_after_s
@@ -694,7 +692,7 @@ class SpoolFront:
         except S3Error:
             # The backend is unreachable. A bucket seen before (or with spooled data) keeps absorbing
             # writes: that is what the spool is for. One never seen cannot be checked: refuse it promptly.
-            if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
+            if until is not None or self.spool.has_bucket_prefix(bucket, ""):
                 return
             raise
         status = resp.status
@@ -706,13 +704,13 @@ class SpoolFront:
             raise NoSuchBucket(BucketName=bucket)
         if status == 403:
             raise AccessDenied()
-        if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
+        if until is not None or self.spool.has_bucket_prefix(bucket, ""):
             return
         raise ServiceUnavailable(f"The backend answered {status} to a bucket check.")
 
     def remember_buckets(self) -> None:
         """After recovery: buckets with spooled data were checked when it was acknowledged."""
-        for entry in self.spool.state.entries.values():
+        for entry in self.spool.entries():
             cred = self._creds.get(entry.access_key)
             if cred is not None:
                 self._bucket_ok.setdefault((cred.backend_access_key, entry.bucket), 0.0)
@@ -809,7 +807,7 @@ class SpoolFront:
         if adm is not Admission.SPOOL:
             await self._wait_clear(bucket, key)
             return None
-        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
+        room = _Room(self.spool, self._cfg.spool.retry_after_s) if declared is None else None
         try:
             await self._check_bucket(ctx, bucket)
             writer = self.spool.writer(size)
@@ -841,7 +839,7 @@ class SpoolFront:
             else:
                 await self._commit_or_discard(writer, record())
         finally:
-            self.spool.space.release(size + (room.reserved if room is not None else 0))
+            self.spool.release(size + (room.reserved if room is not None else 0))
         resp = self._acked(ctx, decision, writer, md5, upload)
         if computed is not None and checksum is not None:
             resp.headers[checksum[0]] = checksum[1]
@@ -963,7 +961,7 @@ class SpoolFront:
             return None
         # The spool first, then the backend: an entry that drains meanwhile is then in the spool's snapshot,
         # on the backend, or both (the spool's wins), never in neither (the other order lost such keys).
-        snapshot = list(self.spool.state.live_under(bucket, req.prefix))
+        snapshot = list(self.spool.live_under(bucket, req.prefix))
         listed = await self._backend_all(ctx, decision, bucket, req, req.prefix, req.delimiter)
         if isinstance(listed, web.Response):
             return listed
@@ -1095,7 +1093,7 @@ class SpoolFront:
         prefix = q.get("prefix", "")
         encode = q.get("encoding-type") == "url"
         extra: list[tuple[str, bytes]] = []
-        for upload in sorted(self.spool.state.uploads.values(), key=lambda u: (u.key, u.created_at)):
+        for upload in sorted(self.spool.uploads(), key=lambda u: (u.key, u.created_at)):
             if upload.bucket != bucket or not upload.key.startswith(prefix):
                 continue
             key = s3_quote(upload.key, safe="/") if encode else escape(upload.key)
@@ -1122,7 +1120,7 @@ class SpoolFront:
         bucket: str,
         key: str,
     ) -> web.StreamResponse:
-        rec = self.spool.state.delete_record(
+        rec = self.spool.delete_record(
             bucket=bucket,
             key=key,
             access_key=ctx.auth.access_key,
@@ -1136,7 +1134,7 @@ class SpoolFront:
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
     ) -> web.StreamResponse:
         body = await self._read_xml_body(request, ctx)
-        state = self.spool.state
+        state = self.spool  # the spool answers for its state
         keys: list[str] = []
         for k, version_id in delete_objects_targets(body):
             if version_id is None or (version_id == NULL_VERSION and state.lookup(bucket, k) is not None):
@@ -1184,7 +1182,7 @@ class SpoolFront:
     ) -> web.StreamResponse | None:
         h = ctx.view.headers
         src_bucket, src_key = parse_copy_source(h.get("x-amz-copy-source", ""))
-        src = self.spool.state.lookup(src_bucket, src_key)
+        src = self.spool.lookup(src_bucket, src_key)
         if src is None:
             # The source is on the backend: a server-side copy there, ordered after the destination's data.
             await self._wait_clear(bucket, key)
@@ -1250,7 +1248,7 @@ class SpoolFront:
                         await writer.discard()
                         raise
                 finally:
-                    self.spool.space.release(src.size)
+                    self.spool.release(src.size)
                 etag = f'"{md5}"'
             else:
                 await self._wait_clear(bucket, key)
@@ -1271,7 +1269,7 @@ class SpoolFront:
         meta: Sequence[tuple[str, str]],
     ) -> dict[str, Any]:
         """The journal record of a PUT whose body ``writer`` holds, stamped now."""
-        return self.spool.state.put_record(
+        return self.spool.put_record(
             bucket=bucket,
             key=key,
             file=writer.file_id,
@@ -1293,7 +1291,7 @@ class SpoolFront:
         meta: Sequence[tuple[str, str]],
     ) -> dict[str, Any]:
         """The journal record of a new spooled multipart upload, stamped now."""
-        return self.spool.state.create_upload_record(
+        return self.spool.create_upload_record(
             upload_id=upload_id,
             bucket=bucket,
             key=key,
@@ -1318,11 +1316,12 @@ class SpoolFront:
     ) -> str:
         """Copy a spooled multipart object into the spool with its part layout: a spooled multipart upload
         of the same parts, completed at once (the records a client's upload would journal). Its ETag."""
-        state = self.spool.state
+        state = self.spool  # the spool answers for its state
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
         await self.spool.commit([self._create_upload_record(ctx, decision, bucket, key, upload_id, meta)])
         try:
-            upload = state.uploads[upload_id]
+            upload = state.upload(upload_id)
+            assert upload is not None  # just committed
             spans = iter(files)  # one span per non-empty part, in order
             requested: list[tuple[int, str]] = []
             for number, size in enumerate(src.part_sizes, start=1):
@@ -1340,7 +1339,7 @@ class SpoolFront:
             rec = state.complete_record(upload, requested, self._clock.wall())
             await self.spool.commit([rec])
         except BaseException:
-            if upload_id in state.uploads:
+            if state.upload(upload_id) is not None:
                 with contextlib.suppress(Exception):
                     await self.spool.commit([state.abort_record(upload_id)])
             raise
@@ -1393,7 +1392,7 @@ class SpoolFront:
     ) -> web.StreamResponse | None:
         if not self._spoolable(ctx, decision, bucket, key) or self._admit(0) is not Admission.SPOOL:
             return None
-        self.spool.space.release(0)
+        self.spool.release(0)
         h = ctx.view.headers
         algo = upload_checksum(h.get("x-amz-checksum-algorithm"), h.get("x-amz-checksum-type"))
         await self._check_bucket(ctx, bucket)
@@ -1421,7 +1420,7 @@ class SpoolFront:
         upload_id: str,
         q: Mapping[str, str],
     ) -> web.StreamResponse:
-        upload = self.spool.state.uploads.get(upload_id)
+        upload = self.spool.upload(upload_id)
         if upload is None:
             done = self._completed.get(upload_id)
             if done is not None and (done.bucket, done.key) == (ctx.target.bucket, ctx.target.key):
@@ -1438,7 +1437,7 @@ class SpoolFront:
         if op == "CompleteMultipartUpload":
             return await self._complete(request, ctx, decision, upload)
         if op == "AbortMultipartUpload":
-            await self.spool.commit([self.spool.state.abort_record(upload_id)])
+            await self.spool.commit([self.spool.abort_record(upload_id)])
             return self._response(ctx, decision, status=204)
         if op == "ListParts":
             return self._list_parts(ctx, decision, upload, q)
@@ -1463,7 +1462,7 @@ class SpoolFront:
         if op == "AbortMultipartUpload":
             return self._response(ctx, decision, status=204)
         if op == "CompleteMultipartUpload":
-            entry = self.spool.state.lookup(done.bucket, done.key)
+            entry = self.spool.lookup(done.bucket, done.key)
             if entry is not None:
                 current = entry.seq == done.seq
             else:
@@ -1488,7 +1487,7 @@ class SpoolFront:
     async def _current_etag(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
         """The ETag of the object a client sees at the key now (the spool's latest write, else the
         store's)."""
-        entry = self.spool.state.lookup(bucket, key)
+        entry = self.spool.lookup(bucket, key)
         if entry is not None:
             return entry.etag if entry.kind == "put" else None
         return await self._store_etag(ctx, bucket, key)
@@ -1548,7 +1547,7 @@ class SpoolFront:
         body = self._proxy._upload_body(request, ctx)
         declared = body.expected_bytes if body is not None else 0
         size = declared or 0
-        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
+        room = _Room(self.spool, self._cfg.spool.retry_after_s) if declared is None else None
         algo = upload.checksum_algorithm
         extra: Checksum | None = None
         if algo is not None:
@@ -1560,7 +1559,7 @@ class SpoolFront:
                 )
             if promised is None:  # computed here, as the store does for a part sent without one
                 extra = new_checksum(algo[0])
-        if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+        if self.spool.admit(size, must=True) is not Admission.SPOOL:
             raise SlowDown(
                 "The gateway's write spool cannot hold this part now; retry later.",
                 retry_after_s=self._cfg.spool.retry_after_s,
@@ -1572,7 +1571,7 @@ class SpoolFront:
             if algo is not None:
                 verified = body.verified_checksum if body is not None else None
                 checksum = verified[1] if verified is not None else extra.digest_b64() if extra else ""
-            rec = self.spool.state.part_record(
+            rec = self.spool.part_record(
                 upload_id=upload.upload_id,
                 number=number,
                 file=writer.file_id,
@@ -1582,7 +1581,7 @@ class SpoolFront:
             )
             await self._commit_or_discard(writer, rec)
         finally:
-            self.spool.space.release(size + (room.reserved if room is not None else 0))
+            self.spool.release(size + (room.reserved if room is not None else 0))
         resp = self._acked(ctx, decision, writer, md5, body)
         if algo is not None and checksum:
             resp.headers[header_for(algo[0])] = checksum
@@ -1598,7 +1597,7 @@ class SpoolFront:
         if copy_range is not None:
             parse_copy_range(copy_range)  # the form first; whether it fits the source, below
             read_headers["range"] = copy_range.strip()
-        src = self.spool.state.lookup(src_bucket, src_key)
+        src = self.spool.lookup(src_bucket, src_key)
         if src is not None and src.kind == "del":
             raise NoSuchKey(Key=src_key)
         writer: SpoolFileWriter
@@ -1608,7 +1607,7 @@ class SpoolFront:
             if plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall()).status == 304:
                 raise PreconditionFailed()
             start, size = copy_range_span(copy_range, src.size) if copy_range is not None else (0, src.size)
-            if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+            if self.spool.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown(
                     "The gateway's write spool cannot hold this part now; retry later.",
                     retry_after_s=self._cfg.spool.retry_after_s,
@@ -1638,7 +1637,7 @@ class SpoolFront:
                         os.close(fd)
                 await self._commit_part(upload, number, writer, md5, hasher)
             finally:
-                self.spool.space.release(size)
+                self.spool.release(size)
         else:
             md5, writer = await self._part_from_backend(
                 ctx, decision, upload, number, src_bucket, src_key, read_headers, copy_range
@@ -1678,7 +1677,7 @@ class SpoolFront:
                     f"The backend answered {resp.status} reading the copy source: {data[:200]!r}"
                 )
             size = resp.content_length or 0
-            if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+            if self.spool.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown(
                     "The gateway's write spool cannot hold this part now; retry later.",
                     retry_after_s=self._cfg.spool.retry_after_s,
@@ -1703,7 +1702,7 @@ class SpoolFront:
                     raise
                 await self._commit_part(upload, number, writer, md5, hasher)
             finally:
-                self.spool.space.release(size)
+                self.spool.release(size)
             return md5, writer
         finally:
             resp.release()
@@ -1756,7 +1755,7 @@ class SpoolFront:
     async def _commit_part(
         self, upload: Upload, number: int, writer: SpoolFileWriter, md5: str, hasher: Checksum | None
     ) -> None:
-        rec = self.spool.state.part_record(
+        rec = self.spool.part_record(
             upload_id=upload.upload_id,
             number=number,
             file=writer.file_id,
@@ -1781,7 +1780,7 @@ class SpoolFront:
         part_checksums = complete_multipart_checksums(doc)
 
         def record() -> dict[str, Any]:
-            return self.spool.state.complete_record(
+            return self.spool.complete_record(
                 upload,
                 parts,
                 self._clock.wall(),
@@ -1795,7 +1794,7 @@ class SpoolFront:
             # cannot both pass.
             async with self._key_lock(upload.bucket, upload.key):
                 check_write_preconditions(await self._current_etag(ctx, upload.bucket, upload.key), headers)
-                if upload.upload_id not in self.spool.state.uploads:
+                if self.spool.upload(upload.upload_id) is None:
                     raise NoSuchUpload(UploadId=upload.upload_id)
                 rec = record()
                 await self.spool.commit([rec])
@@ -1803,7 +1802,7 @@ class SpoolFront:
             rec = record()
             await self.spool.commit([rec])
         fields: list[tuple[str, str]] = []
-        completed = self.spool.state.lookup(upload.bucket, upload.key)
+        completed = self.spool.lookup(upload.bucket, upload.key)
         if completed is not None and completed.seq == rec["seq"]:
             for name, value in completed.checksum:
                 field = (

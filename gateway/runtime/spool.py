@@ -42,16 +42,17 @@ import mmap
 import os
 import secrets
 import shutil
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from gateway.clock import Clock
 from gateway.config import SpoolConfig
 from gateway.core.journal import BATCH_KEY, JournalCorrupt, encode_batch, file_header, replay
-from gateway.core.spool_state import Applied, SpoolSpace, SpoolState
+from gateway.core.spool_state import Admission, Applied, Entry, SpoolSpace, SpoolState, Upload
 from gateway.errors import ServiceUnavailable
 
 log = logging.getLogger("s3lanes.spool")
@@ -496,12 +497,222 @@ class Spool:
             self._wake_waiters()
         self.drain_wakeup.set()
 
-    def after_drain(self, applied: Applied) -> None:
-        self._after(applied)
-
     def unlink_later(self, files: tuple[str, ...]) -> None:
         paths = [self.data_dir / f for f in files]
         asyncio.get_running_loop().run_in_executor(self._executor, _unlink_all, paths)
+
+    # -- the state, as the HTTP front sees it ----------------------------------------------------------------
+    # The spool is the only caller of its state and its space: the front and the drain ask these.
+
+    def has_key(self, bucket: str, key: str) -> bool:
+        """True while any entry of the key (live, or superseded but still uploading) is in the spool."""
+        return self.state.has_key(bucket, key)
+
+    def lookup(self, bucket: str, key: str) -> Entry | None:
+        """The live entry of a key (a put to serve, or a tombstone), if the spool has one."""
+        return self.state.lookup(bucket, key)
+
+    def has_bucket_prefix(self, bucket: str, prefix: str) -> bool:
+        return self.state.has_bucket_prefix(bucket, prefix)
+
+    def live_under(self, bucket: str, prefix: str) -> Iterator[Entry]:
+        return self.state.live_under(bucket, prefix)
+
+    def entries(self) -> list[Entry]:
+        """Every entry not yet on the backend, oldest first."""
+        return list(self.state.entries.values())
+
+    def entry(self, seq: int) -> Entry | None:
+        return self.state.entries.get(seq)
+
+    def uploads(self) -> list[Upload]:
+        """The client multipart uploads open in the spool."""
+        return list(self.state.uploads.values())
+
+    def upload(self, upload_id: str) -> Upload | None:
+        return self.state.uploads.get(upload_id)
+
+    def admit(self, nbytes: int, *, must: bool = False) -> Admission:
+        """Reserve room for a write of ``nbytes`` (see :class:`~gateway.core.spool_state.SpoolSpace`)."""
+        return self.space.admit(nbytes, must=must)
+
+    def release(self, reserved: int) -> None:
+        """Give back a reservation of :meth:`admit` (the write committed or failed)."""
+        self.space.release(reserved)
+
+    # Record builders: seqs are assigned here, in the order the front asks for them.
+
+    def put_record(
+        self,
+        *,
+        bucket: str,
+        key: str,
+        file: str,
+        size: int,
+        md5: str,
+        meta: Sequence[tuple[str, str]],
+        access_key: str,
+        lane: str,
+        now_wall: float,
+    ) -> dict[str, Any]:
+        return self.state.put_record(
+            bucket=bucket,
+            key=key,
+            file=file,
+            size=size,
+            md5=md5,
+            meta=meta,
+            access_key=access_key,
+            lane=lane,
+            now_wall=now_wall,
+        )
+
+    def delete_record(
+        self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float
+    ) -> dict[str, Any]:
+        return self.state.delete_record(
+            bucket=bucket, key=key, access_key=access_key, lane=lane, now_wall=now_wall
+        )
+
+    def create_upload_record(
+        self,
+        *,
+        upload_id: str,
+        bucket: str,
+        key: str,
+        meta: Sequence[tuple[str, str]],
+        access_key: str,
+        lane: str,
+        now_wall: float,
+    ) -> dict[str, Any]:
+        return self.state.create_upload_record(
+            upload_id=upload_id,
+            bucket=bucket,
+            key=key,
+            meta=meta,
+            access_key=access_key,
+            lane=lane,
+            now_wall=now_wall,
+        )
+
+    @staticmethod
+    def part_record(
+        *, upload_id: str, number: int, file: str, size: int, md5: str, checksum: str = ""
+    ) -> dict[str, Any]:
+        return SpoolState.part_record(
+            upload_id=upload_id, number=number, file=file, size=size, md5=md5, checksum=checksum
+        )
+
+    @staticmethod
+    def abort_record(upload_id: str) -> dict[str, Any]:
+        return SpoolState.abort_record(upload_id)
+
+    def complete_record(
+        self,
+        upload: Upload,
+        requested: Sequence[tuple[int, str]],
+        now_wall: float,
+        *,
+        part_checksums: Sequence[Mapping[str, str]] = (),
+        object_checksum: tuple[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Validate a CompleteMultipartUpload part list (S3's errors); the put record that completes it."""
+        return self.state.complete_record(
+            upload, requested, now_wall, part_checksums=part_checksums, object_checksum=object_checksum
+        )
+
+    # -- the drain asks --------------------------------------------------------------------------------------
+
+    def pending_objects(self) -> int:
+        return len(self.state.entries)
+
+    def drainable(self, now: float, limit: int) -> list[Entry]:
+        """Up to ``limit`` entries that may start uploading now, keeping every ordering rule."""
+        return self.state.drainable(now, limit)
+
+    def next_retry_at(self, now: float) -> float | None:
+        return self.state.next_retry_at(now)
+
+    def oldest_acked_at(self) -> float | None:
+        return self.state.oldest_acked_at()
+
+    def drain_started(self, entry: Entry) -> None:
+        self.state.start_upload(entry)
+
+    def drain_failed(self, entry: Entry, retry_at: float, error: str) -> None:
+        """The attempt failed or was cut: retried after ``retry_at`` (a superseded entry leaves now)."""
+        self._after(self.state.upload_failed(entry, retry_at, error))
+
+    def drain_succeeded(self, entry: Entry) -> None:
+        """The store holds the entry; :meth:`drain_done` journals it."""
+        self.state.upload_succeeded(entry)
+        self.note_drained(entry.size)
+
+    async def drain_done(self, entry: Entry) -> None:
+        """Journal that a drained entry is on the store (its files go). With the journal out of service the
+        entry is forgotten in memory, its files kept: see :meth:`forget_unjournaled`."""
+        done = self.state.done_record(entry.seq, entry)
+        try:
+            await self.commit([done])
+        except SpoolWriteFailed:
+            applied = self.state.apply(done)
+            self.forget_unjournaled(entry.bucket, entry.key, applied.garbage, entry.size)
+            self._after(Applied(removed=applied.removed))
+
+    def is_in_doubt(self, entry: Entry) -> bool:
+        return self.state.is_in_doubt(entry)
+
+    def mark_in_doubt(self, entry: Entry) -> None:
+        """A completing request of the entry went unanswered: its key's newest state is fenced."""
+        self.state.in_doubt.add((entry.bucket, entry.key))
+
+    def clear_in_doubt(self, entry: Entry) -> None:
+        self.state.in_doubt.discard((entry.bucket, entry.key))
+
+    def note_fence_reapply(self) -> None:
+        self.fence_reapplies += 1
+
+    async def journal_wire(self, entry: Entry) -> None:
+        """Journal that a request completing ``entry`` may be on its way to the store (unless one is open).
+        With the journal out of service the request goes out unrecorded."""
+        if not self.state.wire_needed(entry):
+            return
+        try:
+            await self.commit([self.state.wire_record(entry)])
+        except SpoolWriteFailed:
+            if self.degraded is None:
+                raise
+
+    async def journal_unwire(self, entries: Sequence[Entry]) -> None:
+        """Settle the wires of entries none of whose requests can still be applied; best effort."""
+        records = [self.state.unwire_record(e) for e in entries if self.state.unwire_needed(e)]
+        if records:
+            with contextlib.suppress(SpoolWriteFailed):
+                await self.commit(records)
+
+    def backend_uploads(self) -> Mapping[str, tuple[str, str, str, str]]:
+        """Drain multipart uploads open on the store: upload id -> (bucket, key, access key, lane)."""
+        return MappingProxyType(self.state.backend_uploads)
+
+    def backend_intents(self) -> Mapping[str, tuple[str, str, str, str, float]]:
+        """Drain uploads about to be created: token -> (bucket, key, access key, lane, not before)."""
+        return MappingProxyType(self.state.backend_intents)
+
+    async def journal_backend_intent(self, token: str, entry: Entry, not_before: float) -> None:
+        await self.commit([self.state.backend_intent_record(token, entry, not_before)])
+
+    async def journal_backend_upload(self, upload_id: str, entry: Entry, *, ends_intent: str | None) -> None:
+        """Journal a drain upload's id (and the end of the intent it was created under, if journaled)."""
+        records = [self.state.backend_upload_record(upload_id, entry)]
+        if ends_intent is not None:
+            records.append(self.state.backend_intent_end_record(ends_intent))
+        await self.commit_bookkeeping(records)
+
+    async def journal_backend_upload_end(self, upload_id: str) -> None:
+        await self.commit_bookkeeping([self.state.backend_upload_end_record(upload_id)])
+
+    async def journal_backend_intent_end(self, token: str) -> None:
+        await self.commit_bookkeeping([self.state.backend_intent_end_record(token)])
 
     # -- waiting for the backend -----------------------------------------------------------------------------
 
