@@ -54,6 +54,7 @@ from gateway.config import SpoolConfig
 from gateway.core.journal import BATCH_KEY, JournalCorrupt, encode_batch, file_header, replay
 from gateway.core.spool_state import Admission, Applied, Entry, SpoolSpace, SpoolState, Upload
 from gateway.errors import ServiceUnavailable
+from gateway.runtime import durable
 
 log = logging.getLogger("s3lanes.spool")
 
@@ -256,7 +257,7 @@ class Spool:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsync_dir(self.root)
+        durable.fsync_dir(self.root)
         # Files no record refers to were never acknowledged.
         referenced = self.state.referenced_files()
         for name in os.listdir(self.data_dir):
@@ -311,7 +312,7 @@ class Spool:
             self._committer = None
         if self._journal_fd >= 0:
             fd, self._journal_fd = self._journal_fd, -1
-            await self._run_journal_io(_fsync_close, fd)
+            await self._run_journal_io(durable.fsync_close, fd)
         for _, _, _, fut in self._flush_waiters:
             if not fut.done():
                 fut.cancel()
@@ -450,27 +451,13 @@ class Spool:
 
     def _append_sync(self, data: bytes, dir_dirty: bool) -> None:
         if dir_dirty:
-            _fsync_dir(self.data_dir)
-        view = memoryview(data)
-        while view:
-            n = os.write(self._journal_fd, view)
-            view = view[n:]
-        os.fdatasync(self._journal_fd)
+            durable.fsync_dir(self.data_dir)
+        durable.append(self._journal_fd, data)
 
     def _compact_sync(self, records: list[dict[str, Any]]) -> None:
         """Rewrite the journal with only what is live: tmp, fsync, rename, fsync the directory."""
-        tmp = self.root / (JOURNAL_NAME + ".tmp")
         data = file_header() + encode_batch(records)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.root / JOURNAL_NAME)
-        _fsync_dir(self.root)
+        durable.replace_file(self.root / JOURNAL_NAME, data, tmp=self.root / (JOURNAL_NAME + ".tmp"))
         if self._journal_fd >= 0:
             os.close(self._journal_fd)
             self._journal_fd = os.open(self.root / JOURNAL_NAME, os.O_WRONLY | os.O_APPEND)
@@ -1074,7 +1061,7 @@ class SpoolFileWriter:
         await self._settle()
         fd, self._fd = self._fd, -1
         try:
-            await self._spool.run_io(_fsync_close, fd)
+            await self._spool.run_io(durable.fsync_close, fd)
         except OSError as exc:
             await self._spool.run_io(_unlink_all, [self._path()])
             raise _write_failed(exc) from exc
@@ -1258,21 +1245,6 @@ def _direct_io_works(data_dir: Path) -> bool:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
     return True
-
-
-def _fsync_close(fd: int) -> None:
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_all(paths: list[Path]) -> None:

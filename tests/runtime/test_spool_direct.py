@@ -258,7 +258,7 @@ async def test_a_body_that_fits_one_piece_takes_one_trip_to_the_io_thread(
         await writer.finish()
         # Each full piece: a write and a hash, at once (the second hash is started by the end of the first);
         # nothing hashed ahead (the body is over a piece).
-        assert (trips[0], trips[-1]) == ("_open_data_file", "_fsync_close")
+        assert (trips[0], trips[-1]) == ("_open_data_file", "fsync_close")
         assert sorted(trips[1:-1]) == ["_hash_piece", "_hash_piece", "_write_piece", "_write_piece"]
     finally:
         await spool.close()
