@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-import gateway.runtime.spool as spool_module
+import gateway.runtime.spool.disk as spool_module
 from gateway.runtime.spool import PIECE_BYTES, Spool
 from tests.runtime.test_spool_shell import CFG, opened, put
 
@@ -50,7 +50,7 @@ def stored(spool: Spool, key: str) -> bytes:
 
 def filesystem_takes_direct_io(path: Path) -> bool:
     path.mkdir(parents=True, exist_ok=True)
-    return spool_module._direct_io_works(path)
+    return spool_module.direct_io_works(path)
 
 
 async def test_data_files_are_opened_with_o_direct_where_the_filesystem_takes_it(tmp_path: Path) -> None:

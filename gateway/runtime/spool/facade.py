@@ -1,31 +1,10 @@
-"""The write spool on local disk: data files, the journal with group commit, recovery, flush waiters.
+"""The :class:`Spool` facade: the one owner of the spool's state, journal and data files, on the event loop.
 
-Layout under the spool directory::
-
-    journal            framed msgpack records (gateway.core.journal), appended with group commit
-    data/<random id>   one file per object or part; names never come from object keys
-
-The durability recipe of one acknowledged write: the data file is written and fsynced, the data directory
-is fsynced (once per journal batch, for every file created since the last batch), then the record is
-appended to the journal and the journal fdatasynced, again once per batch for every writer waiting. Only
-then is the record applied to :class:`~gateway.core.spool_state.SpoolState` and the client answered. A
-crash before that point leaves an orphan data file, removed on the next start; after it, the journal has
-the record and recovery finds the data.
-
-Data files are written with ``O_DIRECT`` where the filesystem allows it (``[spool] direct_io``, probed at
-start): the bytes go from a page-aligned buffer of ours to the disk without a copy into the page cache, so a
-burst of checkpoints neither pays for that copy nor leaves gigabytes of dirty pages for a long ``fsync`` and a
-writeback storm that evicts the node's cache. The ``fsync`` before the ack still runs (it makes the file's
-metadata and the disk's write cache durable). Where ``O_DIRECT`` is refused, the same code writes through the
-page cache.
-
-All blocking file work runs on thread pools, never on the event loop, and on three of them so that no ack
-queues behind bulk work: one thread for the journal (appends, compaction; sequential by nature), a small
-pool for writing data files (hashing and writing pieces, creating, fsyncing, unlinking), and a pool for
-reading them (the drain's uploads, GETs served from the spool, copies). A failed fsync or a full
-disk fails the write that hit it with 503 and, for the journal, puts the spool out of service for new
-writes (``degraded``): after a failed fsync the kernel's page cache state is unknown (fsyncgate), so the
-only safe course is to stop acknowledging into it. Data already acknowledged keeps draining.
+The HTTP front and the drainer ask it (lookups, room, records to commit; what is drainable, and that a drain
+started, failed, succeeded, is done); it applies every journaled record to its
+:class:`~gateway.core.spool_state.SpoolState` and carries out what each change asks for (files to unlink,
+uploads to cut, waiters to wake). Group commit, flush waiters and the journal's healing live here; the data
+files are :mod:`.disk`, the journal file :mod:`.journal`, start-up :mod:`.recovery`.
 """
 
 from __future__ import annotations
@@ -34,98 +13,39 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import errno
-import fcntl
-import hashlib
 import logging
-import mmap
 import os
 import secrets
 import shutil
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
 from gateway.clock import Clock
 from gateway.config import SpoolConfig
-from gateway.core.journal import BATCH_KEY, JournalCorrupt, encode_batch, file_header, replay
+from gateway.core.journal import BATCH_KEY, encode_batch
 from gateway.core.spool_state import Admission, Applied, Entry, SpoolSpace, SpoolState, Upload
-from gateway.errors import ServiceUnavailable
-from gateway.runtime import durable
+from gateway.runtime.spool.disk import (
+    FREE_PIECES_KEPT,
+    PIECE_BYTES,
+    PiecePool,
+    SpoolFileWriter,
+    direct_io_works,
+    unlink_all,
+)
+from gateway.runtime.spool.errors import JournalAppendFailed, SpoolWriteFailed
+from gateway.runtime.spool.journal import JournalFile
+from gateway.runtime.spool.recovery import RecoveryReport, recover
 
 log = logging.getLogger("s3lanes.spool")
 
 T = TypeVar("T")
 
-# A body is copied into page-aligned buffers of this size; each full one goes to the I/O threads (one writes
-# it, one hashes it) while the next one fills. A multiple of any disk's logical block size.
-PIECE_BYTES = 1024 * 1024
-# A one-piece body at least this long is hashed on a second I/O thread while the first writes and fsyncs it:
-# the ack then waits for the longer of the two, not their sum (MD5 of 1 MiB ~1.3 ms, write+fsync ~1 ms).
-# Below it, the extra trip costs about what it saves.
-PARALLEL_HASH_MIN_BYTES = 128 * 1024
-# While such a body arrives, what has arrived is hashed ahead, in trips of at least this much (one at a time,
-# in order), so that little is left to hash after its last byte.
-HASH_AHEAD_MIN_BYTES = 256 * 1024
-# Pieces of one body being hashed and written at once while the next fills. With two, the hash of one piece
-# (the slowest step, and sequential) runs while the next is written, and a stream is not held up each time a
-# piece fills before the one ahead of it is done.
-MAX_PIECES_IN_FLIGHT = 2
-# O_DIRECT: buffer address, length and file offset must be multiples of the logical block size; 4096 covers
-# 512-byte and 4K-sector disks. The end of a file that is not a multiple is written through the page cache.
-DIRECT_ALIGN = 4096
-# Idle piece buffers kept for the next writers (each PIECE_BYTES); more are made while writers need them.
-FREE_PIECES_KEPT = 8
-DIRECT_PROBE_NAME = ".direct-io-probe"
 DRAIN_RATE_WINDOW_S = 10.0
-JOURNAL_NAME = "journal"
 HEAL_INTERVAL_S = 2.0
-
-
-class SpoolWriteFailed(ServiceUnavailable):
-    """The spool could not make a write durable (disk full, I/O error): nothing was acknowledged."""
-
-    default_message = "The gateway could not store the upload on its local spool. Please retry."
-
-
-class JournalAppendFailed(SpoolWriteFailed):
-    """The journal append of the write's record failed. The record may or may not be in the journal file
-    (the gateway truncates it back when it can), so the write's data file must be kept: if the record did
-    survive, recovery needs the data; if not, recovery removes the file as an orphan. Either outcome is one
-    S3 allows for a request answered 503."""
-
-
-@dataclass(slots=True)
-class RecoveryReport:
-    journal_bytes: int = 0
-    records: int = 0
-    torn_bytes: int = 0
-    entries: int = 0
-    uploads: int = 0
-    bytes: int = 0
-    orphans_removed: int = 0
-    lost_entries: list[str] = field(default_factory=list)
-    compacted: bool = False
-    direct_io: bool = False
-    in_doubt: int = 0  # keys whose drain request may still be on its way to the store (fenced on drain)
-
-    def summary(self) -> str:
-        text = (
-            f"spool recovery: {self.records} journal records ({self.journal_bytes} bytes), "
-            f"{self.entries} objects ({self.bytes} bytes) to drain, {self.uploads} open multipart uploads, "
-            f"{self.orphans_removed} unacknowledged files removed; data files written "
-            + ("with O_DIRECT" if self.direct_io else "through the page cache")
-        )
-        if self.in_doubt:
-            text += f", {self.in_doubt} keys in doubt (a drain request may still be on the wire: fenced)"
-        if self.torn_bytes:
-            text += f", torn journal tail of {self.torn_bytes} bytes truncated"
-        if self.lost_entries:
-            text += f", {len(self.lost_entries)} entries LOST (data file missing or short)"
-        return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,8 +70,7 @@ class Spool:
         self._executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="spool-io")
         self._journal_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spool-journal")
         self._read_executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="spool-read")
-        self._journal_fd = -1
-        self._journal_bytes = 0
+        self._journal = JournalFile(root)
         self._dir_dirty = False
         self._batch_no = 0
         self._queue: list[tuple[list[dict[str, Any]], asyncio.Future[list[Applied]]]] = []
@@ -206,9 +125,11 @@ class Spool:
 
     async def open(self) -> RecoveryReport:
         """Recover before the listener opens: replay, truncate a torn tail, drop orphans, resume drains."""
-        report = await self.run_io(self._recover_sync)
+        report, self._batch_no = await self.run_io(
+            recover, self.state, self._journal, self.data_dir, self.cfg.journal_compact_bytes
+        )
         if self.cfg.direct_io:
-            self.direct_io = report.direct_io = await self.run_io(_direct_io_works, self.data_dir)
+            self.direct_io = report.direct_io = await self.run_io(direct_io_works, self.data_dir)
         if self.cfg.capacity_bytes == 0:
             usage = await self.run_io(shutil.disk_usage, self.root)
             self.space.capacity_bytes = int(usage.free * 0.8) + self.state.bytes_on_disk
@@ -225,77 +146,6 @@ class Spool:
         self.drain_wakeup.set()
         return report
 
-    def _recover_sync(self) -> RecoveryReport:
-        report = RecoveryReport()
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.data_dir.mkdir(exist_ok=True)
-        path = self.root / JOURNAL_NAME
-        data = path.read_bytes() if path.exists() else b""
-        report.journal_bytes = len(data)
-        result = replay(data)  # JournalCorrupt propagates: a loud startup error
-        report.records = len(result.records)
-        report.torn_bytes = result.torn_bytes
-        for rec in result.records:
-            batch = rec.get(BATCH_KEY)
-            if isinstance(batch, int):
-                self._batch_no = max(self._batch_no, batch)
-            try:
-                self.state.apply(rec)
-            except (KeyError, ValueError, TypeError) as exc:
-                raise JournalCorrupt(0, f"record {rec!r} does not apply: {exc}") from exc
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if result.valid_bytes == 0:
-                os.ftruncate(fd, 0)
-                os.write(fd, file_header())
-                self._journal_bytes = len(file_header())
-            else:
-                if result.torn_bytes:
-                    log.warning("journal: truncating a torn tail of %d bytes", result.torn_bytes)
-                    os.ftruncate(fd, result.valid_bytes)
-                self._journal_bytes = result.valid_bytes
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        durable.fsync_dir(self.root)
-        # Files no record refers to were never acknowledged.
-        referenced = self.state.referenced_files()
-        for name in os.listdir(self.data_dir):
-            if name not in referenced:
-                os.unlink(self.data_dir / name)
-                report.orphans_removed += 1
-        for entry in list(self.state.entries.values()):
-            if entry.kind == "del":
-                continue  # a tombstone has no data
-            expected = entry.part_sizes or (entry.size,)
-            for file_id, size in zip(entry.files, expected, strict=True):
-                try:
-                    actual = os.stat(self.data_dir / file_id).st_size
-                except FileNotFoundError:
-                    actual = -1
-                if actual != size:
-                    log.error(
-                        "spool: acknowledged data of %s/%s (entry %d) is missing or short: file %s has %d of"
-                        " %d bytes",
-                        entry.bucket,
-                        entry.key,
-                        entry.seq,
-                        file_id,
-                        actual,
-                        size,
-                    )
-                    report.lost_entries.append(str(entry.seq))
-                    break
-        report.in_doubt = self.state.recovered()
-        report.entries = len(self.state.entries)
-        report.uploads = len(self.state.uploads)
-        report.bytes = self.state.bytes_on_disk
-        if self._journal_bytes > self.cfg.journal_compact_bytes:
-            self._compact_sync(self.state.snapshot_records())  # nothing else runs yet
-            report.compacted = True
-        self._journal_fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        return report
-
     async def close(self) -> None:
         if self._healer is not None:
             self._healer.cancel()
@@ -310,9 +160,8 @@ class Spool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._committer
             self._committer = None
-        if self._journal_fd >= 0:
-            fd, self._journal_fd = self._journal_fd, -1
-            await self._run_journal_io(durable.fsync_close, fd)
+        if self._journal.is_open:
+            await self._run_journal_io(self._journal.close)
         for _, _, _, fut in self._flush_waiters:
             if not fut.done():
                 fut.cancel()
@@ -337,7 +186,7 @@ class Spool:
 
     async def commit(self, records: list[dict[str, Any]]) -> list[Applied]:
         """Append records durably; resolves once they are in the journal and applied to the state."""
-        if self._journal_fd < 0 and self._committer is None:
+        if not self._journal.is_open and self._committer is None:
             raise SpoolWriteFailed("The spool is not open.")
         if self.degraded is not None:
             raise SpoolWriteFailed(f"The gateway's spool is out of service: {self.degraded}")
@@ -363,33 +212,32 @@ class Spool:
                 rec[BATCH_KEY] = self._batch_no
             data = encode_batch(records)
             dir_dirty, self._dir_dirty = self._dir_dirty, False
-            good_bytes = self._journal_bytes
+            good_bytes = self._journal.nbytes
             try:
-                await self._run_journal_io(self._append_sync, data, dir_dirty)
+                await self._run_journal_io(self._journal.append, data, self.data_dir if dir_dirty else None)
             except OSError as exc:
                 # Put the journal back as it was before this batch, so that records nobody was told are
                 # durable cannot come back at the next start (best effort: the disk is failing).
                 with contextlib.suppress(OSError):
-                    await self._run_journal_io(self._truncate_sync, good_bytes)
+                    await self._run_journal_io(self._journal.truncate, good_bytes)
                 self._go_degraded(f"journal write failed: {exc}")
                 err = JournalAppendFailed()
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(err)
                 continue
-            self._journal_bytes += len(data)
             results: list[list[Applied]] = []
             for recs, _ in batch:
                 results.append([self._apply(rec) for rec in recs])
             for (_, fut), applied in zip(batch, results, strict=True):
                 if not fut.done():
                     fut.set_result(applied)
-            if self._journal_bytes > self.cfg.journal_compact_bytes and not self._queue:
+            if self._journal.nbytes > self.cfg.journal_compact_bytes and not self._queue:
                 # The snapshot is taken here, on the loop, where the state lives; only the file work is
                 # handed to the I/O thread.
                 snapshot = self.state.snapshot_records()
                 try:
-                    await self._run_journal_io(self._compact_sync, snapshot)
+                    await self._run_journal_io(self._journal.rewrite, snapshot)
                 except OSError as exc:
                     self._go_degraded(f"journal compaction failed: {exc}")
 
@@ -409,7 +257,7 @@ class Spool:
             await self._clock.sleep(HEAL_INTERVAL_S)
             snapshot = self.state.snapshot_records()
             try:
-                await self._run_journal_io(self._compact_sync, snapshot)
+                await self._run_journal_io(self._journal.rewrite, snapshot)
             except OSError as exc:
                 log.debug("spool: journal rewrite failed, still out of service: %s", exc)
                 continue
@@ -445,25 +293,6 @@ class Spool:
         self._kept_bytes += nbytes
         self.space.set_used(self.state.bytes_on_disk + self._kept_bytes)
 
-    def _truncate_sync(self, length: int) -> None:
-        os.ftruncate(self._journal_fd, length)
-        os.fdatasync(self._journal_fd)
-
-    def _append_sync(self, data: bytes, dir_dirty: bool) -> None:
-        if dir_dirty:
-            durable.fsync_dir(self.data_dir)
-        durable.append(self._journal_fd, data)
-
-    def _compact_sync(self, records: list[dict[str, Any]]) -> None:
-        """Rewrite the journal with only what is live: tmp, fsync, rename, fsync the directory."""
-        data = file_header() + encode_batch(records)
-        durable.replace_file(self.root / JOURNAL_NAME, data, tmp=self.root / (JOURNAL_NAME + ".tmp"))
-        if self._journal_fd >= 0:
-            os.close(self._journal_fd)
-            self._journal_fd = os.open(self.root / JOURNAL_NAME, os.O_WRONLY | os.O_APPEND)
-        log.info("spool: journal compacted from %d to %d bytes", self._journal_bytes, len(data))
-        self._journal_bytes = len(data)
-
     def _apply(self, rec: Mapping[str, Any]) -> Applied:
         applied = self.state.apply(rec)
         if rec["t"] == "put":
@@ -486,7 +315,7 @@ class Spool:
 
     def unlink_later(self, files: tuple[str, ...]) -> None:
         paths = [self.data_dir / f for f in files]
-        asyncio.get_running_loop().run_in_executor(self._executor, _unlink_all, paths)
+        asyncio.get_running_loop().run_in_executor(self._executor, unlink_all, paths)
 
     # -- the state, as the HTTP front sees it ----------------------------------------------------------------
     # The spool is the only caller of its state and its space: the front and the drain ask these.
@@ -827,289 +656,6 @@ class Spool:
         }
 
 
-class PiecePool:
-    """Page-aligned buffers (anonymous mmaps) for the writers, reused so their pages stay mapped.
-
-    Used on the event loop only."""
-
-    def __init__(self, size: int, keep: int) -> None:
-        self.size = size
-        self._keep = keep
-        self._free: list[mmap.mmap] = []
-
-    def take(self) -> mmap.mmap:
-        return self._free.pop() if self._free else mmap.mmap(-1, self.size)
-
-    def give(self, buf: mmap.mmap) -> None:
-        if len(self._free) < self._keep:
-            self._free.append(buf)
-        else:
-            with contextlib.suppress(BufferError):  # a traceback may still hold a view; the GC frees it
-                buf.close()
-
-    @property
-    def idle(self) -> int:
-        return len(self._free)
-
-
-@dataclass(slots=True)
-class _Flight:
-    """A piece handed to the I/O threads: its write, its hash, and the hash-ahead trip over its head."""
-
-    piece: mmap.mmap
-    nbytes: int
-    write: concurrent.futures.Future[None]
-    hash: concurrent.futures.Future[None]
-    ahead: concurrent.futures.Future[None] | None = None
-
-    @property
-    def trips(self) -> tuple[concurrent.futures.Future[None], ...]:
-        return (self.write, self.hash) if self.ahead is None else (self.write, self.hash, self.ahead)
-
-
-class SpoolFileWriter:
-    """Streams one object's (or part's) bytes into a new spool file, computing its MD5 on the way.
-
-    The bytes are copied into a page-aligned piece buffer; a full piece goes to two I/O threads, one writing
-    it at its offset (with O_DIRECT where the spool uses it), one hashing it, while the next piece fills. Up
-    to MAX_PIECES_IN_FLIGHT pieces are in flight; each piece's hash trip waits for the one before it, so the
-    MD5 sees the bytes in order, and a write error surfaces when its piece is settled."""
-
-    def __init__(self, spool: Spool, file_id: str, reserved_bytes: int) -> None:
-        self._spool = spool
-        self.file_id = file_id
-        self.reserved_bytes = reserved_bytes
-        self._fd = -1
-        self._md5 = hashlib.md5(usedforsecurity=False)
-        # Hash objects fed every byte with the MD5, on the I/O thread (a body verifier's, delegated to us).
-        self.extra_hashers: tuple[Any, ...] = ()
-        self._piece: mmap.mmap | None = None  # the piece filling
-        self._filled = 0
-        self._flights: collections.deque[_Flight] = collections.deque()  # oldest first
-        self._submitted = 0  # bytes handed to write trips: the next piece's file offset
-        # Hashing ahead (a body declared to fit one piece): the trip hashing the filling piece's head, and
-        # how many of its bytes have been handed to hash trips.
-        self._hash_ahead = PARALLEL_HASH_MIN_BYTES <= reserved_bytes <= PIECE_BYTES
-        self._ahead: concurrent.futures.Future[None] | None = None
-        self._hashed = 0
-        self._open = False
-        self.size = 0
-
-    async def open(self) -> None:
-        """Start the upload. The file itself is created with the first full piece, or by :meth:`finish` for a
-        body that fits in one piece (created, written and fsynced there: :meth:`_finish_whole`)."""
-        self._open = True
-
-    async def _create(self) -> None:
-        try:
-            self._fd = await self._spool.run_io_owned(
-                _open_data_file, self._path(), self._spool.direct_io, release=os.close
-            )
-        except OSError as exc:
-            raise _write_failed(exc) from exc
-        # Only now: a journal batch that fsyncs the directory after this point covers the new entry.
-        self._spool.mark_dir_dirty()
-
-    def _path(self) -> Path:
-        return self._spool.file_path(self.file_id)
-
-    async def write(self, data: bytes) -> None:
-        view = memoryview(data)
-        size = self._spool.pieces.size
-        while view:
-            if self._piece is None:
-                self._piece = self._spool.pieces.take()
-                self._filled = 0
-            elif self._filled == size:
-                await self._hand_over()  # more than the declared length: the deferred piece goes now
-                continue
-            n = min(len(view), size - self._filled)
-            self._piece[self._filled : self._filled + n] = view[:n]
-            self._filled += n
-            view = view[n:]
-            # A full piece goes to the I/O threads, unless it is the whole declared body of a file not yet
-            # created: finish() then creates, writes and fsyncs it at once (its head hashed ahead meanwhile).
-            if self._filled == size and (self._fd >= 0 or self.size + size < self.reserved_bytes):
-                await self._hand_over()
-            elif self._hash_ahead and self._filled - self._hashed >= HASH_AHEAD_MIN_BYTES:
-                self._hash_more()
-
-    def _hash_more(self) -> None:
-        """Hash what has arrived of the filling piece, unless a hash trip over it still runs (the next call
-        takes the bytes that arrive meanwhile). One trip at a time keeps the bytes in order; the thread reads
-        only bytes already copied, while the loop copies the next ones behind them."""
-        ahead = self._ahead
-        if ahead is not None and (not ahead.done() or ahead.cancelled() or ahead.exception() is not None):
-            return  # still hashing, or failed: finish() waits for it and reports the failure
-        lo, hi = self._hashed, self._filled
-        self._ahead = self._spool.submit_io(_hash_piece, self._piece, hi, self._md5, self.extra_hashers, lo)
-        self._hashed = hi
-
-    def _take_ahead(self) -> tuple[concurrent.futures.Future[None] | None, int]:
-        """The filling piece's hash-ahead trip and how far it went; the next piece starts afresh."""
-        ahead, hashed = self._ahead, self._hashed
-        self._ahead, self._hashed = None, 0
-        return ahead, hashed
-
-    async def _hand_over(self) -> None:
-        """Start the filled piece, once fewer than MAX_PIECES_IN_FLIGHT are in flight."""
-        while len(self._flights) >= MAX_PIECES_IN_FLIGHT:
-            await self._settle_oldest()
-        piece, n = self._piece, self._filled
-        if piece is None:
-            return
-        if n == 0:
-            self._piece = None
-            self._spool.pieces.give(piece)
-            return
-        if self._fd < 0:
-            await self._create()
-        self._piece, self._filled = None, 0
-        # Hashing ahead is for a body that fits one piece; once pieces are in flight, their hash trips chain.
-        self._hash_ahead = False
-        ahead, hashed = self._take_ahead()  # a body longer than declared may have been hashed ahead
-        before = self._flights[-1].hash if self._flights else ahead
-        offset, self._submitted = self._submitted, self._submitted + n
-        self._flights.append(
-            _Flight(
-                piece,
-                n,
-                self._spool.submit_io(_write_piece, self._fd, piece, n, offset),
-                self._after(before, _hash_piece, piece, n, self._md5, self.extra_hashers, hashed),
-                ahead,  # waited for too, before the piece goes back
-            )
-        )
-
-    def _after(
-        self, before: concurrent.futures.Future[None] | None, fn: Callable[..., None], *args: Any
-    ) -> concurrent.futures.Future[None]:
-        """``fn(*args)`` on the I/O pool once ``before`` is done (at once if None); its outcome, or
-        ``before``'s failure, in the returned future. No thread is held while ``before`` runs: the trip is
-        submitted by ``before``'s completion."""
-        out: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def copy(inner: concurrent.futures.Future[None]) -> None:
-            exc = SpoolWriteFailed() if inner.cancelled() else inner.exception()
-            if exc is not None:
-                out.set_exception(exc)
-            else:
-                out.set_result(None)
-
-        def start(prev: concurrent.futures.Future[None] | None) -> None:
-            if not out.set_running_or_notify_cancel():
-                return  # its waiter gave up before it started: it never runs, and never reads the piece
-            if prev is not None and (prev.cancelled() or prev.exception() is not None):
-                out.set_exception(SpoolWriteFailed() if prev.cancelled() else prev.exception())
-                return
-            try:
-                self._spool.submit_io(fn, *args).add_done_callback(copy)
-            except RuntimeError as exc:  # the pool is shut down (the gateway is stopping)
-                out.set_exception(exc)
-
-        if before is None:
-            start(None)
-        else:
-            before.add_done_callback(start)
-        return out
-
-    async def _settle_oldest(self) -> None:
-        """Wait for every trip of the oldest piece in flight (also when one fails: they share the piece)."""
-        flight = self._flights[0]
-        failed: BaseException | None = None
-        for cf in flight.trips:
-            try:
-                await asyncio.wrap_future(cf)
-            except Exception as exc:  # the first failure is raised once all its trips are over
-                failed = failed or exc
-        self._flights.popleft()
-        self._spool.pieces.give(flight.piece)
-        if isinstance(failed, OSError):
-            raise _write_failed(failed) from failed
-        if failed is not None:
-            raise failed
-        self.size += flight.nbytes
-
-    async def _settle(self) -> None:
-        while self._flights:
-            await self._settle_oldest()
-
-    async def _quiesce(self) -> None:
-        """Before the fd is closed: the I/O threads must be done with it (their outcome no longer matters)."""
-        ahead, _ = self._take_ahead()
-        flights, self._flights = list(self._flights), collections.deque()
-        cfs = [cf for f in flights for cf in f.trips] + ([ahead] if ahead is not None else [])
-        for cf in cfs:
-            if cf.cancelled():  # never started (a waiter cancelled it): the thread never saw the piece
-                continue
-            with contextlib.suppress(Exception):
-                await asyncio.shield(asyncio.wrap_future(cf))
-        for f in flights:
-            self._spool.pieces.give(f.piece)
-        piece, self._piece = self._piece, None
-        if piece is not None:
-            self._spool.pieces.give(piece)
-
-    async def finish(self) -> str:
-        """Everything written and fsynced; returns the MD5 (hex)."""
-        if not self._open:
-            raise AssertionError("finish() of a writer that is not open")
-        self._open = False
-        if self._fd < 0:
-            await self._finish_whole()
-            return self._md5.hexdigest()
-        await self._hand_over()
-        await self._settle()
-        fd, self._fd = self._fd, -1
-        try:
-            await self._spool.run_io(durable.fsync_close, fd)
-        except OSError as exc:
-            await self._spool.run_io(_unlink_all, [self._path()])
-            raise _write_failed(exc) from exc
-        return self._md5.hexdigest()
-
-    async def _finish_whole(self) -> None:
-        """A body that fit in one piece (or was empty): create, hash, write, fsync and close in one trip, or,
-        from PARALLEL_HASH_MIN_BYTES up, in two trips at once: one thread creates, writes and fsyncs the file
-        while another hashes the same (unchanging) piece."""
-        piece, n = self._piece, self._filled
-        self._piece, self._filled = None, 0
-        ahead, hashed = self._take_ahead()
-        path, direct = self._path(), self._spool.direct_io
-        trips: list[Awaitable[None]]
-        try:
-            if piece is None or (n < PARALLEL_HASH_MIN_BYTES and ahead is None):
-                md5, extra = self._md5, self.extra_hashers
-                trips = [self._spool.run_io(_create_whole, path, direct, piece, n, md5, extra)]
-            else:
-                hashing = self._after(ahead, _hash_piece, piece, n, self._md5, self.extra_hashers, hashed)
-                trips = [
-                    self._spool.run_io(_create_whole, path, direct, piece, n, None),
-                    asyncio.wrap_future(hashing),
-                ]
-            # Both trips end before the piece goes back to the pool, also when one of them fails.
-            outcomes = await asyncio.gather(*trips, return_exceptions=True)
-        finally:
-            if piece is not None:
-                self._spool.pieces.give(piece)
-        failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
-        if failed is not None:
-            await self._spool.run_io(_unlink_all, [path])
-            if isinstance(failed, OSError):
-                raise _write_failed(failed) from failed
-            raise failed
-        self._spool.mark_dir_dirty()
-        self.size += n
-
-    async def discard(self) -> None:
-        """Drop the file (a failed or rejected upload). Safe to call in any state, more than once."""
-        self._open = False
-        await self._quiesce()
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            await self._spool.run_io(os.close, fd)
-        await self._spool.run_io(_unlink_all, [self._path()])
-
-
 async def _owned(fut: asyncio.Future[T], release: Callable[[T], object]) -> T:
     """The result of thread work that hands over a resource (an open descriptor). A caller cancelled while
     the thread still runs (a drain cut short, a shutdown) cannot stop the thread: the resource is then
@@ -1136,118 +682,3 @@ def crash_on_failure(task: asyncio.Task[Any]) -> None:
     if exc is not None:
         log.critical("background task %s died: %r; exiting", task.get_name(), exc, exc_info=exc)
         os._exit(70)
-
-
-def _write_failed(exc: OSError) -> SpoolWriteFailed:
-    if exc.errno == errno.ENOSPC:
-        log.error("spool: disk full while writing an upload: %s", exc)
-        return SpoolWriteFailed("The gateway's spool disk is full. Please retry.")
-    log.error("spool: write failed: %s", exc)
-    return SpoolWriteFailed()
-
-
-def _open_data_file(path: Path, direct: bool) -> int:
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-    if not direct:
-        return os.open(path, flags, 0o600)
-    try:
-        return os.open(path, flags | os.O_DIRECT, 0o600)
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-    # Refused after all (the probe said yes; another filesystem may be mounted there now): the file may have
-    # been created before the refusal. Its name is ours alone, so start it again through the page cache.
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    return os.open(path, flags, 0o600)
-
-
-def _create_whole(
-    path: Path, direct: bool, piece: mmap.mmap | None, nbytes: int, md5: Any, extra: tuple[Any, ...] = ()
-) -> None:
-    """I/O thread: a whole small file (``nbytes`` of ``piece``), created, written, fsynced and closed; hashed
-    on the way unless ``md5`` is None (another thread hashes the piece)."""
-    fd = _open_data_file(path, direct)
-    try:
-        if piece is not None and nbytes:
-            if md5 is not None:
-                _hash_piece(piece, nbytes, md5, extra)
-            _write_piece(fd, piece, nbytes, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _hash_piece(piece: mmap.mmap, nbytes: int, md5: Any, extra: tuple[Any, ...] = (), start: int = 0) -> None:
-    """I/O thread: feed bytes ``start`` to ``nbytes`` of ``piece`` to the MD5 and the ``extra`` hashes
-    (hashlib and zlib release the GIL on buffers this size)."""
-    with memoryview(piece) as whole, whole[start:nbytes] as view:
-        md5.update(view)
-        for h in extra:
-            h.update(view)
-
-
-def _write_piece(fd: int, piece: mmap.mmap, nbytes: int, offset: int) -> None:
-    """I/O thread: write the first ``nbytes`` of ``piece`` at ``offset`` of the file."""
-    with memoryview(piece) as whole, whole[:nbytes] as view:
-        aligned = nbytes - nbytes % DIRECT_ALIGN
-        _pwrite_all(fd, view[:aligned], offset)
-        if aligned < nbytes:  # the end of the file: O_DIRECT cannot write a partial block
-            _drop_direct(fd)
-            _pwrite_all(fd, view[aligned:], offset + aligned)
-
-
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    retried = False
-    while view:
-        try:
-            n = os.pwrite(fd, view, offset)
-        except OSError as exc:
-            # EINVAL from an O_DIRECT write (a short write left an unaligned rest, or the filesystem wants
-            # more alignment): carry on through the page cache, retrying once (another piece's thread may
-            # have turned O_DIRECT off already). Any other error, or EINVAL again, is the write's.
-            if exc.errno != errno.EINVAL or retried:
-                raise
-            _drop_direct(fd)
-            retried = True
-            continue
-        view, offset, retried = view[n:], offset + n, False
-
-
-def _drop_direct(fd: int) -> None:
-    """Turn O_DIRECT off on ``fd`` (nothing to do if it is off)."""
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    if flags & os.O_DIRECT:
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
-
-
-def _direct_io_works(data_dir: Path) -> bool:
-    """Whether the spool's filesystem takes an aligned O_DIRECT write (tmpfs and some others refuse it)."""
-    path = data_dir / DIRECT_PROBE_NAME
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    buf = mmap.mmap(-1, DIRECT_ALIGN)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
-        try:
-            os.write(fd, buf)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        log.info(
-            "spool: %s does not take O_DIRECT writes (%s); data files go through the page cache",
-            data_dir,
-            exc.strerror,
-        )
-        return False
-    finally:
-        buf.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-    return True
-
-
-def _unlink_all(paths: list[Path]) -> None:
-    for path in paths:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
