@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote
 from xml.sax.saxutils import escape
 
@@ -51,6 +51,7 @@ from gateway.core.checksums import (
     without_aws_chunked,
 )
 from gateway.core.classify import Decision
+from gateway.core.journal_records import Complete, CreateUpload, Put, Record
 from gateway.core.listing import (
     NULL_VERSION,
     AnyListRequest,
@@ -821,7 +822,7 @@ class SpoolFront:
             if checksum is not None:
                 meta = sorted([*meta, checksum])  # kept, and sent with the drain's PUT
 
-            def record() -> dict[str, Any]:
+            def record() -> Put:
                 return self._put_record(ctx, decision, bucket, key, writer, md5, meta)
 
             if has_write_preconditions(ctx.view.headers):
@@ -1267,7 +1268,7 @@ class SpoolFront:
         writer: SpoolFileWriter,
         md5: str,
         meta: Sequence[tuple[str, str]],
-    ) -> dict[str, Any]:
+    ) -> Put:
         """The journal record of a PUT whose body ``writer`` holds, stamped now."""
         return self.spool.put_record(
             bucket=bucket,
@@ -1289,7 +1290,7 @@ class SpoolFront:
         key: str,
         upload_id: str,
         meta: Sequence[tuple[str, str]],
-    ) -> dict[str, Any]:
+    ) -> CreateUpload:
         """The journal record of a new spooled multipart upload, stamped now."""
         return self.spool.create_upload_record(
             upload_id=upload_id,
@@ -1343,7 +1344,7 @@ class SpoolFront:
                 with contextlib.suppress(Exception):
                     await self.spool.commit([state.abort_record(upload_id)])
             raise
-        return str(rec["etag"])
+        return rec.etag
 
     async def _put_through(
         self,
@@ -1723,7 +1724,7 @@ class SpoolFront:
             resp.headers[name] = value
         return resp
 
-    async def _commit_or_discard(self, writer: SpoolFileWriter, rec: dict[str, Any]) -> None:
+    async def _commit_or_discard(self, writer: SpoolFileWriter, rec: Record) -> None:
         try:
             await self.spool.commit([rec])
         except JournalAppendFailed:
@@ -1779,7 +1780,7 @@ class SpoolFront:
         ]
         part_checksums = complete_multipart_checksums(doc)
 
-        def record() -> dict[str, Any]:
+        def record() -> Complete:
             return self.spool.complete_record(
                 upload,
                 parts,
@@ -1803,7 +1804,7 @@ class SpoolFront:
             await self.spool.commit([rec])
         fields: list[tuple[str, str]] = []
         completed = self.spool.lookup(upload.bucket, upload.key)
-        if completed is not None and completed.seq == rec["seq"]:
+        if completed is not None and completed.seq == rec.seq:
             for name, value in completed.checksum:
                 field = (
                     "ChecksumType"
@@ -1812,12 +1813,12 @@ class SpoolFront:
                 )
                 fields.append((field, value))
         self._completed[upload.upload_id] = _Completed(
-            upload.bucket, upload.key, rec["etag"], int(rec["seq"]), upload.access_key, tuple(fields)
+            upload.bucket, upload.key, rec.etag, rec.seq, upload.access_key, tuple(fields)
         )
         while len(self._completed) > COMPLETED_UPLOADS_KEPT:
             self._completed.popitem(last=False)
         return self._response(
-            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec["etag"], fields)
+            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec.etag, fields)
         )
 
     def _list_parts(

@@ -111,11 +111,11 @@ async def test_a_file_lost_under_an_acknowledged_entry_is_reported_not_hidden(tm
     spool = await opened(tmp_path)
     rec = await put(spool, "gone", b"y" * 3000)
     await spool.close()
-    (tmp_path / "data" / rec["f"][0]).unlink()
+    (tmp_path / "data" / rec.files[0]).unlink()
 
     again = await opened(tmp_path)
     try:
-        assert again.recovery is not None and again.recovery.lost_entries == [str(rec["seq"])]
+        assert again.recovery is not None and again.recovery.lost_entries == [str(rec.seq)]
         assert again.state.lookup("b", "gone") is None
     finally:
         await again.close()
@@ -145,7 +145,7 @@ async def test_compaction_keeps_exactly_the_live_state(tmp_path: Path) -> None:
         assert len(again.state.entries) == 2
         # Sequence numbers keep growing after a rewrite.
         rec = await put(again, "k9", b"z")
-        assert rec["seq"] > max(e.seq for e in live.values() if e is not None)
+        assert rec.seq > max(e.seq for e in live.values() if e is not None)
     finally:
         await again.close()
 
@@ -255,7 +255,7 @@ async def test_flush_returns_as_soon_as_a_drain_upload_intent_left_open_is_resol
     spool = await opened(tmp_path, clock=clock)
     try:
         rec = await put(spool, "ckpt/a", b"1")
-        entry = spool.state.entries[rec["seq"]]
+        entry = spool.state.entries[rec.seq]
         await spool.commit([spool.state.backend_intent_record("s1", entry, entry.acked_at)])
         spool.state.start_upload(entry)
         spool.state.upload_succeeded(entry)
@@ -280,7 +280,7 @@ async def test_wait_empty_polls_on_the_spools_clock_and_gives_up_at_its_timeout(
         for _ in range(3):
             await asyncio.sleep(0)
         assert clock.next_timer_at() == t0 + 0.5  # its next look
-        entry = spool.state.entries[rec["seq"]]
+        entry = spool.state.entries[rec.seq]
         spool.state.start_upload(entry)
         spool.state.upload_succeeded(entry)
         await spool.commit([spool.state.done_record(entry.seq)])

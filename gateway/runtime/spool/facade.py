@@ -27,6 +27,19 @@ from typing import Any, TypeVar
 from gateway.clock import Clock
 from gateway.config import SpoolConfig
 from gateway.core.journal import BATCH_KEY, encode_batch
+from gateway.core.journal_records import (
+    Abort,
+    BackendIntent,
+    BackendIntentEnd,
+    BackendUpload,
+    BackendUploadEnd,
+    Complete,
+    CreateUpload,
+    Delete,
+    Part,
+    Put,
+    Record,
+)
 from gateway.core.spool_state import Admission, Applied, Entry, SpoolSpace, SpoolState, Upload
 from gateway.runtime.spool.disk import (
     FREE_PIECES_KEPT,
@@ -46,6 +59,7 @@ T = TypeVar("T")
 
 DRAIN_RATE_WINDOW_S = 10.0
 HEAL_INTERVAL_S = 2.0
+_BOOKKEEPING = (BackendUpload, BackendUploadEnd, BackendIntent, BackendIntentEnd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +87,7 @@ class Spool:
         self._journal = JournalFile(root)
         self._dir_dirty = False
         self._batch_no = 0
-        self._queue: list[tuple[list[dict[str, Any]], asyncio.Future[list[Applied]]]] = []
+        self._queue: list[tuple[Sequence[Record], asyncio.Future[list[Applied]]]] = []
         self._wake_committer = asyncio.Event()
         self._committer: asyncio.Task[None] | None = None
         self._flush_waiters: list[tuple[str, str, int, asyncio.Future[None]]] = []
@@ -184,14 +198,14 @@ class Spool:
 
     # -- the journal (group commit) --------------------------------------------------------------------------
 
-    async def commit(self, records: list[dict[str, Any]]) -> list[Applied]:
+    async def commit(self, records: Sequence[Record]) -> list[Applied]:
         """Append records durably; resolves once they are in the journal and applied to the state."""
         if not self._journal.is_open and self._committer is None:
             raise SpoolWriteFailed("The spool is not open.")
         if self.degraded is not None:
             raise SpoolWriteFailed(f"The gateway's spool is out of service: {self.degraded}")
         try:
-            encode_batch(records)  # a record that cannot be encoded fails its own request, not the committer
+            encode_batch([r.encode() for r in records])  # one that cannot be encoded fails its own request
         except (TypeError, ValueError, OverflowError) as exc:
             raise SpoolWriteFailed(f"The spool cannot record this request: {exc}") from None
         fut: asyncio.Future[list[Applied]] = asyncio.get_running_loop().create_future()
@@ -206,11 +220,11 @@ class Spool:
             if not self._queue:
                 continue
             batch, self._queue = self._queue, []
-            records = [rec for recs, _ in batch for rec in recs]
             self._batch_no += 1
-            for rec in records:
-                rec[BATCH_KEY] = self._batch_no
-            data = encode_batch(records)
+            maps = [rec.encode() for recs, _ in batch for rec in recs]
+            for m in maps:
+                m[BATCH_KEY] = self._batch_no
+            data = encode_batch(maps)
             dir_dirty, self._dir_dirty = self._dir_dirty, False
             good_bytes = self._journal.nbytes
             try:
@@ -270,12 +284,12 @@ class Spool:
             self.space.set_used(self.state.bytes_on_disk)
             self._wake_waiters()
 
-    async def commit_bookkeeping(self, records: list[dict[str, Any]]) -> None:
+    async def commit_bookkeeping(self, records: Sequence[Record]) -> None:
         """Journal the drain's own bookkeeping (its uploads and intents on the store, opened or closed). With
         the journal out of service they are applied in memory only: a restart replays the older journal, whose
         open uploads and intents recovery resolves against the store, while this process must not count
         them as pending (flush would wait for a journal write that cannot happen until the disk heals)."""
-        assert all(str(rec["t"]).startswith("bmp") for rec in records), records
+        assert all(isinstance(rec, _BOOKKEEPING) for rec in records), records
         try:
             await self.commit(records)
         except SpoolWriteFailed:
@@ -293,12 +307,14 @@ class Spool:
         self._kept_bytes += nbytes
         self.space.set_used(self.state.bytes_on_disk + self._kept_bytes)
 
-    def _apply(self, rec: Mapping[str, Any]) -> Applied:
+    def _apply(self, rec: Record) -> Applied:
         applied = self.state.apply(rec)
-        if rec["t"] == "put":
-            self.acked_bytes += int(self.state.entries[int(rec["seq"])].size)
+        if isinstance(rec, (Put, Complete)):
+            self.acked_bytes += self.state.entries[rec.seq].size
         self._after(applied)
-        if rec["t"] in ("bmpu_end", "bmpi_end"):  # flush counts open drain uploads and intents too
+        if isinstance(
+            rec, (BackendUploadEnd, BackendIntentEnd)
+        ):  # flush counts open drain uploads and intents too
             self._wake_waiters()
         return applied
 
@@ -370,7 +386,7 @@ class Spool:
         access_key: str,
         lane: str,
         now_wall: float,
-    ) -> dict[str, Any]:
+    ) -> Put:
         return self.state.put_record(
             bucket=bucket,
             key=key,
@@ -383,9 +399,7 @@ class Spool:
             now_wall=now_wall,
         )
 
-    def delete_record(
-        self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float
-    ) -> dict[str, Any]:
+    def delete_record(self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float) -> Delete:
         return self.state.delete_record(
             bucket=bucket, key=key, access_key=access_key, lane=lane, now_wall=now_wall
         )
@@ -400,7 +414,7 @@ class Spool:
         access_key: str,
         lane: str,
         now_wall: float,
-    ) -> dict[str, Any]:
+    ) -> CreateUpload:
         return self.state.create_upload_record(
             upload_id=upload_id,
             bucket=bucket,
@@ -414,13 +428,13 @@ class Spool:
     @staticmethod
     def part_record(
         *, upload_id: str, number: int, file: str, size: int, md5: str, checksum: str = ""
-    ) -> dict[str, Any]:
+    ) -> Part:
         return SpoolState.part_record(
             upload_id=upload_id, number=number, file=file, size=size, md5=md5, checksum=checksum
         )
 
     @staticmethod
-    def abort_record(upload_id: str) -> dict[str, Any]:
+    def abort_record(upload_id: str) -> Abort:
         return SpoolState.abort_record(upload_id)
 
     def complete_record(
@@ -431,7 +445,7 @@ class Spool:
         *,
         part_checksums: Sequence[Mapping[str, str]] = (),
         object_checksum: tuple[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Complete:
         """Validate a CompleteMultipartUpload part list (S3's errors); the put record that completes it."""
         return self.state.complete_record(
             upload, requested, now_wall, part_checksums=part_checksums, object_checksum=object_checksum
@@ -519,7 +533,7 @@ class Spool:
 
     async def journal_backend_upload(self, upload_id: str, entry: Entry, *, ends_intent: str | None) -> None:
         """Journal a drain upload's id (and the end of the intent it was created under, if journaled)."""
-        records = [self.state.backend_upload_record(upload_id, entry)]
+        records: list[Record] = [self.state.backend_upload_record(upload_id, entry)]
         if ends_intent is not None:
             records.append(self.state.backend_intent_end_record(ends_intent))
         await self.commit_bookkeeping(records)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from gateway.core.journal import encode_batch, file_header
+from gateway.core.journal_records import Record
 from gateway.runtime import durable
 
 log = logging.getLogger("s3lanes.spool")
@@ -70,10 +70,10 @@ class JournalFile:
         os.fdatasync(self.fd)
         self.nbytes = length
 
-    def rewrite(self, records: Iterable[Mapping[str, Any]]) -> None:
+    def rewrite(self, records: Iterable[Record]) -> None:
         """Rewrite the journal with only ``records`` (what is live): tmp, fsync, rename, fsync the directory;
         appends then go to the new file."""
-        data = file_header() + encode_batch(records)
+        data = file_header() + encode_batch([r.encode() for r in records])
         durable.replace_file(self.path, data, tmp=self.root / (JOURNAL_NAME + ".tmp"))
         if self.fd >= 0:
             os.close(self.fd)
