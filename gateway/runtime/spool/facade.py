@@ -350,6 +350,10 @@ class Spool:
     def live_under(self, bucket: str, prefix: str) -> Iterator[Entry]:
         return self.state.live_under(bucket, prefix)
 
+    def pending_under(self, bucket: str, prefix: str) -> tuple[int, int, float | None]:
+        """(objects, bytes, oldest acknowledgement) not yet on the backend under bucket/prefix."""
+        return self.state.pending_under(bucket, prefix)
+
     def entries(self) -> list[Entry]:
         """Every entry not yet on the backend, oldest first."""
         return list(self.state.entries.values())
