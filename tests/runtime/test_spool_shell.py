@@ -22,6 +22,7 @@ from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.config import SpoolConfig
 from gateway.core.journal import file_header, replay
 from gateway.runtime.spool import FlushResult, JournalAppendFailed, Spool, SpoolWriteFailed
+from gateway.runtime.spool_metrics import spool_collector
 
 CFG = SpoolConfig(capacity_bytes=64 * 1024 * 1024)
 
@@ -341,4 +342,26 @@ async def test_acks_do_not_queue_behind_readers_and_the_journal_not_behind_write
         assert spool.state.lookup("b", "while-reading") is not None
     finally:
         release.set()
+        await spool.close()
+
+
+async def test_the_metrics_collector_reads_what_the_spool_holds(tmp_path: Path) -> None:
+    clock = FakeClock()
+    spool = await opened(tmp_path, clock=clock)
+    try:
+        await put(spool, "ckpt/a", b"x" * 1000)
+        await put(spool, "ckpt/b", b"y" * 24)
+        clock.advance(5.0)
+        gauges = {m.name: m.samples for m in spool_collector(spool, clock)()}
+        value = {name: samples[0].value for name, samples in gauges.items() if len(samples) == 1}
+        assert value["s3lanes_spool_pending_objects"] == 2
+        assert value["s3lanes_spool_pending_bytes"] == 1024
+        assert value["s3lanes_spool_used_bytes"] == 1024
+        assert value["s3lanes_spool_open_uploads"] == 0
+        assert value["s3lanes_spool_capacity_bytes"] == CFG.capacity_bytes
+        assert value["s3lanes_spool_oldest_pending_age_seconds"] == clock.wall() - 1_700_000_000.0
+        assert [(s.labels, s.value) for s in gauges["s3lanes_spool_prefix_pending_bytes"]] == [
+            ({"bucket": "b", "prefix": "ckpt/"}, 1024.0)
+        ]
+    finally:
         await spool.close()

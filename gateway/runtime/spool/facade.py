@@ -71,6 +71,20 @@ class FlushResult:
     waited_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class SpoolFigures:
+    capacity_bytes: int
+    used_bytes: int  # on disk (objects, parts of open uploads)
+    reserved_bytes: int  # by writes in progress
+    full: bool  # above high water, until below low water
+    pending_objects: int
+    pending_bytes: int
+    open_uploads: int
+    keys_in_doubt: int
+    oldest_acked_at: float | None  # wall clock
+    pending_by_prefix: dict[tuple[str, str], int]  # (bucket, top-level prefix) -> bytes
+
+
 class Spool:
     """Owns the spool directory, its journal and its state. Lives on the gateway's event loop."""
 
@@ -642,6 +656,21 @@ class Spool:
         return sum(n for _, n in recent) / window_s
 
     # -- status ----------------------------------------------------------------------------------------------
+
+    def figures(self) -> SpoolFigures:
+        """The spool's gauges, read at once (metrics scrapes, status)."""
+        return SpoolFigures(
+            capacity_bytes=self.space.capacity_bytes,
+            used_bytes=self.space.used_bytes,
+            reserved_bytes=self.space.reserved_bytes,
+            full=self.space.full,
+            pending_objects=len(self.state.entries),
+            pending_bytes=sum(e.size for e in self.state.entries.values()),
+            open_uploads=len(self.state.uploads),
+            keys_in_doubt=len(self.state.in_doubt),
+            oldest_acked_at=self.state.oldest_acked_at(),
+            pending_by_prefix=self.state.pending_by_prefix(),
+        )
 
     def status(self) -> dict[str, Any]:
         now_wall = self._clock.wall()
