@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import logging
+import os
+from typing import Any
 
 from gateway.errors import ServiceUnavailable
 
@@ -29,3 +32,14 @@ def write_failed(exc: OSError) -> SpoolWriteFailed:
         return SpoolWriteFailed("The gateway's spool disk is full. Please retry.")
     log.error("spool: write failed: %s", exc)
     return SpoolWriteFailed()
+
+
+def crash_on_failure(task: asyncio.Task[Any]) -> None:
+    """A background task that dies takes the process down loudly: a journal committer or a
+    drainer that silently stopped would leave writers waiting forever."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.critical("background task %s died: %r; exiting", task.get_name(), exc, exc_info=exc)
+        os._exit(70)

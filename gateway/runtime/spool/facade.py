@@ -14,7 +14,6 @@ import collections
 import concurrent.futures
 import contextlib
 import logging
-import os
 import secrets
 import shutil
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,7 +25,7 @@ from typing import Any, TypeVar
 
 from gateway.clock import Clock
 from gateway.config import SpoolConfig
-from gateway.core.journal import BATCH_KEY, encode_batch
+from gateway.core.journal import encode_batch
 from gateway.core.journal_records import (
     Abort,
     BackendIntent,
@@ -49,8 +48,8 @@ from gateway.runtime.spool.disk import (
     direct_io_works,
     unlink_all,
 )
-from gateway.runtime.spool.errors import JournalAppendFailed, SpoolWriteFailed
-from gateway.runtime.spool.journal import JournalFile
+from gateway.runtime.spool.errors import SpoolWriteFailed, crash_on_failure
+from gateway.runtime.spool.journal import GroupCommit, JournalFile
 from gateway.runtime.spool.recovery import RecoveryReport, recover
 
 log = logging.getLogger("s3lanes.spool")
@@ -100,10 +99,7 @@ class Spool:
         self._read_executor = ThreadPoolExecutor(max_workers=io_threads, thread_name_prefix="spool-read")
         self._journal = JournalFile(root)
         self._dir_dirty = False
-        self._batch_no = 0
-        self._queue: list[tuple[Sequence[Record], asyncio.Future[list[Applied]]]] = []
-        self._wake_committer = asyncio.Event()
-        self._committer: asyncio.Task[None] | None = None
+        self._group: GroupCommit | None = None  # from open() to close()
         self._flush_waiters: list[tuple[str, str, int, asyncio.Future[None]]] = []
         self._key_waiters: dict[tuple[str, str], list[asyncio.Future[None]]] = {}
         self.degraded: str | None = None
@@ -153,7 +149,7 @@ class Spool:
 
     async def open(self) -> RecoveryReport:
         """Recover before the listener opens: replay, truncate a torn tail, drop orphans, resume drains."""
-        report, self._batch_no = await self.run_io(
+        report, batch_no = await self.run_io(
             recover, self.state, self._journal, self.data_dir, self.cfg.journal_compact_bytes
         )
         if self.cfg.direct_io:
@@ -162,8 +158,17 @@ class Spool:
             usage = await self.run_io(shutil.disk_usage, self.root)
             self.space.capacity_bytes = int(usage.free * 0.8) + self.state.bytes_on_disk
         self.space.set_used(self.state.bytes_on_disk)
-        self._committer = asyncio.create_task(self._commit_loop(), name="spool-journal")
-        self._committer.add_done_callback(crash_on_failure)
+        self._group = GroupCommit(
+            self._journal,
+            self._run_journal_io,
+            batch_no=batch_no,
+            dir_to_sync=self._take_dir_dirty,
+            apply=self._apply,
+            snapshot=self.state.snapshot_records,
+            compact_bytes=self.cfg.journal_compact_bytes,
+            failed=self._go_degraded,
+        )
+        self._group.start()
         if report.lost_entries:
             await self.commit([self.state.done_record(int(s)) for s in report.lost_entries])
         expired = self.state.expired_uploads(self._clock.wall(), self.cfg.abandoned_upload_s)
@@ -180,14 +185,12 @@ class Spool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._healer
             self._healer = None
-        if self._committer is not None:
+        if self._group is not None:
             # Let queued records land first: their writers are waiting for the ack.
-            if self._queue and self.degraded is None:
+            if self._group.waiting and self.degraded is None:
                 await self.commit([])  # FIFO: returns once every queued batch is in the journal
-            self._committer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._committer
-            self._committer = None
+            await self._group.stop()
+            self._group = None
         if self._journal.is_open:
             await self._run_journal_io(self._journal.close)
         for _, _, _, fut in self._flush_waiters:
@@ -210,11 +213,16 @@ class Spool:
     def mark_dir_dirty(self) -> None:
         self._dir_dirty = True
 
+    def _take_dir_dirty(self) -> Path | None:
+        """The data directory, if files were created in it since the last batch (the batch fsyncs it)."""
+        dirty, self._dir_dirty = self._dir_dirty, False
+        return self.data_dir if dirty else None
+
     # -- the journal (group commit) --------------------------------------------------------------------------
 
     async def commit(self, records: Sequence[Record]) -> list[Applied]:
         """Append records durably; resolves once they are in the journal and applied to the state."""
-        if not self._journal.is_open and self._committer is None:
+        if self._group is None:
             raise SpoolWriteFailed("The spool is not open.")
         if self.degraded is not None:
             raise SpoolWriteFailed(f"The gateway's spool is out of service: {self.degraded}")
@@ -222,52 +230,7 @@ class Spool:
             encode_batch([r.encode() for r in records])  # one that cannot be encoded fails its own request
         except (TypeError, ValueError, OverflowError) as exc:
             raise SpoolWriteFailed(f"The spool cannot record this request: {exc}") from None
-        fut: asyncio.Future[list[Applied]] = asyncio.get_running_loop().create_future()
-        self._queue.append((records, fut))
-        self._wake_committer.set()
-        return await asyncio.shield(fut)
-
-    async def _commit_loop(self) -> None:
-        while True:
-            await self._wake_committer.wait()
-            self._wake_committer.clear()
-            if not self._queue:
-                continue
-            batch, self._queue = self._queue, []
-            self._batch_no += 1
-            maps = [rec.encode() for recs, _ in batch for rec in recs]
-            for m in maps:
-                m[BATCH_KEY] = self._batch_no
-            data = encode_batch(maps)
-            dir_dirty, self._dir_dirty = self._dir_dirty, False
-            good_bytes = self._journal.nbytes
-            try:
-                await self._run_journal_io(self._journal.append, data, self.data_dir if dir_dirty else None)
-            except OSError as exc:
-                # Put the journal back as it was before this batch, so that records nobody was told are
-                # durable cannot come back at the next start (best effort: the disk is failing).
-                with contextlib.suppress(OSError):
-                    await self._run_journal_io(self._journal.truncate, good_bytes)
-                self._go_degraded(f"journal write failed: {exc}")
-                err = JournalAppendFailed()
-                for _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(err)
-                continue
-            results: list[list[Applied]] = []
-            for recs, _ in batch:
-                results.append([self._apply(rec) for rec in recs])
-            for (_, fut), applied in zip(batch, results, strict=True):
-                if not fut.done():
-                    fut.set_result(applied)
-            if self._journal.nbytes > self.cfg.journal_compact_bytes and not self._queue:
-                # The snapshot is taken here, on the loop, where the state lives; only the file work is
-                # handed to the I/O thread.
-                snapshot = self.state.snapshot_records()
-                try:
-                    await self._run_journal_io(self._journal.rewrite, snapshot)
-                except OSError as exc:
-                    self._go_degraded(f"journal compaction failed: {exc}")
+        return await asyncio.shield(self._group.submit(records))
 
     def _go_degraded(self, why: str) -> None:
         self.degraded = why
@@ -718,14 +681,3 @@ async def _owned(fut: asyncio.Future[T], release: Callable[[T], object]) -> T:
 
         fut.add_done_callback(release_late)
         raise
-
-
-def crash_on_failure(task: asyncio.Task[Any]) -> None:
-    """A background task that dies takes the process down loudly: a journal committer or a
-    drainer that silently stopped would leave writers waiting forever."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        log.critical("background task %s died: %r; exiting", task.get_name(), exc, exc_info=exc)
-        os._exit(70)
