@@ -1,7 +1,7 @@
 """The write spool on local disk: data files, the journal with group commit, recovery, flush waiters.
 
-Modules: :mod:`.facade` (:class:`Spool`, the one owner of the state; group commit, waiters),
-:mod:`.disk` (data files, the ``O_DIRECT`` piece writer), :mod:`.journal` (the journal file),
+Modules: :mod:`.facade` (:class:`Spool`, the one owner of the state; waiters, healing),
+:mod:`.disk` (data files, the ``O_DIRECT`` piece writer), :mod:`.journal` (the file, group commit),
 :mod:`.recovery` (start-up), :mod:`.errors`. Durable writes follow :mod:`gateway.runtime.durable`.
 
 Layout under the spool directory::

@@ -3,8 +3,8 @@
 The HTTP front and the drainer ask it (lookups, room, records to commit; what is drainable, and that a drain
 started, failed, succeeded, is done); it applies every journaled record to its
 :class:`~gateway.core.spool_state.SpoolState` and carries out what each change asks for (files to unlink,
-uploads to cut, waiters to wake). Group commit, flush waiters and the journal's healing live here; the data
-files are :mod:`.disk`, the journal file :mod:`.journal`, start-up :mod:`.recovery`.
+uploads to cut, waiters to wake). Flush waiters and the journal's healing live here; the data files are
+:mod:`.disk`, the journal file and its group commit :mod:`.journal`, start-up :mod:`.recovery`.
 """
 
 from __future__ import annotations
