@@ -171,7 +171,7 @@ class Router:
         else:
             prefix = query_names(ctx.view.raw_query).get("prefix", "")
         spool = self.spool_front.spool
-        if not spool.state.has_bucket_prefix(bucket, prefix):
+        if not spool.has_bucket_prefix(bucket, prefix):
             return
         result = await spool.flush(bucket, prefix, ANONYMOUS_SETTLE_TIMEOUT_S)
         if not result.durable:

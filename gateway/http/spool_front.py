@@ -29,7 +29,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
 from xml.sax.saxutils import escape
 
 import aiohttp
@@ -49,6 +48,7 @@ from gateway.core.checksums import (
     upload_checksum,
 )
 from gateway.core.classify import Decision
+from gateway.core.journal_records import Complete, CreateUpload, Put, Record
 from gateway.core.listing import (
     NULL_VERSION,
     NotOurToken,
@@ -83,7 +83,7 @@ from gateway.core.spool_policy import (
     write_through_reason,
     xml_document,
 )
-from gateway.core.spool_state import MAX_PARTS, Admission, Entry, SpoolSpace, Upload
+from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
 from gateway.core.uri import s3_quote
 from gateway.errors import (
     IncompleteBody,
@@ -162,7 +162,7 @@ class _Room:
     ROOM_STEP_BYTES at a time; 503 SlowDown once the spool cannot hold more. The caller releases
     :attr:`reserved` when the write ends."""
 
-    def __init__(self, space: SpoolSpace, retry_after_s: int) -> None:
+    def __init__(self, space: Spool, retry_after_s: int) -> None:
         self._space = space
         self._retry_after_s = retry_after_s
         self.reserved = 0
@@ -245,7 +245,7 @@ class SpoolFront:
         bucket, key, op = target.bucket, target.key, target.operation
         if bucket is None:
             return None
-        state = self.spool.state
+        state = self.spool  # the spool answers for its state
         q = query_names(ctx.view.raw_query)
         if key is None:
             if op in ("ListObjects", "ListObjectsV2"):
@@ -263,13 +263,13 @@ class SpoolFront:
             elif op == "DeleteObjects" and state.has_bucket_prefix(bucket, ""):
                 return await self._delete_objects(request, ctx, decision, bucket)
             elif op == "ListMultipartUploads" and (
-                any(u.bucket == bucket for u in state.uploads.values())
+                any(u.bucket == bucket for u in state.uploads())
                 or self._drain_uploads()
                 or self._drain_creating(bucket)
             ):
                 return await self._listings.list_uploads(request, ctx, decision, bucket, q)
             elif op == "DeleteBucket" and any(
-                e.bucket == bucket and e.kind == "put" for e in state.entries.values()
+                e.bucket == bucket and e.kind == "put" for e in state.entries()
             ):
                 # Spooled objects are objects of the bucket: drain them first, then the backend answers
                 # BucketNotEmpty as S3 would (deleting the bucket under them would strand them). Spooled
@@ -370,7 +370,7 @@ class SpoolFront:
     def _spoolable(self, ctx: RequestContext, decision: Decision, bucket: str, key: str) -> bool:
         """Whether this write may be spooled. One that would be, but for a reason goes to the backend, is
         counted in ``s3lanes_spool_write_through_total{reason}`` (called once per write)."""
-        if decision.lane not in self._lanes and not self.spool.state.has_key(bucket, key):
+        if decision.lane not in self._lanes and not self.spool.has_key(bucket, key):
             return False  # not a spooled lane: not a write-through either
         reason = self._write_through_reason(ctx, bucket, key)
         if reason is not None:
@@ -389,15 +389,13 @@ class SpoolFront:
         if any(name in h for name in WRITE_THROUGH_ONLY):
             # A conditional write of a key the spool holds is evaluated against the spool's newest write of
             # it and spooled (see _put); of any other key the store evaluates it.
-            spooled_put = (
-                ctx.target.operation == "PutObject" and self.spool.state.lookup(bucket, key) is not None
-            )
+            spooled_put = ctx.target.operation == "PutObject" and self.spool.lookup(bucket, key) is not None
             if not (spooled_put and has_write_preconditions(h)):
                 return "conditional"
         return None
 
     async def _wait_clear(self, bucket: str, key: str) -> None:
-        if not self.spool.state.has_key(bucket, key):
+        if not self.spool.has_key(bucket, key):
             return
         if not await self.spool.wait_key_clear(bucket, key, KEY_CLEAR_TIMEOUT_S):
             raise SlowDown(
@@ -408,7 +406,7 @@ class SpoolFront:
     def _admit(self, nbytes: int, *, must: bool = False) -> Admission:
         """Room for a write that may be spooled; one that gets none goes to the backend (counted), or is
         answered 503 SlowDown (``when_full = "slowdown"``)."""
-        adm = self.spool.space.admit(nbytes, must=must)
+        adm = self.spool.admit(nbytes, must=must)
         if adm is Admission.FULL and self._cfg.spool.when_full == "slowdown":
             raise SlowDown(
                 "The gateway's write spool is full; retry later.", retry_after_s=self._cfg.spool.retry_after_s
@@ -462,7 +460,7 @@ class SpoolFront:
 
     def remember_buckets(self) -> None:
         """After recovery: buckets with spooled data were checked when it was acknowledged."""
-        for entry in self.spool.state.entries.values():
+        for entry in self.spool.entries():
             cred = self._creds.get(entry.access_key)
             if cred is not None:
                 self._buckets.remember(cred.backend_access_key, entry.bucket)
@@ -559,7 +557,7 @@ class SpoolFront:
         if adm is not Admission.SPOOL:
             await self._wait_clear(bucket, key)
             return None
-        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
+        room = _Room(self.spool, self._cfg.spool.retry_after_s) if declared is None else None
         try:
             await self._check_bucket(ctx, bucket)
             writer = self.spool.writer(size)
@@ -573,7 +571,7 @@ class SpoolFront:
             if checksum is not None:
                 meta = sorted([*meta, checksum])  # kept, and sent with the drain's PUT
 
-            def record() -> dict[str, Any]:
+            def record() -> Put:
                 return self._put_record(ctx, decision, bucket, key, writer, md5, meta)
 
             if has_write_preconditions(ctx.view.headers):
@@ -591,7 +589,7 @@ class SpoolFront:
             else:
                 await self._commit_or_discard(writer, record())
         finally:
-            self.spool.space.release(size + (room.reserved if room is not None else 0))
+            self.spool.release(size + (room.reserved if room is not None else 0))
         resp = self._acked(ctx, decision, writer, md5, upload)
         if computed is not None and checksum is not None:
             resp.headers[checksum[0]] = checksum[1]
@@ -628,7 +626,7 @@ class SpoolFront:
         bucket: str,
         key: str,
     ) -> web.StreamResponse:
-        rec = self.spool.state.delete_record(
+        rec = self.spool.delete_record(
             bucket=bucket,
             key=key,
             access_key=ctx.auth.access_key,
@@ -642,7 +640,7 @@ class SpoolFront:
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
     ) -> web.StreamResponse:
         body = await self._read_xml_body(request, ctx)
-        state = self.spool.state
+        state = self.spool  # the spool answers for its state
         keys: list[str] = []
         for k, version_id in delete_objects_targets(body):
             if version_id is None or (version_id == NULL_VERSION and state.lookup(bucket, k) is not None):
@@ -690,7 +688,7 @@ class SpoolFront:
     ) -> web.StreamResponse | None:
         h = ctx.view.headers
         src_bucket, src_key = parse_copy_source(h.get("x-amz-copy-source", ""))
-        src = self.spool.state.lookup(src_bucket, src_key)
+        src = self.spool.lookup(src_bucket, src_key)
         if src is None:
             # The source is on the backend: a server-side copy there, ordered after the destination's data.
             await self._wait_clear(bucket, key)
@@ -758,7 +756,7 @@ class SpoolFront:
                         await writer.discard()
                         raise
                 finally:
-                    self.spool.space.release(src.size)
+                    self.spool.release(src.size)
                 etag = f'"{md5}"'
             else:
                 await self._wait_clear(bucket, key)
@@ -777,9 +775,9 @@ class SpoolFront:
         writer: SpoolFileWriter,
         md5: str,
         meta: Sequence[tuple[str, str]],
-    ) -> dict[str, Any]:
+    ) -> Put:
         """The journal record of a PUT whose body ``writer`` holds, stamped now."""
-        return self.spool.state.put_record(
+        return self.spool.put_record(
             bucket=bucket,
             key=key,
             file=writer.file_id,
@@ -799,9 +797,9 @@ class SpoolFront:
         key: str,
         upload_id: str,
         meta: Sequence[tuple[str, str]],
-    ) -> dict[str, Any]:
+    ) -> CreateUpload:
         """The journal record of a new spooled multipart upload, stamped now."""
-        return self.spool.state.create_upload_record(
+        return self.spool.create_upload_record(
             upload_id=upload_id,
             bucket=bucket,
             key=key,
@@ -828,11 +826,12 @@ class SpoolFront:
     ) -> str:
         """Copy a spooled multipart object into the spool with its part layout: a spooled multipart upload
         of the same parts, completed at once (the records a client's upload would journal). Its ETag."""
-        state = self.spool.state
+        state = self.spool  # the spool answers for its state
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
         await self.spool.commit([self._create_upload_record(ctx, decision, bucket, key, upload_id, meta)])
         try:
-            upload = state.uploads[upload_id]
+            upload = state.upload(upload_id)
+            assert upload is not None  # just committed
             spans = iter(files)  # one span per non-empty part, in order
             requested: list[tuple[int, str]] = []
             for number, size in enumerate(src.part_sizes, start=1):
@@ -850,11 +849,11 @@ class SpoolFront:
             rec = state.complete_record(upload, requested, self._clock.wall())
             await self.spool.commit([rec])
         except BaseException:
-            if upload_id in state.uploads:
+            if state.upload(upload_id) is not None:
                 with contextlib.suppress(Exception):
                     await self.spool.commit([state.abort_record(upload_id)])
             raise
-        return str(rec["etag"])
+        return rec.etag
 
     async def _put_through(
         self,
@@ -903,7 +902,7 @@ class SpoolFront:
     ) -> web.StreamResponse | None:
         if not self._spoolable(ctx, decision, bucket, key) or self._admit(0) is not Admission.SPOOL:
             return None
-        self.spool.space.release(0)
+        self.spool.release(0)
         h = ctx.view.headers
         algo = upload_checksum(h.get("x-amz-checksum-algorithm"), h.get("x-amz-checksum-type"))
         await self._check_bucket(ctx, bucket)
@@ -931,7 +930,7 @@ class SpoolFront:
         upload_id: str,
         q: Mapping[str, str],
     ) -> web.StreamResponse:
-        upload = self.spool.state.uploads.get(upload_id)
+        upload = self.spool.upload(upload_id)
         if upload is None:
             done = self._completed.get(upload_id)
             if done is not None and (done.bucket, done.key) == (ctx.target.bucket, ctx.target.key):
@@ -948,7 +947,7 @@ class SpoolFront:
         if op == "CompleteMultipartUpload":
             return await self._complete(request, ctx, decision, upload)
         if op == "AbortMultipartUpload":
-            await self.spool.commit([self.spool.state.abort_record(upload_id)])
+            await self.spool.commit([self.spool.abort_record(upload_id)])
             return self._response(ctx, decision, status=204)
         if op == "ListParts":
             return self._list_parts(ctx, decision, upload, q)
@@ -973,7 +972,7 @@ class SpoolFront:
         if op == "AbortMultipartUpload":
             return self._response(ctx, decision, status=204)
         if op == "CompleteMultipartUpload":
-            entry = self.spool.state.lookup(done.bucket, done.key)
+            entry = self.spool.lookup(done.bucket, done.key)
             if entry is not None:
                 current = entry.seq == done.seq
             else:
@@ -998,7 +997,7 @@ class SpoolFront:
     async def _current_etag(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
         """The ETag of the object a client sees at the key now (the spool's latest write, else the
         store's)."""
-        entry = self.spool.state.lookup(bucket, key)
+        entry = self.spool.lookup(bucket, key)
         if entry is not None:
             return entry.etag if entry.kind == "put" else None
         return await self._store_etag(ctx, bucket, key)
@@ -1058,7 +1057,7 @@ class SpoolFront:
         body = upload_body(request, ctx)
         declared = body.expected_bytes if body is not None else 0
         size = declared or 0
-        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
+        room = _Room(self.spool, self._cfg.spool.retry_after_s) if declared is None else None
         algo = upload.checksum_algorithm
         extra: Checksum | None = None
         if algo is not None:
@@ -1070,7 +1069,7 @@ class SpoolFront:
                 )
             if promised is None:  # computed here, as the store does for a part sent without one
                 extra = new_checksum(algo[0])
-        if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+        if self.spool.admit(size, must=True) is not Admission.SPOOL:
             raise SlowDown(
                 "The gateway's write spool cannot hold this part now; retry later.",
                 retry_after_s=self._cfg.spool.retry_after_s,
@@ -1082,7 +1081,7 @@ class SpoolFront:
             if algo is not None:
                 verified = body.verified_checksum if body is not None else None
                 checksum = verified[1] if verified is not None else extra.digest_b64() if extra else ""
-            rec = self.spool.state.part_record(
+            rec = self.spool.part_record(
                 upload_id=upload.upload_id,
                 number=number,
                 file=writer.file_id,
@@ -1092,7 +1091,7 @@ class SpoolFront:
             )
             await self._commit_or_discard(writer, rec)
         finally:
-            self.spool.space.release(size + (room.reserved if room is not None else 0))
+            self.spool.release(size + (room.reserved if room is not None else 0))
         resp = self._acked(ctx, decision, writer, md5, body)
         if algo is not None and checksum:
             resp.headers[header_for(algo[0])] = checksum
@@ -1108,7 +1107,7 @@ class SpoolFront:
         if copy_range is not None:
             parse_copy_range(copy_range)  # the form first; whether it fits the source, below
             read_headers["range"] = copy_range.strip()
-        src = self.spool.state.lookup(src_bucket, src_key)
+        src = self.spool.lookup(src_bucket, src_key)
         if src is not None and src.kind == "del":
             raise NoSuchKey(Key=src_key)
         writer: SpoolFileWriter
@@ -1118,7 +1117,7 @@ class SpoolFront:
             if plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall()).status == 304:
                 raise PreconditionFailed()
             start, size = copy_range_span(copy_range, src.size) if copy_range is not None else (0, src.size)
-            if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+            if self.spool.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown(
                     "The gateway's write spool cannot hold this part now; retry later.",
                     retry_after_s=self._cfg.spool.retry_after_s,
@@ -1148,7 +1147,7 @@ class SpoolFront:
                         os.close(fd)
                 await self._commit_part(upload, number, writer, md5, hasher)
             finally:
-                self.spool.space.release(size)
+                self.spool.release(size)
         else:
             md5, writer = await self._part_from_backend(
                 ctx, decision, upload, number, src_bucket, src_key, read_headers, copy_range
@@ -1190,7 +1189,7 @@ class SpoolFront:
                     f"The backend answered {resp.status} reading the copy source: {data[:200]!r}"
                 )
             size = resp.content_length or 0
-            if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+            if self.spool.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown(
                     "The gateway's write spool cannot hold this part now; retry later.",
                     retry_after_s=self._cfg.spool.retry_after_s,
@@ -1215,7 +1214,7 @@ class SpoolFront:
                     raise
                 await self._commit_part(upload, number, writer, md5, hasher)
             finally:
-                self.spool.space.release(size)
+                self.spool.release(size)
             return md5, writer
         finally:
             resp.release()
@@ -1236,7 +1235,7 @@ class SpoolFront:
             resp.headers[name] = value
         return resp
 
-    async def _commit_or_discard(self, writer: SpoolFileWriter, rec: dict[str, Any]) -> None:
+    async def _commit_or_discard(self, writer: SpoolFileWriter, rec: Record) -> None:
         try:
             await self.spool.commit([rec])
         except JournalAppendFailed:
@@ -1268,7 +1267,7 @@ class SpoolFront:
     async def _commit_part(
         self, upload: Upload, number: int, writer: SpoolFileWriter, md5: str, hasher: Checksum | None
     ) -> None:
-        rec = self.spool.state.part_record(
+        rec = self.spool.part_record(
             upload_id=upload.upload_id,
             number=number,
             file=writer.file_id,
@@ -1292,8 +1291,8 @@ class SpoolFront:
         ]
         part_checksums = complete_multipart_checksums(doc)
 
-        def record() -> dict[str, Any]:
-            return self.spool.state.complete_record(
+        def record() -> Complete:
+            return self.spool.complete_record(
                 upload,
                 parts,
                 self._clock.wall(),
@@ -1307,7 +1306,7 @@ class SpoolFront:
             # cannot both pass.
             async with self._key_lock(upload.bucket, upload.key):
                 check_write_preconditions(await self._current_etag(ctx, upload.bucket, upload.key), headers)
-                if upload.upload_id not in self.spool.state.uploads:
+                if self.spool.upload(upload.upload_id) is None:
                     raise NoSuchUpload(UploadId=upload.upload_id)
                 rec = record()
                 await self.spool.commit([rec])
@@ -1315,8 +1314,8 @@ class SpoolFront:
             rec = record()
             await self.spool.commit([rec])
         fields: list[tuple[str, str]] = []
-        completed = self.spool.state.lookup(upload.bucket, upload.key)
-        if completed is not None and completed.seq == rec["seq"]:
+        completed = self.spool.lookup(upload.bucket, upload.key)
+        if completed is not None and completed.seq == rec.seq:
             for name, value in completed.checksum:
                 field = (
                     "ChecksumType"
@@ -1325,12 +1324,12 @@ class SpoolFront:
                 )
                 fields.append((field, value))
         self._completed[upload.upload_id] = _Completed(
-            upload.bucket, upload.key, rec["etag"], int(rec["seq"]), upload.access_key, tuple(fields)
+            upload.bucket, upload.key, rec.etag, rec.seq, upload.access_key, tuple(fields)
         )
         while len(self._completed) > COMPLETED_UPLOADS_KEPT:
             self._completed.popitem(last=False)
         return self._response(
-            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec["etag"], fields)
+            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec.etag, fields)
         )
 
     def _list_parts(

@@ -104,7 +104,7 @@ class SpoolListings:
             return None
         # The spool first, then the backend: an entry that drains meanwhile is then in the spool's snapshot,
         # on the backend, or both (the spool's wins), never in neither (the other order lost such keys).
-        snapshot = list(self.spool.state.live_under(bucket, req.prefix))
+        snapshot = list(self.spool.live_under(bucket, req.prefix))
         listed = await self._backend_all(ctx, decision, bucket, req, req.prefix, req.delimiter)
         if isinstance(listed, web.Response):
             return listed
@@ -236,7 +236,7 @@ class SpoolListings:
         prefix = q.get("prefix", "")
         encode = q.get("encoding-type") == "url"
         extra: list[tuple[str, bytes]] = []
-        for upload in sorted(self.spool.state.uploads.values(), key=lambda u: (u.key, u.created_at)):
+        for upload in sorted(self.spool.uploads(), key=lambda u: (u.key, u.created_at)):
             if upload.bucket != bucket or not upload.key.startswith(prefix):
                 continue
             key = s3_quote(upload.key, safe="/") if encode else escape(upload.key)

@@ -73,7 +73,7 @@ class BucketCheck(Generic[C]):
         except S3Error:
             # The backend is unreachable. A bucket seen before (or with spooled data) keeps absorbing
             # writes: that is what the spool is for. One never seen cannot be checked: refuse it promptly.
-            if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
+            if until is not None or self.spool.has_bucket_prefix(bucket, ""):
                 return
             raise
         if status == 200:
@@ -83,6 +83,6 @@ class BucketCheck(Generic[C]):
             raise NoSuchBucket(BucketName=bucket)
         if status == 403:
             raise AccessDenied()
-        if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
+        if until is not None or self.spool.has_bucket_prefix(bucket, ""):
             return
         raise ServiceUnavailable(f"The backend answered {status} to a bucket check.")

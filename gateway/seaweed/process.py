@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from gateway.durable import replace_file
 from gateway.seaweed.command import (
     SeaweedPorts,
     bucket_head_headers,
@@ -446,16 +447,4 @@ def _write_private(path: Path, data: bytes, *, durable: bool = True) -> None:
     """Write ``path`` atomically with mode 0600 (it may hold secrets): tmp file, fsync (unless not
     ``durable``: the pid file only matters while this machine stays up), rename. The directory is not
     fsynced: every file written this way is regenerated at each start."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o600)  # O_CREAT's mode is masked by umask and ignored for existing files
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    replace_file(path, data, mode=0o600, sync=durable, sync_dir=False)

@@ -340,7 +340,7 @@ def test_an_empty_spool_has_no_oldest_write_and_a_keyless_done_record_settles_it
     assert sp.state.oldest_acked_at() == entry.acked_at
     sp.state.start_upload(entry)
     sp.state.upload_succeeded(entry)
-    assert SpoolState.done_record(entry.seq) == {"t": "done", "s": entry.seq}
+    assert SpoolState.done_record(entry.seq).encode() == {"t": "done", "s": entry.seq}
     sp.apply(SpoolState.done_record(entry.seq))  # as older journals wrote it
     assert entry.seq not in sp.state.entries
     sp.assert_files_accounted()

@@ -36,7 +36,7 @@ class HeldHead:
 
 
 def front(head: HeldHead, clock: FakeClock) -> BucketCheck[Any]:
-    spool: Any = SimpleNamespace(state=SimpleNamespace(has_bucket_prefix=lambda bucket, prefix: False))
+    spool: Any = SimpleNamespace(has_bucket_prefix=lambda bucket, prefix: False)
     return BucketCheck(spool, clock, head)
 
 
@@ -95,7 +95,7 @@ async def test_a_remembered_bucket_absorbs_writes_while_the_store_cannot_be_aske
     async def unreachable(ctx: Any, bucket: str) -> int:
         raise ServiceUnavailable("down")
 
-    spool: Any = SimpleNamespace(state=SimpleNamespace(has_bucket_prefix=lambda bucket, prefix: False))
+    spool: Any = SimpleNamespace(has_bucket_prefix=lambda bucket, prefix: False)
     check: BucketCheck[Any] = BucketCheck(spool, FakeClock(), unreachable)
     with pytest.raises(ServiceUnavailable):
         await check.check(ctx(), "b")  # never seen: refused promptly
