@@ -58,7 +58,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check gateway clients tests loadtests
 	$(BIN)/ruff format --check gateway clients tests loadtests
 
-## mypy --strict over gateway/ and clients/.
+## mypy --strict over gateway/ and clients/, and over tests/ with annotations optional (pyproject.toml).
 typecheck: $(TORCH_STAMP)
 	$(BIN)/mypy
 

@@ -40,7 +40,7 @@ def front(head: HeldHead, clock: FakeClock) -> SpoolFront:
     f._bucket_ok = {}
     f._bucket_checks = {}
     f.spool = SimpleNamespace(state=SimpleNamespace(has_bucket_prefix=lambda bucket, prefix: False))  # type: ignore[assignment]
-    f._backend_call = head  # type: ignore[method-assign]
+    f._backend_call = head  # type: ignore[method-assign, assignment]
     return f
 
 
