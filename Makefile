@@ -58,7 +58,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check gateway clients tests loadtests
 	$(BIN)/ruff format --check gateway clients tests loadtests
 
-## mypy --strict over gateway/ and clients/, and over tests/ with annotations optional (pyproject.toml).
+## mypy --strict over gateway/ and clients/, and over tests/ and loadtests/ with annotations optional.
 typecheck: $(TORCH_STAMP)
 	$(BIN)/mypy
 
