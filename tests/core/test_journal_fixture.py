@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.core.journal import BATCH_KEY, encode_batch, file_header, replay
-from gateway.core.journal_records import Done, Put, decode
+from gateway.core.journal_records import Delete, Done, Put, decode
 from gateway.core.spool_state import EntryState, SpoolState
 
 DATA = Path(__file__).parent / "data"
@@ -107,7 +107,8 @@ def test_every_record_decodes_to_its_class_and_encodes_back_to_the_same_bytes(na
 
 def test_records_of_older_journals_take_their_defaults() -> None:
     at = 1.0
-    assert decode({"t": "del", "seq": 3, "b": "b", "k": "k", "ak": "AK", "at": at}).lane == "checkpoint"
+    deleted = decode({"t": "del", "seq": 3, "b": "b", "k": "k", "ak": "AK", "at": at})
+    assert isinstance(deleted, Delete) and deleted.lane == "checkpoint"
     assert decode({"t": "done", "s": 4}) == Done(4)
     put = decode(
         {"t": "put", "seq": 1, "b": "b", "k": "k", "ak": "AK", "at": at, "f": ["f"], "sz": 1, "etag": '"e"'}

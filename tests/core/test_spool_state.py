@@ -19,6 +19,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from gateway.core.journal_records import Record
 from gateway.core.spool_state import (
     MIN_PART_BYTES,
     Admission,
@@ -62,7 +63,7 @@ class Spool:
 
     def __init__(self, markers: Sequence[str] = MARKERS) -> None:
         self.state = SpoolState(markers)
-        self.records: list[dict[str, Any]] = []
+        self.records: list[Record] = []
         self.written: dict[str, int] = {}
         self.garbage: Counter[str] = Counter()
         self.last = Applied()
@@ -78,7 +79,7 @@ class Spool:
         self.written[file] = size
         return file
 
-    def apply(self, rec: dict[str, Any]) -> Applied:
+    def apply(self, rec: Record) -> Applied:
         applied = self.state.apply(rec)
         self.records.append(rec)
         self.garbage.update(applied.garbage)
@@ -723,7 +724,7 @@ def upload_view(u: Upload) -> tuple[Any, ...]:
     return (u.upload_id, u.seq, u.bucket, u.key, u.access_key, u.lane, u.created_at, u.meta, u.parts)
 
 
-def rebuilt(records: Sequence[dict[str, Any]]) -> SpoolState:
+def rebuilt(records: Sequence[Record]) -> SpoolState:
     fresh = SpoolState(MARKERS)
     for rec in records:
         fresh.apply(rec)

@@ -25,6 +25,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from gateway.seaweed import command as seaweed_command
 from gateway.seaweed import process as seaweed_process
 from gateway.seaweed.command import SeaweedPorts
 from gateway.seaweed.options import SeaweedError, SeaweedIdentity, SeaweedOptions, SeaweedStartError
@@ -183,7 +184,7 @@ def test_a_failed_start_raises_with_weeds_own_words_and_leaves_nothing_running(t
 def test_a_lost_port_race_is_retried_once_with_fresh_ports(
     weed: SeaweedProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_choose = seaweed_process.choose_ports
+    real_choose = seaweed_command.choose_ports  # process.py calls it by this name: patched there below
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()

@@ -21,13 +21,14 @@ import pytest
 from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.config import SpoolConfig
 from gateway.core.journal import file_header, replay
+from gateway.core.journal_records import Put
 from gateway.runtime.spool import FlushResult, JournalAppendFailed, Spool, SpoolWriteFailed
 from gateway.runtime.spool_metrics import spool_collector
 
 CFG = SpoolConfig(capacity_bytes=64 * 1024 * 1024)
 
 
-async def put(spool: Spool, key: str, data: bytes, bucket: str = "b") -> dict[str, Any]:
+async def put(spool: Spool, key: str, data: bytes, bucket: str = "b") -> Put:
     """What spool_front does for a PUT (``_write_body``, then ``_commit_or_discard``): stream into a writer
     (discarded on any error), then commit; the data file is discarded when the commit fails, except after a
     failed journal append, whose record may survive (the client is answered 503, nothing is acknowledged)."""
