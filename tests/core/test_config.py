@@ -105,7 +105,7 @@ def test_https_listener_needs_cert_and_key():
 def test_admin_listener_is_parsed_and_must_not_share_an_s3_port():
     cfg = load_config(env={"S3LANES_SERVER_ADMIN_LISTEN": "127.0.0.1:9001"})
     assert str(cfg.server.admin_listen) == "127.0.0.1:9001"
-    assert load_config().server.admin_listen is None
+    assert load_config(env={}).server.admin_listen is None
     with pytest.raises(ConfigError, match=r"admin_listen.*another port than listen"):
         load_config(env={"S3LANES_SERVER_ADMIN_LISTEN": "0.0.0.0:9000"})
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gateway.core.journal import BATCH_KEY, encode_batch, file_header, replay
-from gateway.core.journal_records import Delete, Done, Put, decode
+from gateway.core.journal_records import Complete, Delete, Done, Put, decode
 from gateway.core.spool_state import EntryState, SpoolState
 
 DATA = Path(__file__).parent / "data"
@@ -118,3 +118,36 @@ def test_records_of_older_journals_take_their_defaults() -> None:
         decode({"t": "bogus"})
     with pytest.raises(KeyError):
         decode({"t": "wire", "b": "b", "k": "k"})
+
+
+def test_optional_fields_are_written_only_when_set() -> None:
+    put = Put(
+        seq=1,
+        bucket="b",
+        key="k",
+        access_key="AK",
+        lane="checkpoint",
+        at=1.0,
+        files=("f1", "f2"),
+        size=10,
+        etag='"e-2"',
+        part_sizes=(5, 5),
+        part_md5s=("m1", "m2"),
+    )
+    rec = put.encode()
+    assert rec["ps"] == [5, 5] and rec["pm"] == ["m1", "m2"] and "pc" not in rec  # no part checksums
+    assert decode(rec) == put
+    complete = Complete(
+        seq=2,
+        upload_id="u",
+        part_numbers=(1, 2),
+        bucket="b",
+        key="k",
+        etag='"e-2"',
+        access_key="AK",
+        lane="checkpoint",
+        at=1.0,
+    )
+    rec = complete.encode()
+    assert "po" not in rec  # no older parts replaced
+    assert decode(rec) == complete

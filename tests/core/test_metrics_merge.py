@@ -46,3 +46,20 @@ def test_two_workers_merge_into_one_valid_exposition_that_sums_to_the_node() -> 
     # Worker 0's samples come before worker 1's within a family, whatever the order given.
     lines = [ln for ln in merged.splitlines() if ln.startswith("s3lanes_inflight")]
     assert lines == ['s3lanes_inflight{worker="0"} 1.0', 's3lanes_inflight{worker="1"} 2.0']
+
+
+def test_blank_lines_other_comments_and_samples_outside_their_family_block() -> None:
+    assert with_worker_label("lonely", 4) == "lonely"  # no value: nothing to label
+    worker0 = '# HELP h wait\n# TYPE h histogram\nh_bucket{le="1.0"} 1.0\n\n# a comment, not a family head\n'
+    worker1 = "h_count 2.0\nh_sum 0.5\nh 9.0\nunknown_total 7.0\n"
+    lines = merge_expositions({0: worker0, 1: worker1}).splitlines()
+    # worker 1's h_count and h_sum come with no HELP/TYPE before them: their suffix puts them in family h
+    assert lines == [
+        "# HELP h wait",
+        "# TYPE h histogram",
+        'h_bucket{worker="0",le="1.0"} 1.0',
+        'h_count{worker="1"} 2.0',
+        'h_sum{worker="1"} 0.5',
+        'h{worker="1"} 9.0',
+        'unknown_total{worker="1"} 7.0',
+    ]

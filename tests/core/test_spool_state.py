@@ -19,7 +19,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from gateway.core.journal_records import Record
+from gateway.core.journal_records import Done, Record, Unwire, Wire
 from gateway.core.spool_state import (
     MIN_PART_BYTES,
     Admission,
@@ -1309,3 +1309,20 @@ def test_an_unwire_settles_only_its_own_entry_and_never_while_the_key_is_in_doub
     assert sp.state.wires == {} and not sp.state.unwire_needed(a)
     crashed = rebuilt(sp.records)
     assert crashed.recovered() == 0
+
+
+def test_a_keyless_done_record_of_an_unknown_entry_changes_nothing() -> None:
+    s = Spool()
+    before = s.state.snapshot_records()
+    assert s.apply(Done(12345)) == Applied()  # an older journal's done record for an entry replay dropped
+    assert s.state.snapshot_records() == before
+
+
+def test_unwiring_one_of_two_requests_on_the_wire_keeps_the_other() -> None:
+    s = Spool()
+    s.apply(Wire("b", "k", 1))
+    s.apply(Wire("b", "k", 2))
+    s.apply(Unwire("b", "k", 1))
+    assert s.state.wires == {("b", "k"): {2}}
+    s.apply(Unwire("b", "k", 2))
+    assert s.state.wires == {}
