@@ -38,6 +38,7 @@ from gateway.errors import (
     ServiceUnavailable,
 )
 from gateway.http.peer import client_gone
+from gateway.runtime.backend import BackendResponse
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ _COPIED_HEADERS = (
 _SOURCE_ONLY = ("x-amz-copy-source", "x-amz-metadata-directive", "x-amz-tagging-directive")
 
 
-def names_bucket(operation: str, resp: aiohttp.ClientResponse) -> bool:
+def names_bucket(operation: str, resp: BackendResponse) -> bool:
     """Whether the answer may carry the backend's bucket name (then it is rewritten for the client)."""
     if "Location" in resp.headers:
         return True
@@ -91,7 +92,7 @@ class PoolFront:
     async def relay_renamed(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: BackendResponse,
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,

@@ -73,6 +73,7 @@ from gateway.http.s3xml import MAX_REWRITTEN_ERROR_BYTES, error_xml, with_reques
 from gateway.http.zerocopy import relay_spliced, splice_eligible
 from gateway.logsetup import REQUEST_ID
 from gateway.metrics import Metrics
+from gateway.runtime.backend import BackendResponse
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
 from gateway.runtime.pools import Pools
 
@@ -511,23 +512,39 @@ class S3Proxy:
             if isinstance(body, bytes) and body:
                 self._metrics.child(self._metrics.bytes, lane, "up").inc(len(body))
 
+        resp: BackendResponse
         try:
-            resp = await self.pools.request(
-                lane,
-                ctx.target.bucket,
-                ctx.target.key,
-                request.method,
-                headers,
-                ctx.credential,
-                body,
-                raw_query=ctx.view.raw_query,
-                cost=self._request_cost,
-                gone=lambda: client_gone(request),
-                account_body=True,
-                admitted=admitted,
-                payload_hash=backend_hash,
-                signed=not ctx.anonymous,
-            )
+            if body is None and request.method in ("GET", "HEAD"):
+                resp = await self.pools.read(
+                    lane,
+                    ctx.target.bucket,
+                    ctx.target.key,
+                    request.method,
+                    headers,
+                    ctx.credential,
+                    raw_query=ctx.view.raw_query,
+                    cost=self._request_cost,
+                    gone=lambda: client_gone(request),
+                    admitted=admitted,
+                    signed=not ctx.anonymous,
+                )
+            else:
+                resp = await self.pools.request(
+                    lane,
+                    ctx.target.bucket,
+                    ctx.target.key,
+                    request.method,
+                    headers,
+                    ctx.credential,
+                    body,
+                    raw_query=ctx.view.raw_query,
+                    cost=self._request_cost,
+                    gone=lambda: client_gone(request),
+                    account_body=True,
+                    admitted=admitted,
+                    payload_hash=backend_hash,
+                    signed=not ctx.anonymous,
+                )
         except S3Error as err:
             if pipe is not None and pipe.failure is not None:
                 raise pipe.failure from None
@@ -579,7 +596,7 @@ class S3Proxy:
     async def _relay(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: BackendResponse,
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,
@@ -593,7 +610,7 @@ class S3Proxy:
     async def relay_stream(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: BackendResponse,
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,
