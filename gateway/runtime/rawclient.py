@@ -33,7 +33,7 @@ from typing import Final
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
-from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
+from aiohttp.streams import EmptyStreamReader, StreamReader
 from multidict import CIMultiDictProxy
 
 # The parser's read buffer, as the session's ``read_bufsize`` (one StreamReader chunk, the flow-control mark).
@@ -196,7 +196,8 @@ class RawPool:
             skip_body = method == "HEAD"
             proto.set_response_params(
                 skip_payload=skip_body,
-                read_until_eof=False,
+                # As the session asks: a 2xx with Content-Length 0 gets a StreamReader of its own (below).
+                read_until_eof=True,
                 auto_decompress=False,
                 read_timeout=self._read_timeout_s,
                 read_bufsize=READ_BUFSIZE_BYTES,
@@ -210,8 +211,10 @@ class RawPool:
         except BaseException:
             self._close(conn)
             raise
-        if skip_body or message.code in _EMPTY_BODY_STATUSES:
-            payload = EMPTY_PAYLOAD
+        if skip_body or message.code in _EMPTY_BODY_STATUSES or isinstance(payload, EmptyStreamReader):
+            # Never aiohttp's shared EMPTY_PAYLOAD: its readchunk() keeps state, and once one reader has
+            # iterated it, iter_chunks() on it yields (b"", True) forever (a busy loop for the next one).
+            payload = EmptyStreamReader()
         return RawResponse(message.code, message.reason, message.headers, payload, conn, self)
 
     def _take_idle(self) -> RawConnection | None:

@@ -269,3 +269,20 @@ async def test_a_cancelled_wait_for_the_answer_closes_the_connection_and_frees_i
         release.set()
         await backend.close()
         server.close()
+
+
+async def test_an_empty_object_reads_as_empty_and_keeps_the_connection(
+    store: tuple[Backend, str], seaweed: Seaweed
+) -> None:
+    backend, bucket = store
+    s3 = s3_client(seaweed)
+    try:
+        s3.put_object(Bucket=bucket, Key="empty", Body=b"")
+    finally:
+        s3.close()
+    for _ in range(2):
+        resp = await read(backend, seaweed, bucket, "empty")
+        assert resp.status == 200 and resp.content_length == 0
+        assert [c async for c, _ in resp.content.iter_chunks()] == []
+        resp.release()
+    assert backend._raw is not None and backend._raw.opened == 1
