@@ -147,7 +147,8 @@ class Backend:
             if addr not in by_addr:
                 by_addr[addr] = self._new_session(addr)
             self._lane_sessions[lane] = by_addr[addr]
-        if self.cfg.raw_reads and self._scheme == "http":
+        # Path-style only: a virtual-hosted bucket is its own host name (its own DNS answer, its own pool).
+        if self.cfg.raw_reads and self._scheme == "http" and self.cfg.addressing == "path":
             self._raw = self._new_raw_pool(self.cfg.source_address)
             raw_by_addr: dict[str, RawPool] = {}
             for lane, addr in sorted(self.cfg.lane_source_addresses.items()):
@@ -169,7 +170,7 @@ class Backend:
 
     @property
     def raw_reads(self) -> bool:
-        """Whether GET and HEAD go through the lean client (plain HTTP and ``[backend] raw_reads``)."""
+        """Whether GET and HEAD go through the lean client (``raw_reads``, plain HTTP, path-style)."""
         return self._raw is not None
 
     def _new_session(self, source_address: str | None) -> aiohttp.ClientSession:
