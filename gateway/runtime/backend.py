@@ -52,10 +52,16 @@ BackendResponse = aiohttp.ClientResponse | RawResponse
 
 @dataclass(frozen=True, slots=True)
 class BackendTarget:
-    url: URL
+    scheme: str
     host: str
     raw_path: str
     raw_query: str
+
+    @property
+    def url(self) -> URL:
+        """The session's URL, built on demand: the lean GET/HEAD client needs none (a yarl URL: 3-8 us)."""
+        query = f"?{self.raw_query}" if self.raw_query else ""
+        return URL(f"{self.scheme}://{self.host}{self.raw_path}{query}", encoded=True)
 
 
 def forward_query(raw_query: str) -> str:
@@ -245,8 +251,7 @@ class Backend:
         else:
             path = "/" + s3_quote(bucket, safe="") + (key_path if key is not None else "")
         query = forward_query(raw_query)
-        url = URL(f"{self._scheme}://{host}{path}" + (f"?{query}" if query else ""), encoded=True)
-        return BackendTarget(url=url, host=host, raw_path=path, raw_query=query)
+        return BackendTarget(scheme=self._scheme, host=host, raw_path=path, raw_query=query)
 
     async def request(
         self,
