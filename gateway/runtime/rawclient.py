@@ -125,6 +125,12 @@ class RawResponse:
         if conn is not None:
             self._pool.discard(conn)
 
+    def __del__(self) -> None:
+        # A response dropped without release() (a bug elsewhere) must not hold its pool slot for ever; the
+        # session's ClientResponse has the same safety net.
+        if self._conn is not None:
+            self.close()
+
 
 def request_head(method: str, raw_path: str, raw_query: str, headers: dict[str, str]) -> bytes:
     """The request line and headers, as sent. Names and values were decided (and signed) by the caller."""

@@ -287,3 +287,26 @@ async def test_an_empty_object_reads_as_empty_and_keeps_the_connection(
         assert [c async for c, _ in resp.content.iter_chunks()] == []
         resp.release()
     assert backend._raw is not None and backend._raw.opened == 1
+
+
+async def test_a_response_dropped_without_release_frees_its_slot() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await read_head(reader)
+            except asyncio.IncompleteReadError:
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    server, endpoint = await serve(handler)
+    backend = await backend_at(endpoint, pool_size=1)
+    try:
+        resp = await backend.read("GET", backend.target("b", "k", ""), {}, CRED)
+        del resp  # never released: the one slot comes back when the response is collected
+        resp = await asyncio.wait_for(backend.read("GET", backend.target("b", "k", ""), {}, CRED), 5)
+        assert await resp.read() == b"ok"
+    finally:
+        await backend.close()
+        server.close()
