@@ -310,3 +310,28 @@ async def test_a_response_dropped_without_release_frees_its_slot() -> None:
     finally:
         await backend.close()
         server.close()
+
+
+async def test_connections_leave_from_the_backend_and_lane_source_addresses() -> None:
+    peers: list[str] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peers.append(writer.get_extra_info("peername")[0])
+        await read_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server, endpoint = await serve(handler)
+    base = BackendConfig(endpoint=endpoint, access_key="k", secret_key="s", source_address="127.0.0.2")
+    cfg = replace(base, lane_source_addresses={"checkpoint": "127.0.0.3"})
+    backend = Backend(cfg, endpoint, SystemClock())
+    await backend.start()
+    try:
+        for lane in (None, "checkpoint", "interactive"):
+            resp = await backend.read("GET", backend.target("b", "k", ""), {}, CRED, lane=lane)
+            assert await resp.read() == b"ok"
+    finally:
+        await backend.close()
+        server.close()
+    assert peers == ["127.0.0.2", "127.0.0.3", "127.0.0.2"]
