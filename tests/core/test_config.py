@@ -236,3 +236,10 @@ def test_the_spools_default_content_type_is_sniff_or_a_media_type(tmp_path: Path
     path = write(tmp_path, '[spool]\ndefault_content_type = "octet"\n')
     with pytest.raises(ConfigError, match="default_content_type"):
         load_config(path, env={})
+
+
+def test_raw_reads_is_on_by_default_and_a_backend_setting(tmp_path: Path):
+    assert load_config(env={}).backend.raw_reads is True
+    path = write(tmp_path, "[backend]\nraw_reads = false\n")
+    assert load_config(path, env={}).backend.raw_reads is False
+    assert load_config(env={"S3LANES_BACKEND_RAW_READS": "false"}).backend.raw_reads is False
