@@ -40,6 +40,7 @@ from gateway.errors import (
 )
 from gateway.http.intake import RequestContext, finish_headers
 from gateway.http.peer import client_gone
+from gateway.runtime.backend import BackendResponse
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
 from gateway.runtime.pools import Pools
 
@@ -74,7 +75,7 @@ _COPIED_HEADERS = (
 _SOURCE_ONLY = ("x-amz-copy-source", "x-amz-metadata-directive", "x-amz-tagging-directive")
 
 
-def names_bucket(operation: str, resp: aiohttp.ClientResponse) -> bool:
+def names_bucket(operation: str, resp: BackendResponse) -> bool:
     """Whether the answer may carry the backend's bucket name (then it is rewritten for the client)."""
     if "Location" in resp.headers:
         return True
@@ -93,7 +94,7 @@ class PoolFront:
     async def relay_renamed(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: BackendResponse,
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,

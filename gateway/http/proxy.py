@@ -40,6 +40,7 @@ from gateway.http.peer import client_gone
 from gateway.http.s3xml import MAX_REWRITTEN_ERROR_BYTES, with_request_id
 from gateway.http.zerocopy import relay_spliced, splice_eligible
 from gateway.metrics import Metrics
+from gateway.runtime.backend import BackendResponse
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
 from gateway.runtime.pools import Pools
 
@@ -51,7 +52,7 @@ _READ_OPERATIONS = frozenset({"GetObject"})
 # The answer of a store that names a renamed bucket, rewritten for the client (storage pools), or None: the
 # answer is relayed as it streams.
 RenamedRelay = Callable[
-    [web.Request, aiohttp.ClientResponse, RequestContext, Decision, LaneDispatcher],
+    [web.Request, BackendResponse, RequestContext, Decision, LaneDispatcher],
     Awaitable[web.StreamResponse | None],
 ]
 
@@ -133,23 +134,39 @@ class S3Proxy:
             if isinstance(body, bytes) and body:
                 self._metrics.child(self._metrics.bytes, lane, "up").inc(len(body))
 
+        resp: BackendResponse
         try:
-            resp = await self.pools.request(
-                lane,
-                ctx.target.bucket,
-                ctx.target.key,
-                request.method,
-                headers,
-                ctx.credential,
-                body,
-                raw_query=ctx.view.raw_query,
-                cost=self._request_cost,
-                gone=lambda: client_gone(request),
-                account_body=True,
-                admitted=admitted,
-                payload_hash=backend_hash,
-                signed=not ctx.anonymous,
-            )
+            if body is None and request.method in ("GET", "HEAD"):
+                resp = await self.pools.read(
+                    lane,
+                    ctx.target.bucket,
+                    ctx.target.key,
+                    request.method,
+                    headers,
+                    ctx.credential,
+                    raw_query=ctx.view.raw_query,
+                    cost=self._request_cost,
+                    gone=lambda: client_gone(request),
+                    admitted=admitted,
+                    signed=not ctx.anonymous,
+                )
+            else:
+                resp = await self.pools.request(
+                    lane,
+                    ctx.target.bucket,
+                    ctx.target.key,
+                    request.method,
+                    headers,
+                    ctx.credential,
+                    body,
+                    raw_query=ctx.view.raw_query,
+                    cost=self._request_cost,
+                    gone=lambda: client_gone(request),
+                    account_body=True,
+                    admitted=admitted,
+                    payload_hash=backend_hash,
+                    signed=not ctx.anonymous,
+                )
         except S3Error as err:
             if pipe is not None and pipe.failure is not None:
                 raise pipe.failure from None
@@ -181,7 +198,7 @@ class S3Proxy:
     async def _relay(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: BackendResponse,
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,
@@ -196,7 +213,7 @@ class S3Proxy:
     async def relay_stream(
         self,
         request: web.Request,
-        resp: aiohttp.ClientResponse,
+        resp: BackendResponse,
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import logging
 
-import aiohttp
 from aiohttp import web
 
 from gateway.config import BackendConfig
+from gateway.runtime.backend import BackendResponse
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.splice import (
     DestinationGone,
@@ -36,7 +36,7 @@ log = logging.getLogger("s3lanes.proxy")
 _SPLICE_STATUSES = frozenset({200, 206})
 
 
-def splice_eligible(request: web.Request, resp: aiohttp.ClientResponse, min_bytes: int) -> bool:
+def splice_eligible(request: web.Request, resp: BackendResponse, min_bytes: int) -> bool:
     if min_bytes <= 0 or request.method != "GET" or resp.status not in _SPLICE_STATUSES:
         return False
     length = resp.content_length
@@ -52,7 +52,7 @@ def splice_eligible(request: web.Request, resp: aiohttp.ClientResponse, min_byte
 
 async def relay_spliced(
     request: web.Request,
-    resp: aiohttp.ClientResponse,
+    resp: BackendResponse,
     budget: StreamBudget,
     chunk_bytes: int,
     backend: BackendConfig,

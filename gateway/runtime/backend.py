@@ -28,6 +28,7 @@ from gateway.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 from gateway.core.uri import s3_quote
 from gateway.errors import GatewayTimeout, ServiceUnavailable
 from gateway.runtime.credentials import ChainCredentials, SigningIdentity
+from gateway.runtime.rawclient import RawConnectError, RawPool, RawResponse, request_head
 
 log = logging.getLogger("s3lanes.backend")
 
@@ -45,14 +46,22 @@ PRESIGN_PARAMS = frozenset(
 )
 
 Body = bytes | AsyncIterable[bytes] | Payload | None
+# A read's (GET/HEAD) answer: the session's response or the lean client's (the attributes the relay uses).
+BackendResponse = aiohttp.ClientResponse | RawResponse
 
 
 @dataclass(frozen=True, slots=True)
 class BackendTarget:
-    url: URL
+    scheme: str
     host: str
     raw_path: str
     raw_query: str
+
+    @property
+    def url(self) -> URL:
+        """The session's URL, built on demand: the lean GET/HEAD client needs none (a yarl URL: 3-8 us)."""
+        query = f"?{self.raw_query}" if self.raw_query else ""
+        return URL(f"{self.scheme}://{self.host}{self.raw_path}{query}", encoded=True)
 
 
 def forward_query(raw_query: str) -> str:
@@ -122,6 +131,9 @@ class Backend:
         self._session: aiohttp.ClientSession | None = None
         # Network planes: one pool per lane with its own source address (the rest use the backend's).
         self._lane_sessions: dict[str, aiohttp.ClientSession] = {}
+        # The lean GET/HEAD client's pools (plain HTTP only, ``[backend] raw_reads``), likewise per address.
+        self._raw: RawPool | None = None
+        self._lane_raw: dict[str, RawPool] = {}
         self.health = BackendHealth()
         # This backend's own identity: static keys from the config win; else the AWS chain if asked for;
         # else (both None) each request is signed as the client key's backend identity.
@@ -141,6 +153,31 @@ class Backend:
             if addr not in by_addr:
                 by_addr[addr] = self._new_session(addr)
             self._lane_sessions[lane] = by_addr[addr]
+        # Path-style only: a virtual-hosted bucket is its own host name (its own DNS answer, its own pool).
+        if self.cfg.raw_reads and self._scheme == "http" and self.cfg.addressing == "path":
+            self._raw = self._new_raw_pool(self.cfg.source_address)
+            raw_by_addr: dict[str, RawPool] = {}
+            for lane, addr in sorted(self.cfg.lane_source_addresses.items()):
+                if addr not in raw_by_addr:
+                    raw_by_addr[addr] = self._new_raw_pool(addr)
+                self._lane_raw[lane] = raw_by_addr[addr]
+
+    def _new_raw_pool(self, source_address: str | None) -> RawPool:
+        parts = urlsplit(self.endpoint)
+        return RawPool(
+            parts.hostname or "localhost",
+            parts.port or 80,
+            source_address=source_address,
+            pool_size=self.cfg.pool_size,
+            connect_timeout_s=self.cfg.connect_timeout_s,
+            read_timeout_s=self.cfg.read_timeout_s,
+            recv_buffer_bytes=self.cfg.recv_buffer_bytes,
+        )
+
+    @property
+    def raw_reads(self) -> bool:
+        """Whether GET and HEAD go through the lean client (``raw_reads``, plain HTTP, path-style)."""
+        return self._raw is not None
 
     def _new_session(self, source_address: str | None) -> aiohttp.ClientSession:
         ssl_ctx: ssl.SSLContext | bool
@@ -192,6 +229,12 @@ class Backend:
         for session in {id(s): s for s in self._lane_sessions.values()}.values():
             await session.close()
         self._lane_sessions.clear()
+        for pool in {id(p): p for p in self._lane_raw.values()}.values():
+            await pool.close()
+        self._lane_raw.clear()
+        if self._raw is not None:
+            await self._raw.close()
+            self._raw = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -208,8 +251,7 @@ class Backend:
         else:
             path = "/" + s3_quote(bucket, safe="") + (key_path if key is not None else "")
         query = forward_query(raw_query)
-        url = URL(f"{self._scheme}://{host}{path}" + (f"?{query}" if query else ""), encoded=True)
-        return BackendTarget(url=url, host=host, raw_path=path, raw_query=query)
+        return BackendTarget(scheme=self._scheme, host=host, raw_path=path, raw_query=query)
 
     async def request(
         self,
@@ -232,6 +274,40 @@ class Backend:
         """
         assert self._session is not None, "Backend.start() was not awaited"
         session = self._lane_sessions.get(lane, self._session) if lane is not None else self._session
+        out = self._signed_headers(method, target, headers, cred, payload_hash, signed)
+        kwargs: dict[str, Any] = {}
+        if body is not None:
+            kwargs["data"] = body
+        try:
+            resp = await session.request(
+                method, target.url, headers=out, allow_redirects=False, compress=None, **kwargs
+            )
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            log.warning("backend timeout: %s %s: %r", method, target.url, exc)
+            self.health.failed(self._clock.wall(), f"timeout: {exc!r}")
+            raise GatewayTimeout() from exc
+        except aiohttp.ClientConnectorError as exc:
+            log.warning("backend unreachable: %s %s: %r", method, target.url, exc)
+            self.health.failed(self._clock.wall(), f"unreachable: {exc!r}")
+            raise ServiceUnavailable("The backend storage service is unreachable. Please retry.") from exc
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            # ClientOSError, ServerDisconnectedError, ClientConnectionResetError ("Cannot write to closing
+            # transport" when a pooled connection was closed by the store) and the rest of the family.
+            log.warning("backend connection failed: %s %s: %r", method, target.url, exc)
+            self.health.failed(self._clock.wall(), f"connection failed: {exc!r}")
+            raise ServiceUnavailable("The connection to the backend storage service failed.") from exc
+        self.health.answered(self._clock.wall(), resp.status)
+        return resp
+
+    def _signed_headers(
+        self,
+        method: str,
+        target: BackendTarget,
+        headers: Mapping[str, str],
+        cred: Credential,
+        payload_hash: str,
+        signed: bool,
+    ) -> dict[str, str]:
         # Read at signing time: the chain's snapshot may have rotated since the last request.
         if self._static is not None:
             access_key, secret_key, token = self._static
@@ -257,24 +333,38 @@ class Backend:
                     now_wall=self._clock.wall(),
                 )
             )
-        kwargs: dict[str, Any] = {}
-        if body is not None:
-            kwargs["data"] = body
+        return out
+
+    async def read(
+        self,
+        method: str,
+        target: BackendTarget,
+        headers: Mapping[str, str],
+        cred: Credential,
+        *,
+        lane: str | None = None,
+        signed: bool = True,
+    ) -> BackendResponse:
+        """A bodiless GET or HEAD, signed as :meth:`request` signs, through the lean client where this backend
+        has one (:attr:`raw_reads`), else through the session. The same failures map to the same errors."""
+        pool = self._raw
+        if pool is None:
+            return await self.request(method, target, headers, cred, lane=lane, signed=signed)
+        if lane is not None:
+            pool = self._lane_raw.get(lane, pool)
+        out = self._signed_headers(method, target, headers, cred, UNSIGNED_PAYLOAD, signed)
+        head = request_head(method, target.raw_path, target.raw_query, out)  # CR/LF: a bug, 500
         try:
-            resp = await session.request(
-                method, target.url, headers=out, allow_redirects=False, compress=None, **kwargs
-            )
+            resp = await pool.request(method, head)
         except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
             log.warning("backend timeout: %s %s: %r", method, target.url, exc)
             self.health.failed(self._clock.wall(), f"timeout: {exc!r}")
             raise GatewayTimeout() from exc
-        except aiohttp.ClientConnectorError as exc:
+        except RawConnectError as exc:
             log.warning("backend unreachable: %s %s: %r", method, target.url, exc)
             self.health.failed(self._clock.wall(), f"unreachable: {exc!r}")
             raise ServiceUnavailable("The backend storage service is unreachable. Please retry.") from exc
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
-            # ClientOSError, ServerDisconnectedError, ClientConnectionResetError ("Cannot write to closing
-            # transport" when a pooled connection was closed by the store) and the rest of the family.
+        except (aiohttp.ClientError, ConnectionError) as exc:
             log.warning("backend connection failed: %s %s: %r", method, target.url, exc)
             self.health.failed(self._clock.wall(), f"connection failed: {exc!r}")
             raise ServiceUnavailable("The connection to the backend storage service failed.") from exc

@@ -18,7 +18,7 @@ from gateway.config import DEFAULT_BACKEND, BackendConfig, Credential
 from gateway.core.routing import Route, RouteTable
 from gateway.core.sigv4 import UNSIGNED_PAYLOAD
 from gateway.errors import S3Error
-from gateway.runtime.backend import Backend, BackendTarget, Body
+from gateway.runtime.backend import Backend, BackendResponse, BackendTarget, Body
 from gateway.runtime.dispatcher import LaneDispatcher
 
 
@@ -153,6 +153,38 @@ class Pools:
             except BaseException:
                 resp.release()
                 raise
+        return resp
+
+    async def read(
+        self,
+        lane: str,
+        bucket: str | None,
+        key: str | None,
+        method: str,
+        headers: Mapping[str, str],
+        credential: Credential,
+        *,
+        raw_query: str = "",
+        cost: int,
+        gone: Callable[[], bool] | None = None,
+        admitted: Callable[[], None] | None = None,
+        signed: bool = True,
+    ) -> BackendResponse:
+        """A bodiless GET or HEAD as :meth:`request` sends it (same lane admission, same observations),
+        through the backend's lean client where it has one (:meth:`Backend.read`)."""
+        chosen, target = self.target(bucket, key, raw_query)
+        dispatcher = self.dispatcher_of(chosen.name)
+        ticket = await dispatcher.acquire(lane, cost, gone=gone)
+        dispatcher.release(ticket)
+        if admitted is not None:
+            admitted()
+        # A failure (S3Error) is observed by the caller, as :meth:`request` leaves it with observe_errors off.
+        resp = await chosen.read(method, target, headers, credential, lane=lane, signed=signed)
+        try:
+            dispatcher.observe_backend(lane, resp.status)
+        except BaseException:
+            resp.release()
+            raise
         return resp
 
     async def start(self) -> None:

@@ -315,3 +315,10 @@ def test_renamed_settings_are_scaled_into_their_fields() -> None:
     assert cfg.spool.capacity_bytes == 2048 and isinstance(cfg.spool.capacity_bytes, int)
     assert cfg.backend.bandwidth_bps == 1e6
     assert cfg.backend.lane_source_addresses == {"checkpoint": "10.0.0.5"}
+
+
+def test_raw_reads_is_on_by_default_and_a_backend_setting(tmp_path: Path):
+    assert load_config(env={}).backend.raw_reads is True
+    path = write(tmp_path, "[backend]\nraw_reads = false\n")
+    assert load_config(path, env={}).backend.raw_reads is False
+    assert load_config(env={"S3LANES_BACKEND_RAW_READS": "false"}).backend.raw_reads is False
