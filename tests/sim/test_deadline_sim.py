@@ -116,7 +116,7 @@ def test_with_the_deadline_every_checkpoint_is_durable_before_the_next_and_reads
     times = durable_s(r)
     # The first checkpoint: no cadence known yet (the deadline is an hour), it drains at the guard's pace
     # and the second one's arrival makes it overdue; the third catches up, and from the fourth on each is
-    # durable within the interval (26 s; 74, 51 and 37.5 s for the first three).
+    # durable within the interval (26-26.5 s; 73.5, 50.5 and 37 s for the first three).
     assert all(t < INTERVAL_S for t in times[3:]), times
     assert times[-1] < INTERVAL_S
     assert max(r.floors) <= 0.30 + 1e-9
