@@ -75,6 +75,12 @@ class TokenBucket:
         if math.isinf(rate_bps):
             self.level_bytes = self.depth_bytes
 
+    def set_depth(self, depth_bytes: float, now: float) -> None:
+        """Change the depth from ``now`` on; credit above a smaller depth is forfeited (debt stays)."""
+        self.settle(now)
+        self.depth_bytes = depth_bytes
+        self.level_bytes = depth_bytes if math.isinf(self.rate_bps) else min(self.level_bytes, depth_bytes)
+
     def clip(self, max_level_bytes: float, now: float) -> None:
         """Forfeit credit above ``max_level_bytes`` (debt stays)."""
         self.settle(now)

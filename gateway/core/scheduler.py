@@ -35,10 +35,13 @@ while sustained overload still follows the weights. Reservation-phase grants onl
 for it: reservations sum to at most ``C``, and a lane within its reservation must not wait on the others
 (reads are admitted at once and charged; the others yield). A read overdraft is forgiven
 beyond what can still be in flight, so the other lanes never wait out a stale debt. Every grant also needs
-the lane's ceiling bucket (GCRA with tau ``burst_bytes``; while reads are active, a capped lane that is not
-read-protected keeps, of the credit it earned while idle, only what its ceiling delivers in
-``latency_target_s``, so a checkpoint lane back from idle starts at its rate instead of with a burst in
-front of the reads). The ceiling is, as a fraction of ``C``: the
+the lane's ceiling bucket (GCRA whose tau is what the ceiling rate fills in :data:`CEILING_DEPTH_S`, at
+least one piece and at most ``burst_bytes``; while reads are active a lane at its cap
+(``limit_while_reads_active``, ``strict`` mode) paces at :data:`SHARE_WINDOW_S` / (:data:`SHARE_WINDOW_S` +
+:data:`CEILING_DEPTH_S`) of it, so that no second, even one that starts with a full bucket, goes over the
+cap; and a capped lane that is not read-protected keeps, of the credit it earned while idle, only what
+its ceiling delivers in ``latency_target_s``, so a checkpoint lane back from idle starts at its rate
+instead of with a burst in front of the reads). The ceiling is, as a fraction of ``C``: the
 lane's ``limit``; an *external limit* (:meth:`Scheduler.set_external_limit`: this node's allowance of a
 cluster-wide budget, in force whatever the local read activity, since the readers may be on another node);
 in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
@@ -119,7 +122,17 @@ BUSY_STATUSES = frozenset({500, 502, 503, 504})
 # With an estimated capacity and no configured window, keep ~10 ms of capacity in flight (a bandwidth-delay
 # product for a store with a few ms of TTFB): saturation then shows up as a full window, which is the
 # estimator's main evidence. A much larger window would hide it (the clients' streams never fill it).
-AUTO_WINDOW_S = 0.01  # after a longer silence, skip the empty windows instead of ticking each
+AUTO_WINDOW_S = 0.01
+# A lane's ceiling bucket is as deep as its ceiling rate fills in this long (at least one piece, at most
+# burst_bytes): closed-loop streams whose pieces wait in the store's queue leave the lane's rate unused, and
+# the credit is spent as a lump when they come back; a 4 MiB bucket under a 10.7 MB/s ceiling let a
+# checkpoint drain move 13.2 MB/s in a second. While reads are active a lane at its cap
+# (limit_while_reads_active, strict mode) paces at cap x SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S),
+# so that even a second that starts with a full bucket keeps to the cap: the reads' share holds in every
+# second.
+CEILING_DEPTH_S = 0.05
+SHARE_WINDOW_S = 1.0
+# after a longer silence, skip the empty windows instead of ticking each
 
 
 # -- configuration ---------------------------------------------------------------------------------------
@@ -680,8 +693,7 @@ class Scheduler:
         Raises ``KeyError`` for an unknown lane."""
         if self._by_name[lane].spec.read_protected:
             return chunk_bytes
-        fit = int(self._capacity() * self._cfg.latency_target_s) // PIECE_STEP_BYTES * PIECE_STEP_BYTES
-        return min(chunk_bytes, max(PIECE_STEP_BYTES, fit))
+        return min(chunk_bytes, self._piece_fit())
 
     def snapshot(self, now: float) -> SchedulerSnapshot:
         now = self._advance(now)
@@ -958,12 +970,40 @@ class Scheduler:
         for ln, res in zip(self._lanes, self._reservations(), strict=True):
             ln.res_bucket.set_rate(res * cap, now)
             ln.ceiling = self._ceiling_fraction(ln, now)
-            ln.limit_bucket.set_rate(ln.ceiling * cap if math.isfinite(ln.ceiling) else math.inf, now)
+            rate = ln.ceiling * cap if math.isfinite(ln.ceiling) else math.inf
+            share_cap = self._share_cap(ln)
+            if share_cap is not None:
+                rate = min(rate, share_cap * cap * SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S))
+            ln.limit_bucket.set_rate(rate, now)
+            ln.limit_bucket.set_depth(self._ceiling_depth(rate), now)
             if reads_arrived and self._paced_while_reads_active(ln):
                 # Capped for the reads from now on: credit from before they came is not spent on them.
                 ln.limit_bucket.clip(ln.limit_bucket.rate_bps * self._cfg.latency_target_s, now)
                 if ln.idle_credit is not None:
                     ln.idle_credit = min(ln.idle_credit, 0.0)
+
+    def _share_cap(self, ln: _Lane) -> float | None:
+        """The lane's cap while reads are active (``limit_while_reads_active`` in ``strict`` mode, a fraction
+        of ``C``), or None: the share the reads keep in every second depends on it."""
+        s = ln.spec
+        if not self._reads_active or s.read_protected or s.limit_while_reads_active is None:
+            return None
+        if self._cfg.write_cap_mode != "strict":
+            return None
+        return s.limit_while_reads_active * self._cap_scale
+
+    def _piece_fit(self) -> int:
+        """The largest piece a paced lane moves at a time (:meth:`piece_bytes`), before the chunk bound."""
+        fit = int(self._capacity() * self._cfg.latency_target_s) // PIECE_STEP_BYTES * PIECE_STEP_BYTES
+        return max(PIECE_STEP_BYTES, fit)
+
+    def _ceiling_depth(self, rate_bps: float) -> float:
+        """A ceiling bucket's depth: what ``rate_bps`` fills in :data:`CEILING_DEPTH_S`, at least one piece,
+        at most ``burst_bytes`` (no ceiling: ``burst_bytes``)."""
+        burst = float(self._cfg.burst_bytes)
+        if math.isinf(rate_bps):
+            return burst
+        return min(burst, max(float(self._piece_fit()), rate_bps * CEILING_DEPTH_S))
 
     def _wake(self, at: float) -> float:
         """The earliest of ``at``, the next window tick (rates may change) and the end of read activity."""

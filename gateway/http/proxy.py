@@ -120,6 +120,7 @@ class S3Proxy:
                 arrived = self._clock.monotonic()
             else:
                 budget = StreamBudget(dispatcher, lane, self._chunk, upload.expected_bytes)
+                budget.narrow_receive_buffer(request.transport)  # paced: the body waits client-side
                 pipe = _BodyStream(request, upload, budget)
                 body = pipe.iterate()
         # Here requests queue in their lane, in the order the scheduler picks, for the request's own cost

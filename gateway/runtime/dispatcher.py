@@ -17,6 +17,8 @@ could land anywhere in a spool commit) removes its ticket; a granted ticket is a
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -182,6 +184,17 @@ class LaneDispatcher:
         return len(self._granted)
 
 
+# A paced upload's client connection keeps at most this many of its pieces in the gateway's kernel receive
+# buffer (the kernel doubles the SO_RCVBUF asked for, for its bookkeeping): the body then waits on the
+# client's side, where its socket shows it, instead of being taken in whole and paced out while the client
+# waits for an answer (8 MiB parts at a progress floor of 192 KiB per 2 s kept botocore writers waiting 40
+# s for an answer, with nothing moving on their connection).
+PACED_RECEIVE_BUFFER_PIECES = 1
+# What a connection's receive buffer is set back to once the paced body is in (autotuning stays off on a
+# socket whose SO_RCVBUF was set; the kernel caps this at net.core.rmem_max).
+RESTORED_RECEIVE_BUFFER_BYTES = 4 * 1024 * 1024
+
+
 class StreamBudget:
     """Charges one body stream to its lane, ``chunk_bytes`` at a time.
 
@@ -192,7 +205,18 @@ class StreamBudget:
     to what is really on the wire. :meth:`close` must run in a ``finally``.
     """
 
-    __slots__ = ("_charged", "_chunk", "_credit", "_dispatcher", "_lane", "_ticket", "_ticket_used", "_total")
+    __slots__ = (
+        "_charged",
+        "_chunk",
+        "_credit",
+        "_dispatcher",
+        "_lane",
+        "_paced",
+        "_restore_rcvbuf",
+        "_ticket",
+        "_ticket_used",
+        "_total",
+    )
 
     def __init__(
         self, dispatcher: LaneDispatcher, lane: str, chunk_bytes: int, total_bytes: int | None
@@ -200,6 +224,8 @@ class StreamBudget:
         self._dispatcher = dispatcher
         self._lane = lane
         self._chunk = dispatcher.scheduler.piece_bytes(lane, chunk_bytes)
+        self._paced = self._chunk < chunk_bytes
+        self._restore_rcvbuf: socket.socket | None = None
         self._total = total_bytes
         self._charged = 0
         self._credit = 0
@@ -212,6 +238,22 @@ class StreamBudget:
         of a slow store (:meth:`Scheduler.piece_bytes`). A body sent in pieces of at most this size is on
         the wire no sooner than granted, and no piece is more than the lane's latency allowance."""
         return self._chunk
+
+    def narrow_receive_buffer(self, transport: asyncio.BaseTransport | None) -> None:
+        """On a paced lane (pieces cut smaller than the chunk), shrink the receive buffer of the client
+        connection whose body this stream moves to :data:`PACED_RECEIVE_BUFFER_PIECES` pieces, until
+        :meth:`close`: the client's body then moves as the lane is granted, in short pauses, and its answer
+        comes soon after its last byte. Anything else (a fast store, no socket): nothing."""
+        if not self._paced or transport is None:
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, PACED_RECEIVE_BUFFER_PIECES * self._chunk)
+        except OSError:  # pragma: no cover - a socket type without the option
+            return
+        self._restore_rcvbuf = sock
 
     async def take(self, nbytes: int) -> None:
         while self._credit < nbytes:
@@ -239,3 +281,7 @@ class StreamBudget:
             # Report what the last chunk really moved so unused budget is not counted as sent.
             self._dispatcher.release(self._ticket, bytes_done=self._ticket_used)
             self._ticket = None
+        sock, self._restore_rcvbuf = self._restore_rcvbuf, None
+        if sock is not None:
+            with contextlib.suppress(OSError):  # the connection may be gone
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RESTORED_RECEIVE_BUFFER_BYTES)

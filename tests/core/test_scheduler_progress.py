@@ -187,6 +187,52 @@ def test_a_set_floor_is_served_against_saturating_reads() -> None:
     assert granted["dataset"] / total >= 0.70
 
 
+def test_a_drain_that_stalls_never_catches_up_in_a_lump_over_its_cap() -> None:
+    # The deadline holds the checkpoint lane at its cap (30 %) against saturating reads; 8 streams, whose
+    # pieces reach the store 0.1 s after their grant, except that every 3 s the store's queue holds them
+    # for a second. The lane banks credit meanwhile; with the ceiling bucket as deep as the burst (here 1
+    # MiB; the gateway's default is 4), the second after a stall carried 0.30 x C plus that much. Sized by
+    # time, no second goes over 0.30.
+    s = Scheduler(config(progress_interval_s=None), T0)
+    cut_guard(s, T0)
+    now = T0 + 4.0
+    s.set_floor("checkpoint", 0.30, now)
+    for _ in range(4):
+        s.submit("dataset", MiB, now)
+    for _ in range(8):
+        s.submit("checkpoint", PIECE, now)
+    start, end = now + 1.0, now + 31.0
+    arrivals: list[float] = []  # when each checkpoint piece was granted
+    landing: list[float] = []  # when the next piece of a stream whose piece is at the store is asked for
+    next_miss = now
+    while now < end:
+        if now >= next_miss:
+            slow_reads(s, now)
+            next_miss = now + 0.05
+        while landing and min(landing) <= now:
+            landing.remove(min(landing))
+            s.submit("checkpoint", PIECE, now)
+        d = s.pull(now)
+        if isinstance(d, Grant):
+            s.complete(d.ticket, now)
+            if d.lane == "dataset":
+                s.submit("dataset", MiB, now)
+                continue
+            if now >= start:
+                arrivals.append(now)
+            phase = (now - start) % 3.0
+            landing.append(now + (1.0 - phase + 0.1 if phase < 1.0 else 0.1))  # stalled: back after it
+        else:
+            at = d.at if isinstance(d, WaitUntil) else math.inf
+            now = min(at, next_miss, min(landing, default=math.inf))
+    per_s = [
+        sum(PIECE for t in arrivals if a <= t < a + 1.0)
+        for a in (start + i * 0.05 for i in range(int((end - start - 1.0) / 0.05)))
+    ]
+    assert max(per_s) <= 0.30 * C, max(per_s) / C
+    assert len(arrivals) * PIECE / (end - start) > 0.18 * C  # it still drains
+
+
 def test_set_floor_checks_its_arguments() -> None:
     s = Scheduler(config(), T0)
     with pytest.raises(KeyError):

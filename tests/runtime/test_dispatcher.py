@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
@@ -21,7 +22,12 @@ import pytest
 from gateway.clock import Clock, FakeClock, Timer
 from gateway.config import Config
 from gateway.core.scheduler import LaneSnapshot, Scheduler
-from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
+from gateway.runtime.dispatcher import (
+    PACED_RECEIVE_BUFFER_PIECES,
+    RESTORED_RECEIVE_BUFFER_BYTES,
+    LaneDispatcher,
+    StreamBudget,
+)
 from gateway.runtime.wiring import scheduler_config
 
 KiB = 1024
@@ -252,3 +258,44 @@ async def test_stream_budget_closed_mid_stream_returns_in_flight_to_zero(known_t
     snap = lane(d, "dataset")
     assert snap.granted_bytes_total == 3 * CHUNK
     assert snap.done_bytes_total == taken
+
+
+class _RecordingSocket:
+    def __init__(self) -> None:
+        self.rcvbuf: list[int] = []
+
+    def setsockopt(self, level: int, option: int, value: int) -> None:
+        assert (level, option) == (socket.SOL_SOCKET, socket.SO_RCVBUF)
+        self.rcvbuf.append(value)
+
+
+class _Transport(asyncio.BaseTransport):
+    def __init__(self, sock: object) -> None:
+        super().__init__()
+        self._sock = sock
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._sock if name == "socket" else default
+
+
+async def test_a_paced_upload_narrows_its_connections_receive_buffer_until_closed() -> None:
+    # In front of a 10 MB/s store the checkpoint lane moves 64 KiB pieces: the client's connection keeps
+    # that much in the gateway's kernel while the body is paced, then gets a wide buffer back.
+    d = make_dispatcher()
+    sock = _RecordingSocket()
+    budget = StreamBudget(d, "checkpoint", CHUNK, 4 * CHUNK)
+    budget.narrow_receive_buffer(_Transport(sock))
+    assert sock.rcvbuf == [PACED_RECEIVE_BUFFER_PIECES * budget.piece_bytes]
+    assert budget.piece_bytes == 64 * KiB
+    await budget.take(CHUNK)
+    budget.close()
+    budget.close()
+    assert sock.rcvbuf == [PACED_RECEIVE_BUFFER_PIECES * 64 * KiB, RESTORED_RECEIVE_BUFFER_BYTES]
+    # Whole chunks (a read-protected lane, or a store fast enough for them): the buffer is left alone.
+    other = _RecordingSocket()
+    fast = StreamBudget(d, "dataset", CHUNK, 4 * CHUNK)
+    fast.narrow_receive_buffer(_Transport(other))
+    fast.narrow_receive_buffer(None)
+    fast.close()
+    assert other.rcvbuf == []
+    assert_all_clear(d)

@@ -115,13 +115,15 @@ def test_with_the_deadline_every_checkpoint_is_durable_before_the_next_and_reads
     r = simulate(deadline=True)
     times = durable_s(r)
     # The first checkpoint: no cadence known yet (the deadline is an hour), it drains at the guard's pace
-    # and the second one's arrival makes it overdue; from the third on, each is durable within the interval
-    # (26-31 s; 70 and 47 s for the first two).
-    assert all(t < INTERVAL_S for t in times[2:]), times
+    # and the second one's arrival makes it overdue; the third catches up, and from the fourth on each is
+    # durable within the interval (26-26.5 s; 73.5, 50.5 and 37 s for the first three).
+    assert all(t < INTERVAL_S for t in times[3:]), times
     assert times[-1] < INTERVAL_S
     assert max(r.floors) <= 0.30 + 1e-9
     shares = read_shares(r, FIRST_AT, HORIZON_S)
-    assert min(shares) >= 0.70 - 0.01, min(shares)  # writes at most at their 30 % cap, +-1 % per second
+    # Writes at most at their 30 % cap in every second: the ceiling bucket holds ~50 ms of the lane's rate
+    # and the lane paces a little under its ceiling, so even a second that starts with it full keeps to it.
+    assert min(shares) >= 0.70, min(shares)
 
 
 def test_without_it_the_drains_fall_behind_the_checkpoints() -> None:
@@ -138,6 +140,6 @@ def test_on_a_store_carrying_less_than_configured_the_caps_follow_what_it_carrie
     # reads would get 25.6 of 37.6 MB/s (0.68) in the seconds a deadline floor holds the lane at its cap.
     r = simulate(deadline=True, carries=0.94)
     shares = read_shares(r, FIRST_AT, HORIZON_S)
-    assert min(shares) >= 0.70 - 0.01, min(shares)
+    assert min(shares) >= 0.70, min(shares)
     times = durable_s(r)
     assert times[-1] < INTERVAL_S, times
