@@ -8,7 +8,7 @@ while the drain has not taken them yet: a restore served by the spool), timed to
 go to gateways that differ in one setting (``--compare``: ``[spool] direct_io`` on and off by default, or
 ``[server] zero_copy_min_bytes`` at its default and 0), interleaved round by round (A B, B A, ...) so that
 drift on a shared machine hits both alike. Results and their reading: ``docs/benchmarks.md`` ("Direct I/O
-for spool files", "Zero-copy GET relay").
+for spool files", "Restores from the spool").
 
 Theory of operation
 -------------------
