@@ -28,6 +28,7 @@ from gateway.core.access import TenantPolicy
 from gateway.core.s3request import query_names, split_target
 from gateway.core.sigv4 import RequestView, parse_auth, verify
 from gateway.errors import S3Error
+from gateway.http.forward import forwarded_peer
 from gateway.metrics import CONTENT_TYPE, Metrics, event_loop_tasks
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.spool import Spool
@@ -45,11 +46,15 @@ METRICS_PATH = "/metrics"
 
 
 def _is_loopback(request: web.Request) -> bool:
+    relayed = forwarded_peer(request)  # another worker's relay: the client's address
     peer = request.transport.get_extra_info("peername") if request.transport is not None else None
-    if not peer:
+    address = peer[0] if isinstance(peer, (tuple, list)) and peer else None
+    if relayed is not None:
+        address = relayed
+    if not address:
         return False
     try:
-        return ipaddress.ip_address(peer[0]).is_loopback
+        return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
 

@@ -67,6 +67,7 @@ from gateway.errors import (
     SlowDown,
     XAmzContentSHA256Mismatch,
 )
+from gateway.http.forward import FORWARDED_HEADER, forwarded_request_id, write_hold
 from gateway.http.peer import client_gone
 from gateway.http.pool_front import PoolFront, names_bucket
 from gateway.http.s3xml import MAX_REWRITTEN_ERROR_BYTES, error_xml, with_request_id
@@ -77,7 +78,9 @@ from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
 from gateway.runtime.pools import Pools
 
 if TYPE_CHECKING:
+    from gateway.http.forward import Forwarder
     from gateway.http.spool_front import SpoolFront
+    from gateway.runtime.spool_summary import SummaryWriter
 
 log = logging.getLogger("s3lanes.http")
 
@@ -114,6 +117,7 @@ _DROP_REQUEST = _HOP_BY_HOP | {
     "x-amz-security-token",
     "content-length",
     LANE_HINT_HEADER,
+    FORWARDED_HEADER,
 }
 _DROP_RESPONSE = _HOP_BY_HOP | {"content-length"}
 BACKEND_REQUEST_ID_HEADER = "x-s3lanes-backend-request-id"
@@ -217,6 +221,10 @@ class S3Proxy:
         self._pool_front = PoolFront(self)
         # Set by build_app when the write spool is enabled; it answers the operations it holds data for.
         self.spool_front: SpoolFront | None = None
+        # Several workers: a worker without the spool relays what may touch it to the spool's owner
+        # (gateway.http.forward); the owner marks the buckets of writes in the shared spool summary.
+        self.forwarder: Forwarder | None = None
+        self.spool_summary: SummaryWriter | None = None
 
     # -- authentication ----------------------------------------------------------------------------------
 
@@ -272,7 +280,7 @@ class S3Proxy:
     # -- the handler ---------------------------------------------------------------------------------------
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        rid = request.get(RID_KEY) or new_request_id()
+        rid = request.get(RID_KEY) or forwarded_request_id(request) or new_request_id()
         request[RID_KEY] = rid
         REQUEST_ID.set(rid)
         try:
@@ -445,6 +453,14 @@ class S3Proxy:
         return out
 
     async def _proxy(
+        self, request: web.Request, ctx: RequestContext, decision: Decision
+    ) -> web.StreamResponse:
+        if self.forwarder is not None and self.forwarder.wants(ctx.target, ctx.view, decision.lane):
+            return await self.forwarder.relay(request, ctx.request_id)
+        with write_hold(self.spool_summary, ctx.target.bucket, request.method):
+            return await self._answer(request, ctx, decision)
+
+    async def _answer(
         self, request: web.Request, ctx: RequestContext, decision: Decision
     ) -> web.StreamResponse:
         if ctx.anonymous:

@@ -253,10 +253,3 @@ def test_the_write_cap_holds_for_the_node_not_per_worker(tmp_path: Path, seaweed
     assert 0.1 * BANDWIDTH_BPS < up <= 0.30 * BANDWIDTH_BPS * 1.15, report
     assert code == 0
     assert "Traceback" not in log_path.read_text()
-
-
-def test_more_workers_with_the_spool_on_is_a_config_error(tmp_path: Path, seaweed: Any) -> None:
-    toml = _toml(tmp_path, seaweed).replace("enabled = false", "enabled = true")
-    with pytest.raises(RuntimeError) as info:
-        start_gateway(tmp_path, toml)
-    assert "cannot share one write spool yet" in str(info.value)
