@@ -57,6 +57,7 @@ import functools
 import hashlib
 import http.client
 import json
+import os
 import random
 import re
 import signal
@@ -688,11 +689,14 @@ def crash_gateway_toml(
     bandwidth: str = "20MB/s",
     journal_compact: str = "32KiB",
     fence_s: float | None = None,
+    workers: int = 1,
 ) -> str:
-    """A gateway on a fixed port whose spool drains slowly (bandwidth) and compacts its journal often."""
+    """A gateway on a fixed port whose spool drains slowly (bandwidth) and compacts its journal often;
+    ``workers`` > 1: a supervisor and that many worker processes, worker 0 owning the spool."""
     return f"""
 [server]
 listen = "127.0.0.1:{port}"
+workers = {workers}
 state_dir = "{state_dir}"
 log_level = "INFO"
 shutdown_grace_s = 5
@@ -715,6 +719,16 @@ journal_compact_bytes = "{journal_compact}"
 access_key = "{access_key}"
 secret_key = "{secret_key}"
 """
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux: /proc/<pid>/task/*/children; elsewhere none)."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as fh:
+                found.extend(int(x) for x in fh.read().split())
+    return found
 
 
 class GatewayProcess:
@@ -782,8 +796,13 @@ class GatewayProcess:
         self.wait_ready()
 
     def kill(self) -> None:
-        """SIGKILL (by pid) and reap."""
+        """SIGKILL (by pid) and reap. With several workers, the workers first (by the pids the kernel lists
+        as the supervisor's children), then the supervisor: all of the gateway dies at once, as in a power
+        cut, rather than the workers being asked to stop when their supervisor goes."""
         if self.proc is not None and self.proc.poll() is None:
+            for pid in _children(self.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.proc.send_signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait()
@@ -822,6 +841,7 @@ class CrashConfig:
     # commit markers, would only stretch the final flush of a run that kills every second.
     fence_s: float | None = 5.0
     check_each_kill: bool = False  # after every kill: pause, flush, compare the store with the model
+    gateway_workers: int = 1  # [server] workers of the gateway (every kill takes all of them down)
 
 
 @dataclass(slots=True)
@@ -1055,6 +1075,7 @@ def run_crash(
         access_key=access_key,
         secret_key=secret_key,
         fence_s=cfg.fence_s,
+        workers=cfg.gateway_workers,
     )
     gw = GatewayProcess(work_dir / "gateway", toml, cwd=gateway_cwd)
     h = Harness()
