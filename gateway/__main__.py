@@ -284,7 +284,9 @@ def render_status(doc: dict[str, Any]) -> str:
             )
         )
     sp = doc.get("spool") or {}
-    if sp.get("enabled"):
+    if sp.get("unavailable"):
+        lines += ["", f"Write spool (held by worker {sp.get('owner_worker', 0)}): {sp['unavailable']}"]
+    elif sp.get("enabled"):
         state = "degraded" if sp.get("degraded") else "full" if sp["full"] else "ok"
         cap = sp["capacity_bytes"]
         level = sp["used_bytes"] / cap if cap > 0 else 1.0

@@ -102,6 +102,8 @@ class Admin:
         self.gather_metrics: Callable[[bytes], Awaitable[bytes]] | None = None
         # One of several workers: {"index", "count", "pid"} in the status document (None: a single process).
         self.worker: dict[str, int] | None = None
+        # Several workers, on one that does not hold the spool: the spool's section, from its owner.
+        self.spool_status: Callable[[], Awaitable[dict[str, Any]]] | None = None
 
     def allowed(self, request: web.Request) -> bool:
         return self._open or _is_loopback(request) or self._bearer_ok(request)
@@ -266,9 +268,10 @@ class Admin:
     async def status(self, request: web.Request) -> web.Response:
         if not self.allowed(request):
             return web.Response(status=403, text=self.forbidden_text(request))
-        return web.Response(
-            text=json.dumps(self.status_document(), indent=2), content_type="application/json"
-        )
+        doc = self.status_document()
+        if self.spool_status is not None:
+            doc["spool"] = await self.spool_status()
+        return web.Response(text=json.dumps(doc, indent=2), content_type="application/json")
 
 
 class Lifecycle:

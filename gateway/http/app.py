@@ -186,6 +186,8 @@ def build_app(
         backends_waiting=probe.never_answered if cfg.server.ready_requires_backend else None,
         bucket_exists=lambda bucket, tenant: bucket_exists(pools, keys, bucket, tenant),
     )
+    if forwarder is not None:
+        admin.spool_status = forwarder.owner_spool_status
     app[LIFECYCLE_KEY] = admin.lifecycle
     app[ADMIN_KEY] = admin
     app[BACKEND_KEY] = backend

@@ -30,7 +30,7 @@ import os
 import stat
 import tempfile
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -66,6 +66,7 @@ _HOP_BY_HOP = frozenset(
 _DROP_RESPONSE = _HOP_BY_HOP | {"content-length"}
 RELAY_CHUNK_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 5.0
+STATUS_TIMEOUT_S = 5.0
 
 
 def owner_address(supervisor_pid: int) -> str:
@@ -221,6 +222,23 @@ class Forwarder:
             return out
         finally:
             resp.release()
+
+    async def owner_spool_status(self) -> dict[str, Any]:
+        """The ``spool`` section of the owner's status (its own request on the unix socket)."""
+        headers = {FORWARDED_HEADER: "rid=status;peer=127.0.0.1", "Host": "spool-owner"}
+        try:
+            async with self._client().get(
+                "http://spool-owner/_s3lanes/status",
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=STATUS_TIMEOUT_S),
+            ) as resp:
+                doc = await resp.json(content_type=None)
+            spool = doc["spool"]
+            if not isinstance(spool, dict):
+                raise ValueError("no spool section")
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError) as exc:
+            return {"enabled": True, "owner_worker": 0, "unavailable": f"worker 0 does not answer: {exc!r}"}
+        return {**spool, "owner_worker": 0}
 
     async def close(self) -> None:
         if self._session is not None:

@@ -170,6 +170,11 @@ def test_writes_through_either_worker_are_read_through_the_other_before_the_drai
     )
     for key in ("ckpt/a", "ckpt/b", "ckpt/mp"):
         assert not _on_store(store, bucket, key), key  # the drain is paused: only the spool has them
+    # One status: worker 1 shows the spool worker 0 holds.
+    admin1.request("GET", "/_s3lanes/status")
+    status = json.loads(admin1.getresponse().read())
+    assert status["worker"]["index"] == 1
+    assert status["spool"]["owner_worker"] == 0 and status["spool"]["pending_objects"] == 3, status["spool"]
     for c in (on0, on1):
         assert c.get_object(Bucket=bucket, Key="ckpt/a")["Body"].read() == a
         assert c.get_object(Bucket=bucket, Key="ckpt/b")["Body"].read() == b
