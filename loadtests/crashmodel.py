@@ -796,13 +796,18 @@ class GatewayProcess:
         self.wait_ready()
 
     def kill(self) -> None:
-        """SIGKILL (by pid) and reap. With several workers, the workers first (by the pids the kernel lists
-        as the supervisor's children), then the supervisor: all of the gateway dies at once, as in a power
-        cut, rather than the workers being asked to stop when their supervisor goes."""
+        """SIGKILL (by pid) and reap. With several workers, the supervisor and the workers (the pids the
+        kernel lists as its children) all die at once, rather than the workers being asked to stop when
+        their supervisor goes."""
         if self.proc is not None and self.proc.poll() is None:
-            for pid in _children(self.proc.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            # Stopped first, all of them (the supervisor first, so it restarts nobody): no worker answers
+            # anything once another one is gone, as in a power cut; then killed.
+            self.proc.send_signal(signal.SIGSTOP)
+            children = _children(self.proc.pid)
+            for sig in (signal.SIGSTOP, signal.SIGKILL):
+                for pid in children:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
             self.proc.send_signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait()

@@ -190,7 +190,8 @@ class Forwarder:
                 compress=False,
                 chunked=None,
             )
-        except (aiohttp.ClientConnectionError, OSError) as exc:
+        except aiohttp.ClientConnectorError as exc:
+            # Not connected: the owner saw nothing of the request, so it is honest to say "retry".
             if request.body_exists and not request.content.is_eof() and request.transport is not None:
                 # Part of the body may be gone: the connection cannot carry another request.
                 request.transport.close()
@@ -199,6 +200,13 @@ class Forwarder:
                 "The worker holding the gateway's spool is not answering (restarting?); retry.",
                 retry_after_s=self._retry_after_s,
             ) from None
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            # The owner went away with the request: it may have acknowledged (journaled) it or not. As a
+            # crashed gateway would, cut the client's connection: its outcome is unknown, not refused.
+            log.warning("the spool's worker went away during a forwarded request: %r", exc)
+            if request.transport is not None:
+                request.transport.abort()
+            raise ConnectionResetError("the spool's worker went away") from None
         try:
             out = web.StreamResponse(status=resp.status, reason=resp.reason)
             for name, value in resp.headers.items():
