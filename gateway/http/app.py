@@ -163,7 +163,13 @@ def build_app(
     if cfg.cluster.enabled or cluster_board is not None:  # shared lanes get a cluster- or node-wide budget
         backlog = spool_backlog(spool) if spool is not None else None
         cluster = ClusterMember(
-            cfg.cluster, scheduler, clock, board=cluster_board, backlog_bytes=backlog, wake=dispatcher.wake
+            cfg.cluster,
+            scheduler,
+            clock,
+            board=cluster_board,
+            backlog_bytes=backlog,
+            wake=dispatcher.wake,
+            node_share=cluster_board is not None,
         )
         metrics.add_snapshot_collector(cluster.collector())
         app[CLUSTER_KEY] = cluster
