@@ -99,7 +99,7 @@ class ServerConfig:
     credentials_file: Path | None = None
     # Worker processes serving the listeners (one event loop, so one core, each). 1 = one process, as
     # before; N > 1: a supervisor binds the listeners and runs N workers on them (docs/deploy.md). The
-    # workers share the node's write lanes' budget; worker 0 owns the spool, the others forward to it.
+    # workers share the node's write budget and bandwidth; worker 0 owns the spool, the others forward to it.
     workers: int = 1
 
 
