@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import AsyncIterator
@@ -82,6 +83,7 @@ def socket_dir(supervisor_pid: int) -> str:
 def make_socket_dir(supervisor_pid: int) -> str:
     """Create the directory of the owner's socket (mode 0700; the supervisor, before it forks). One left by a
     previous process of the same pid is reused only if it is ours and private."""
+    _remove_stale_socket_dirs()
     path = socket_dir(supervisor_pid)
     try:
         os.mkdir(path, 0o700)
@@ -90,6 +92,31 @@ def make_socket_dir(supervisor_pid: int) -> str:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
             raise OSError(f"{path} exists and is not a private directory of this user") from None
     return path
+
+
+def _remove_stale_socket_dirs() -> None:
+    """Socket directories of this user's supervisors that are gone (killed: nothing removed them)."""
+    prefix = f"s3lanes-{os.getuid()}-"
+    tmp = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            pid = name[len(prefix) :]
+            if not name.startswith(prefix) or not pid.isdigit() or _alive(int(pid)):
+                continue
+            path = os.path.join(tmp, name)
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_uid == os.getuid():
+                    shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def on_unix_socket(request: web.Request) -> bool:

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
+import pytest
+
+from gateway.http.forward import make_socket_dir, owner_address
 from gateway.runtime.spool_summary import SummaryReader, SummaryWriter, create_summary
 
 
@@ -52,3 +57,20 @@ def test_a_restarted_owner_keeps_the_previous_marks_until_it_has_recovered(tmp_p
     assert reader.may_hold("b")
     second.refresh()
     assert not reader.may_hold("b")
+
+
+def test_the_socket_directory_is_private_and_a_dead_supervisors_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale = tmp_path / f"s3lanes-{os.getuid()}-999999999"
+    stale.mkdir()
+    (stale / "spool.sock").write_bytes(b"")
+    path = make_socket_dir(os.getpid())
+    assert os.stat(path).st_mode & 0o777 == 0o700
+    assert owner_address(os.getpid()) == os.path.join(path, "spool.sock")
+    assert not stale.exists()
+    assert make_socket_dir(os.getpid()) == path  # ours, private: reused
+    os.chmod(path, 0o755)
+    with pytest.raises(OSError):
+        make_socket_dir(os.getpid())
