@@ -21,6 +21,7 @@ from gateway import __version__
 from gateway.clock import SystemClock
 from gateway.config import Config, Credential, load_config
 from gateway.core.journal import JournalCorrupt
+from gateway.durable import replace_file
 from gateway.errors import ConfigError, StartupError
 from gateway.http.admin import METRICS_PATH
 from gateway.http.app import (
@@ -349,19 +350,14 @@ def embedded_credentials(state_dir: Path) -> tuple[Credential, ...]:
     else:
         state_dir.mkdir(parents=True, exist_ok=True)
         doc = {"access_key": "s3lanes-" + secrets.token_hex(6), "secret_key": secrets.token_urlsafe(30)}
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        replace_file(path, json.dumps(doc).encode(), mode=0o600, tmp=path.with_suffix(".tmp"))
     return (Credential(doc["access_key"], doc["secret_key"], doc["access_key"], doc["secret_key"]),)
 
 
 def _embedded_store(cfg: Config) -> tuple[Config, Any]:
     """The embedded SeaweedFS (not started yet) and the config with its credentials."""
-    from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+    from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
+    from gateway.seaweed.process import SeaweedProcess
 
     if not cfg.credentials:
         cfg = cfg.with_credentials(embedded_credentials(cfg.server.state_dir))

@@ -503,134 +503,171 @@ def _coerce_value(kind: str, value: Any) -> Any:
     raise AssertionError(kind)
 
 
-# section -> key -> kind
-_SCHEMA: dict[str, dict[str, str]] = {
-    "server": {
-        "listen": "listen",
-        "https_listen": "listen",
-        "admin_listen": "listen",
-        "tls_cert": "path",
-        "tls_key": "path",
-        "domains": "str_list",
-        "max_skew_s": "float",
-        "max_header_bytes": "int",
-        "max_url_bytes": "int",
-        "state_dir": "path",
-        "log_level": "str",
-        "shutdown_grace_s": "float",
-        "admin_open": "bool",
-        "admin_token": "opt_str",
-        "log_format": "str",
-        "drain_on_shutdown_s": "float",
-        "zero_copy_min_bytes": "size",
-        "workers": "int",
-        "anonymous_reads": "bool",
-        "credentials_file": "path",
-        "ready_requires_backend": "bool",
-    },
-    "backend": {
-        "endpoint": "opt_str",
-        "region": "str",
-        "addressing": "str",
-        "verify_tls": "bool",
-        "ca_file": "path",
-        "pool_size": "int",
-        "connect_timeout_s": "float",
-        "read_timeout_s": "float",
-        "bandwidth": "rate",
-        "recv_buffer_bytes": "size",
-        "source_address": "opt_str",
-        "lane_source_address": "str_map",
-        "access_key": "opt_str",
-        "secret_key": "opt_str",
-        "credential_source": "str",
-        "aws_profile": "opt_str",
-        "shares_bottleneck_with": "opt_str",
-    },
-    "scheduler": {
-        "write_cap_mode": "str",
-        "latency_target_ms": "float",
-        "request_cost_bytes": "size",
-        "chunk_bytes": "size",
-        "burst_bytes": "size",
-        "window_ms": "float",
-        "inflight_bytes_max": "size",
-        "inflight_requests_max": "int",
-        "progress_interval_s": "float",
-    },
-    "embedded": {"s3_port": "int", "startup_timeout_s": "float"},
-    "spool": {
-        "enabled": "bool",
-        "dir": "path",
-        "capacity": "size",
-        "high_water": "float",
-        "low_water": "float",
-        "when_full": "str",
-        "retry_after_s": "int",
-        "max_age_s": "float",
-        "lanes": "str_list",
-        "drain_concurrency": "int",
-        "retry_base_s": "float",
-        "retry_max_s": "float",
-        "commit_markers": "str_list",
-        "list_merge_max_keys": "int",
-        "journal_compact_bytes": "size",
-        "abandoned_upload_s": "float",
-        "direct_io": "bool",
-        "fence_s": "float",
-        "default_content_type": "str",
-    },
-    "cluster": {
-        "redis_url": "opt_str",
-        "name": "str",
-        "node_id": "str",
-        "interval_s": "float",
-        "ttl_intervals": "int",
-        "redis_timeout_s": "float",
-        "lanes": "str_list",
-    },
+SettingKind = Literal[
+    "str", "opt_str", "int", "float", "bool", "listen", "path", "rate", "size", "str_map", "str_list"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One scalar setting, declared once: ``[section] key`` in TOML, ``S3LANES_<SECTION>_<KEY>`` in the
+    environment, ``{section: {key: value}}`` from the command line. ``kind`` says how a value is read
+    (:func:`_coerce_value`); the default is the dataclass field's. The schema check, the environment
+    names, the renames and the settings that may be set back to none are all derived from
+    :data:`SETTINGS`."""
+
+    section: str
+    # The name users write (units in the name, as they think of them: window_ms, capacity, bandwidth).
+    key: str
+    kind: SettingKind
+    # The dataclass field it sets, when its name differs from ``key``.
+    attr: str = ""
+    # The TOML value times this is the field's value (window_ms -> window_s: 0.001). None: taken as is.
+    scale: float | None = None
+    # An empty value (or an empty string from the environment) sets the field to None rather than being
+    # ignored (the field's default stays).
+    nullable: bool = False
+
+    @property
+    def field_name(self) -> str:
+        return self.attr or self.key
+
+    @property
+    def env_name(self) -> str:
+        return f"S3LANES_{self.section.upper()}_{self.key.upper()}"
+
+
+def _settings(section: str, *items: tuple[str, SettingKind] | Setting) -> tuple[Setting, ...]:
+    return tuple(
+        replace(i, section=section) if isinstance(i, Setting) else Setting(section, *i) for i in items
+    )
+
+
+def _nullable(key: str, kind: SettingKind) -> Setting:
+    return Setting("", key, kind, nullable=True)
+
+
+# Every [section] key: in each section, in the order the environment is read.
+SETTINGS: tuple[Setting, ...] = (
+    *_settings(
+        "server",
+        _nullable("listen", "listen"),
+        _nullable("https_listen", "listen"),
+        _nullable("admin_listen", "listen"),
+        _nullable("tls_cert", "path"),
+        _nullable("tls_key", "path"),
+        ("domains", "str_list"),
+        ("max_skew_s", "float"),
+        ("max_header_bytes", "int"),
+        ("max_url_bytes", "int"),
+        ("state_dir", "path"),
+        ("log_level", "str"),
+        ("shutdown_grace_s", "float"),
+        ("admin_open", "bool"),
+        _nullable("admin_token", "opt_str"),
+        ("log_format", "str"),
+        ("drain_on_shutdown_s", "float"),
+        ("zero_copy_min_bytes", "size"),
+        ("workers", "int"),
+        ("anonymous_reads", "bool"),
+        _nullable("credentials_file", "path"),
+        ("ready_requires_backend", "bool"),
+    ),
+    *_settings(
+        "backend",
+        _nullable("endpoint", "opt_str"),
+        ("region", "str"),
+        ("addressing", "str"),
+        ("verify_tls", "bool"),
+        _nullable("ca_file", "path"),
+        ("pool_size", "int"),
+        ("connect_timeout_s", "float"),
+        ("read_timeout_s", "float"),
+        Setting("", "bandwidth", "rate", attr="bandwidth_bps", scale=1.0, nullable=True),
+        ("recv_buffer_bytes", "size"),
+        _nullable("source_address", "opt_str"),
+        Setting("", "lane_source_address", "str_map", attr="lane_source_addresses"),
+        _nullable("access_key", "opt_str"),
+        _nullable("secret_key", "opt_str"),
+        ("credential_source", "str"),
+        _nullable("aws_profile", "opt_str"),
+        _nullable("shares_bottleneck_with", "opt_str"),
+    ),
+    *_settings(
+        "scheduler",
+        ("write_cap_mode", "str"),
+        Setting("", "latency_target_ms", "float", attr="latency_target_s", scale=0.001),
+        ("request_cost_bytes", "size"),
+        ("chunk_bytes", "size"),
+        ("burst_bytes", "size"),
+        Setting("", "window_ms", "float", attr="window_s", scale=0.001),
+        _nullable("inflight_bytes_max", "size"),
+        ("inflight_requests_max", "int"),
+        ("progress_interval_s", "float"),
+    ),
+    *_settings("embedded", ("s3_port", "int"), ("startup_timeout_s", "float")),
+    *_settings(
+        "spool",
+        ("enabled", "bool"),
+        ("dir", "path"),
+        Setting("", "capacity", "size", attr="capacity_bytes", scale=1),
+        ("high_water", "float"),
+        ("low_water", "float"),
+        ("when_full", "str"),
+        ("retry_after_s", "int"),
+        ("max_age_s", "float"),
+        ("lanes", "str_list"),
+        ("drain_concurrency", "int"),
+        ("retry_base_s", "float"),
+        ("retry_max_s", "float"),
+        ("commit_markers", "str_list"),
+        ("list_merge_max_keys", "int"),
+        ("journal_compact_bytes", "size"),
+        ("abandoned_upload_s", "float"),
+        ("direct_io", "bool"),
+        ("fence_s", "float"),
+        ("default_content_type", "str"),
+    ),
+    *_settings(
+        "cluster",
+        _nullable("redis_url", "opt_str"),
+        ("name", "str"),
+        ("node_id", "str"),
+        ("interval_s", "float"),
+        ("ttl_intervals", "int"),
+        ("redis_timeout_s", "float"),
+        ("lanes", "str_list"),
+    ),
+)
+
+# The dataclass each section builds.
+SECTION_CLASSES: dict[str, type[Any]] = {
+    "server": ServerConfig,
+    "backend": BackendConfig,
+    "scheduler": SchedulerSettings,
+    "embedded": EmbeddedConfig,
+    "spool": SpoolConfig,
+    "cluster": ClusterConfig,
 }
 
-_NULLABLE = {
-    "redis_url",
-    "source_address",
-    "access_key",
-    "secret_key",
-    "shares_bottleneck_with",
-    "aws_profile",
-    "admin_token",
-    "listen",
-    "https_listen",
-    "admin_listen",
-    "tls_cert",
-    "tls_key",
-    "credentials_file",
-    "endpoint",
-    "ca_file",
-    "bandwidth",
-    "inflight_bytes_max",
-}
-# Settings whose TOML name differs from the dataclass field (units in the name, as users write them).
-_RENAMES: dict[tuple[str, str], tuple[str, float | None]] = {
-    ("backend", "bandwidth"): ("bandwidth_bps", 1.0),
-    ("scheduler", "latency_target_ms"): ("latency_target_s", 0.001),
-    ("scheduler", "window_ms"): ("window_s", 0.001),
-    ("spool", "capacity"): ("capacity_bytes", 1),
-    ("backend", "lane_source_address"): ("lane_source_addresses", None),
-}
+# section -> TOML key -> its declaration (derived from SETTINGS, in its order).
+_SCHEMA: dict[str, dict[str, Setting]] = {}
+for _setting in SETTINGS:
+    _SCHEMA.setdefault(_setting.section, {})[_setting.key] = _setting
+del _setting
 
 
 def _section_values(name: str, raw: Mapping[str, Any], source: str, problems: _Problems) -> dict[str, Any]:
     schema = _SCHEMA[name]
     out: dict[str, Any] = {}
     for key, value in raw.items():
-        kind = schema.get(key)
-        if kind is None:
+        setting = schema.get(key)
+        if setting is None:
             known = ", ".join(sorted(schema))
             problems.add(f"{source} [{name}].{key}", f"unknown setting (known: {known})")
             continue
-        coerced = _coerce(kind, value, f"{source} [{name}].{key}", problems)
-        if coerced is not _INVALID and (coerced is not None or key in _NULLABLE):
+        coerced = _coerce(setting.kind, value, f"{source} [{name}].{key}", problems)
+        if coerced is not _INVALID and (coerced is not None or setting.nullable):
             out[key] = coerced
     return out
 
@@ -690,7 +727,7 @@ OTHER_TOOLS_ENV_PREFIXES = ("S3LANES_CONFORMANCE", "S3LANES_FUZZ_")
 def _check_env_names(env: Mapping[str, str], problems: _Problems) -> None:
     """An unknown ``S3LANES_*`` variable is refused as an unknown TOML key is: a typo would otherwise be
     silently ignored, and the setting it meant left at its default."""
-    known = {f"S3LANES_{section.upper()}_{key.upper()}" for section, keys in _SCHEMA.items() for key in keys}
+    known = {setting.env_name for setting in SETTINGS}
     known.add("S3LANES_CREDENTIALS")
     by_key: dict[str, list[str]] = {}
     for name in known:
@@ -795,11 +832,10 @@ def load_config(
                 )
                 problems.add(src, f"unknown section [{key}] (known: {known})")
 
-    for name, schema in _SCHEMA.items():
-        for key in schema:
-            env_name = f"S3LANES_{name.upper()}_{key.upper()}"
-            if env_name in env:
-                sections[name].update(_section_values(name, {key: env[env_name]}, "environment", problems))
+    for setting in SETTINGS:
+        if setting.env_name in env:
+            raw = {setting.key: env[setting.env_name]}
+            sections[setting.section].update(_section_values(setting.section, raw, "environment", problems))
     if env.get("S3LANES_CREDENTIALS"):
         creds = parse_credentials_env(env["S3LANES_CREDENTIALS"], problems)
     _check_env_names(env, problems)
@@ -835,14 +871,14 @@ def load_config(
         rules=rules,
         tenant_lanes=tenants,
         tenant_policies=policies,
-        server=_build(ServerConfig, sections["server"], "server", problems),
-        backend=_build(BackendConfig, sections["backend"], "backend", problems),
+        server=_build("server", sections["server"], problems),
+        backend=_build("backend", sections["backend"], problems),
         credentials=tuple(creds),
         file_access_keys=file_keys,
-        embedded=_build(EmbeddedConfig, sections["embedded"], "embedded", problems),
-        scheduler=_build(SchedulerSettings, sections["scheduler"], "scheduler", problems),
-        spool=_build(SpoolConfig, sections["spool"], "spool", problems),
-        cluster=_build(ClusterConfig, sections["cluster"], "cluster", problems),
+        embedded=_build("embedded", sections["embedded"], problems),
+        scheduler=_build("scheduler", sections["scheduler"], problems),
+        spool=_build("spool", sections["spool"], problems),
+        cluster=_build("cluster", sections["cluster"], problems),
     )
     _validate(cfg, problems)
     if problems.items:
@@ -869,7 +905,7 @@ def _parse_backends(raw: Any, src: str, problems: _Problems) -> dict[str, Backen
             )
             continue
         values = _section_values("backend", table, where, problems)
-        out[name] = _build(BackendConfig, values, "backend", problems)
+        out[name] = _build("backend", values, problems)
     return out
 
 
@@ -904,12 +940,15 @@ def _parse_routes(raw: Any, src: str, problems: _Problems) -> tuple[RouteConfig,
     return tuple(out)
 
 
-def _build(cls: Any, values: dict[str, Any], name: str, problems: _Problems) -> Any:
+def _build(name: str, values: dict[str, Any], problems: _Problems) -> Any:
+    """The section's dataclass from its TOML-named values (renamed and scaled as declared)."""
+    cls = SECTION_CLASSES[name]
     values = dict(values)
-    for (section, key), (field_name, scale) in _RENAMES.items():
-        if section == name and key in values:
-            raw = values.pop(key)
-            values[field_name] = raw if scale is None or raw is None else raw * scale
+    for setting in _SCHEMA[name].values():
+        if setting.key in values and (setting.attr or setting.scale is not None):
+            raw = values.pop(setting.key)
+            scale = setting.scale
+            values[setting.field_name] = raw if scale is None or raw is None else raw * scale
     try:
         return cls(**values)
     except TypeError as exc:  # pragma: no cover - schema and dataclasses out of step is a bug

@@ -10,7 +10,7 @@ so the report gives CPU per request of each process on both sides: what the stor
 gateway is in front of it, next to what it does when the client talks to it.
 
 The gateway of this phase is its own ``s3lanes serve`` with the spool on (started with
-:func:`loadtests.bench_spool.start_gateway`, the spool benchmark's helper): the objects were uploaded to
+:func:`loadtests.harness.gateway.start_spool_gateway`): the objects were uploaded to
 SeaweedFS directly, so every GET goes to the store, as a dataset read does.
 
 Run only this phase with ``python -m loadtests.bench_proxy --phases objects`` (``--quick`` for a short run).
@@ -24,21 +24,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loadtests.bench_proxy import (
-    MIB,
-    BenchError,
-    CpuMeter,
-    Endpoint,
-    Round,
-    abba,
-    expect,
-    med,
-    run_all,
-)
+from loadtests.harness.endpoint import Endpoint
+from loadtests.harness.errors import BenchError
+from loadtests.harness.gateway import GatewayProcess, start_spool_gateway, stop_gateway
+from loadtests.harness.machine import CpuMeter
+from loadtests.harness.rawclient import expect
+from loadtests.harness.stats import MIB, Round, abba, med, run_all
 
 if TYPE_CHECKING:
     from loadtests.bench_proxy import Bench
-    from loadtests.bench_spool import Proc
 
 KIB = 1024
 
@@ -71,7 +65,6 @@ def key_of(s: ObjectSet, j: int) -> str:
 
 async def object_phase(bench: Bench) -> None:
     """Upload the sets directly, start the spooling gateway, run the interleaved rounds, stop it."""
-    from loadtests.bench_spool import start_gateway, stop_proc
 
     o = bench.opts
     stack = bench.stack
@@ -92,10 +85,10 @@ async def object_phase(bench: Bench) -> None:
     bench.log(
         f"objects: set-up done in {time.perf_counter() - t0:.1f} s; starting a gateway with the spool on"
     )
-    gw: Proc = await asyncio.to_thread(
-        start_gateway, stack.tmp, "objects", stack.weed.endpoint_url, stack.tmp / "spool-objects", None
+    gw: GatewayProcess = await asyncio.to_thread(
+        start_spool_gateway, stack.tmp, "objects", stack.weed.endpoint_url, stack.tmp / "spool-objects", None
     )
-    other: Proc | None = None
+    other: GatewayProcess | None = None
     try:
         store = stack.weed.pid or 0
         meters = {side: CpuMeter({"gateway": gw.pid, "seaweedfs": store}) for side in ("direct", "gateway")}
@@ -103,7 +96,7 @@ async def object_phase(bench: Bench) -> None:
         bench.results.facts["objects gateway"] = "its own s3lanes serve, default config with [spool] enabled"
         if o.compare_tree is not None:
             other = await asyncio.to_thread(
-                start_gateway, stack.tmp, "objects-compare", stack.weed.endpoint_url,
+                start_spool_gateway, stack.tmp, "objects-compare", stack.weed.endpoint_url,
                 stack.tmp / "spool-objects-compare", None, source=o.compare_tree.resolve(),
             )  # fmt: skip
             meters["compare"] = CpuMeter({"gateway": other.pid, "seaweedfs": store})
@@ -132,9 +125,9 @@ async def object_phase(bench: Bench) -> None:
             if other is not None and s.concurrency > 1:
                 await _mixed_rounds(bench, s, n, gw, other)
     finally:
-        await asyncio.to_thread(stop_proc, gw)
+        await asyncio.to_thread(stop_gateway, gw)
         if other is not None:
-            await asyncio.to_thread(stop_proc, other)
+            await asyncio.to_thread(stop_gateway, other)
 
 
 def rounds_of(rounds: int, sides: tuple[str, ...]) -> list[tuple[int, str]]:
@@ -144,7 +137,9 @@ def rounds_of(rounds: int, sides: tuple[str, ...]) -> list[tuple[int, str]]:
     return [(i, side) for i in range(rounds) for side in (sides if i % 2 == 0 else sides[::-1])]
 
 
-async def _mixed_rounds(bench: Bench, s: ObjectSet, n: int, gw: Proc, other: Proc) -> None:
+async def _mixed_rounds(
+    bench: Bench, s: ObjectSet, n: int, gw: GatewayProcess, other: GatewayProcess
+) -> None:
     """Both gateways at once, half the workers and half the requests each ("mixed"): their CPU per request
     is then measured over the same seconds, so a shared machine's changing load cancels out of the ratio."""
     half = dataclasses.replace(s, concurrency=s.concurrency // 2)

@@ -39,72 +39,50 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import datetime as dt
-import hashlib
-import importlib.metadata
 import json
 import os
-import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any
 
-import aiohttp
 import uvloop
-from yarl import URL
 
-import gateway
-from gateway import __version__ as GATEWAY_VERSION
-from gateway.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
-from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess, find_weed_binary
-
-# The directory holding the gateway package under test (a checkout, or an exported tree run from its
-# directory with PYTHONPATH pointing at this one's loadtests/).
-GATEWAY_SOURCE = Path(gateway.__file__).resolve().parent.parent
-
-MIB = 1024 * 1024
-MB = 1_000_000
-GB = 1_000_000_000
-
-BUCKET = "bench"
-REGION = "us-east-1"
-ACCESS_KEY = "BENCHACCESSKEY000001"
-SECRET_KEY = "bench-secret-key-not-a-real-one-0000000"
+from gateway.core.sigv4 import UNSIGNED_PAYLOAD
+from gateway.seaweed.process import SeaweedProcess
+from loadtests.harness.endpoint import Endpoint
+from loadtests.harness.errors import BenchError
+from loadtests.harness.gateway import (
+    server_toml,
+    stop_process,
+    tail,
+)
+from loadtests.harness.gateway import start_gateway as harness_start_gateway
+from loadtests.harness.machine import (
+    CpuMeter,
+    machine_facts,
+    memory_bytes,
+    pin_process,
+    python_speed_ns,
+    reset_peak_rss,
+)
+from loadtests.harness.payload import payload_pieces, payload_sha256
+from loadtests.harness.rawclient import AiohttpClient, Client, RawHttp, expect, signed_head
+from loadtests.harness.stats import GB, MB, MIB, Round, abba, med, run_all
+from loadtests.harness.store import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, new_weed
 
 SMALL_OBJECT_BYTES = 64 * 1024
-# Object data: one random block, read from a seed-dependent offset and wrapped around, sent as views
-# (no copies). Random so that nothing on the way can compress it; 8 MiB so that it stays in cache.
-BLOCK_BYTES = 8 * MIB
-UPLOAD_PIECE_BYTES = 1 * MIB
-# The client's receive buffer: one recv_into() per event, up to this much. uvloop reads 256 KiB at most
-# per event anyway; a larger buffer just means fewer partial fills.
-RECV_BUFFER_BYTES = 1 * MIB
-WRITE_HIGH_WATER_BYTES = 4 * MIB
-MAX_HEAD_BYTES = 64 * 1024
 RSS_SAMPLE_INTERVAL_S = 0.05
-GATEWAY_START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 20.0
 SETUP_UPLOAD_CONCURRENCY = 4
 WARMUP_SMALL_GETS = 50
 MEMORY_MAX_GET_REPEATS = 16
-
-T = TypeVar("T")
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-
-
-class BenchError(RuntimeError):
-    """A request got an unexpected answer, or a process misbehaved: the run is void."""
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -237,465 +215,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
 
 
 # --------------------------------------------------------------------------------------------------------
-# Processes: CPU and memory from /proc
-
-
-def pin_process(pid: int, cpus: frozenset[int]) -> int:
-    """Pin every thread of a process to ``cpus`` (threads it starts later inherit it); the thread count."""
-    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    for tid in tids:
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            os.sched_setaffinity(tid, cpus)
-    return len(tids)
-
-
-def cpu_user_sys_seconds(pid: int) -> tuple[float, float]:
-    """(user, sys) CPU seconds of a process (all its threads), from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat", "rb") as fh:
-        rest = fh.read().rsplit(b")", 1)[1].split()
-    # After "pid (comm)": field 3 is rest[0], so utime (14) and stime (15) are rest[11] and rest[12].
-    return int(rest[11]) / CLK_TCK, int(rest[12]) / CLK_TCK
-
-
-def cpu_seconds(pid: int) -> float:
-    """user+sys CPU seconds of a process (all its threads)."""
-    return sum(cpu_user_sys_seconds(pid))
-
-
-def self_cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def memory_bytes(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of a process in bytes."""
-    rss = hwm = 0
-    with open(f"/proc/{pid}/status", "rb") as fh:
-        for line in fh:
-            if line.startswith(b"VmRSS:"):
-                rss = int(line.split()[1]) * 1024
-            elif line.startswith(b"VmHWM:"):
-                hwm = int(line.split()[1]) * 1024
-    return rss, hwm
-
-
-def reset_peak_rss(pid: int) -> bool:
-    """Reset VmHWM to the current RSS (``clear_refs`` 5, Linux >= 4.0). False if not allowed."""
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w") as fh:
-            fh.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds all CPUs spent not idle since boot (user, nice, system, irq, softirq, steal)."""
-    with open("/proc/stat", "rb") as fh:
-        f = fh.readline().split()
-    return sum(int(f[i]) for i in (1, 2, 3, 6, 7, 8)) / CLK_TCK
-
-
-@dataclass(slots=True)
-class CpuMeter:
-    """CPU seconds spent by the gateway, SeaweedFS and this client between ``start()`` and ``stop()``, and
-    by everything else on the machine ("other": a shared machine's background load skews a round)."""
-
-    pids: dict[str, int]
-    _start: dict[str, float] = field(default_factory=dict)
-
-    def _now(self) -> dict[str, float]:
-        out = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
-        out["client"] = self_cpu_seconds()
-        out["machine"] = machine_busy_seconds()
-        return out
-
-    def start(self) -> None:
-        self._start = self._now()
-
-    def stop(self) -> dict[str, float]:
-        end = self._now()
-        out = {name: round(end[name] - self._start[name], 3) for name in end}
-        machine = out.pop("machine")
-        out["other"] = round(max(0.0, machine - sum(out.values())), 3)
-        return out
-
-
-# --------------------------------------------------------------------------------------------------------
-# Object data
-
-
-_BLOCK = os.urandom(BLOCK_BYTES)
-_BLOCK_VIEW = memoryview(_BLOCK)
-
-
-def payload_pieces(size_bytes: int, seed: int) -> Iterator[memoryview]:
-    """The bytes of object ``seed`` of ``size_bytes``: views into one random block, no copies."""
-    offset = (seed * 1_048_573) % BLOCK_BYTES
-    sent = 0
-    while sent < size_bytes:
-        n = min(UPLOAD_PIECE_BYTES, size_bytes - sent, BLOCK_BYTES - offset)
-        yield _BLOCK_VIEW[offset : offset + n]
-        sent += n
-        offset = (offset + n) % BLOCK_BYTES
-
-
-_SHA256_CACHE: dict[tuple[int, int], str] = {}
-
-
-def payload_sha256(size_bytes: int, seed: int) -> str:
-    key = (size_bytes, seed)
-    if key not in _SHA256_CACHE:
-        h = hashlib.sha256()
-        for piece in payload_pieces(size_bytes, seed):
-            h.update(piece)
-        _SHA256_CACHE[key] = h.hexdigest()
-    return _SHA256_CACHE[key]
-
-
-# --------------------------------------------------------------------------------------------------------
-# The lean HTTP/1.1 client
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    host: str
-    port: int
-
-    @classmethod
-    def from_url(cls, url: str) -> Endpoint:
-        u = URL(url)
-        assert u.host is not None and u.port is not None, url
-        return cls(u.host, u.port)
-
-    @property
-    def netloc(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    status: int
-    body_bytes: int
-    body: bytes  # kept only for errors and when asked for
-
-
-def signed_head(
-    ep: Endpoint, method: str, raw_path: str, payload_hash: str, extra: dict[str, str] | None = None
-) -> dict[str, str]:
-    headers = {"host": ep.netloc, **(extra or {})}
-    headers.update(
-        sign_headers(
-            method,
-            raw_path,
-            "",
-            headers,
-            access_key=ACCESS_KEY,
-            secret_key=SECRET_KEY,
-            region=REGION,
-            payload_hash=payload_hash,
-            now_wall=time.time(),
-        )
-    )
-    return headers
-
-
-class _Conn(asyncio.BufferedProtocol):
-    """One keep-alive connection. Body bytes land in one reused buffer and are counted, not kept."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray(RECV_BUFFER_BYTES)
-        self._view = memoryview(self._buf)
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.reusable = True
-        self._waiter: asyncio.Future[Reply] | None = None
-        self._write_ok: asyncio.Event = asyncio.Event()
-        self._write_ok.set()
-        self._head = bytearray()
-        self._in_body = False
-        self._status = 0
-        self._remaining = 0  # -1: until the connection closes
-        self._count = 0
-        self._keep = False
-        self._kept = bytearray()
-        self._want_body = False
-        self._method = "GET"
-
-    # protocol callbacks
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports implement asyncio.Transport without subclassing it.
-        self.transport = cast(asyncio.Transport, transport)
-        self.transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._view
-
-    def buffer_updated(self, nbytes: int) -> None:
-        waiter = self._waiter
-        if waiter is None or waiter.done():
-            self.reusable = False  # bytes nobody asked for: this connection is out of step
-            return
-        if self._in_body:
-            self._take_body(self._view[:nbytes])
-            return
-        self._head += self._view[:nbytes]
-        self._parse_head()
-
-    def pause_writing(self) -> None:
-        self._write_ok.clear()
-
-    def resume_writing(self) -> None:
-        self._write_ok.set()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.reusable = False
-        self._write_ok.set()
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            if self._in_body and self._remaining == -1:
-                self._finish()
-            else:
-                waiter.set_exception(ConnectionError(f"connection closed mid-response: {exc!r}"))
-
-    # parsing
-    def _parse_head(self) -> None:
-        while True:
-            end = self._head.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._head) > MAX_HEAD_BYTES:
-                    self._fail(BenchError("response head too large"))
-                return
-            lines = bytes(self._head[:end]).split(b"\r\n")
-            rest = bytes(self._head[end + 4 :])
-            self._head = bytearray()
-            parts = lines[0].split(b" ", 2)
-            status = int(parts[1])
-            if status == 100:
-                self._head = bytearray(rest)
-                continue
-            headers: dict[bytes, bytes] = {}
-            for line in lines[1:]:
-                name, _, value = line.partition(b":")
-                headers[name.strip().lower()] = value.strip()
-            if headers.get(b"connection", b"").lower() == b"close":
-                self.reusable = False
-            self._status = status
-            self._keep = self._want_body or not 200 <= status < 300
-            if b"content-length" in headers:
-                self._remaining = int(headers[b"content-length"])
-            elif b"transfer-encoding" in headers:
-                self._fail(BenchError(f"status {status}: chunked responses are not supported by this client"))
-                return
-            elif self._method == "HEAD" or status in (204, 304):
-                self._remaining = 0
-            else:
-                self._remaining = -1
-                self.reusable = False
-            if self._method == "HEAD":
-                self._remaining = 0
-            self._in_body = True
-            if self._remaining == 0:
-                self._finish()
-            elif rest:
-                self._take_body(memoryview(rest))
-            return
-
-    def _take_body(self, data: memoryview) -> None:
-        n = len(data)
-        if self._keep:
-            self._kept += data
-        self._count += n
-        if self._remaining >= 0:
-            self._remaining -= n
-            if self._remaining <= 0:
-                if self._remaining < 0:
-                    self.reusable = False
-                self._finish()
-
-    def _finish(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(Reply(self._status, self._count, bytes(self._kept)))
-
-    def _fail(self, exc: Exception) -> None:
-        self.reusable = False
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
-        if self.transport is not None:
-            self.transport.abort()
-
-    # the request
-    async def request(
-        self,
-        method: str,
-        raw_path: str,
-        headers: dict[str, str],
-        body: Iterator[memoryview] | None = None,
-        *,
-        want_body: bool = False,
-    ) -> Reply:
-        assert self.transport is not None and self.reusable
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[Reply] = loop.create_future()
-        self._waiter = waiter
-        self._method = method
-        self._head = bytearray()
-        self._in_body = False
-        self._count = 0
-        self._kept = bytearray()
-        self._want_body = want_body
-        head = [f"{method} {raw_path} HTTP/1.1"]
-        head.extend(f"{k}: {v}" for k, v in headers.items())
-        self.transport.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
-        if body is not None:
-            for piece in body:
-                if waiter.done() or self.closed:
-                    self.reusable = False  # answered before the body was complete
-                    break
-                self.transport.write(piece)
-                if not self._write_ok.is_set():
-                    await self._write_ok.wait()
-        try:
-            return await waiter
-        except BaseException:
-            self.reusable = False
-            raise
-        finally:
-            self._waiter = None
-
-
-class Client(Protocol):
-    """What the phases need from a client; both implementations sign every request themselves."""
-
-    async def get(self, ep: Endpoint, key: str, *, want_body: bool = False) -> Reply: ...
-
-    async def put(
-        self, ep: Endpoint, key: str, size_bytes: int, seed: int, *, signed_payload: bool
-    ) -> Reply: ...
-
-    async def close(self) -> None: ...
-
-
-class RawHttp:
-    """The lean client: a pool of :class:`_Conn` per endpoint."""
-
-    def __init__(self) -> None:
-        self._idle: dict[Endpoint, list[_Conn]] = {}
-        self._closed = False
-
-    async def _acquire(self, ep: Endpoint) -> _Conn:
-        idle = self._idle.setdefault(ep, [])
-        while idle:
-            conn = idle.pop()
-            if conn.reusable and not conn.closed:
-                return conn
-        loop = asyncio.get_running_loop()
-        _, conn = await loop.create_connection(_Conn, ep.host, ep.port)
-        return conn
-
-    def _release(self, ep: Endpoint, conn: _Conn) -> None:
-        if conn.reusable and not conn.closed and not self._closed:
-            self._idle.setdefault(ep, []).append(conn)
-        elif conn.transport is not None:
-            conn.transport.close()
-
-    async def call(
-        self,
-        ep: Endpoint,
-        method: str,
-        raw_path: str,
-        headers: dict[str, str],
-        body: Iterator[memoryview] | None = None,
-        *,
-        want_body: bool = False,
-    ) -> Reply:
-        conn = await self._acquire(ep)
-        try:
-            return await conn.request(method, raw_path, headers, body, want_body=want_body)
-        finally:
-            self._release(ep, conn)
-
-    async def get(self, ep: Endpoint, key: str, *, want_body: bool = False) -> Reply:
-        path = f"/{BUCKET}/{key}"
-        return await self.call(
-            ep, "GET", path, signed_head(ep, "GET", path, UNSIGNED_PAYLOAD), want_body=want_body
-        )
-
-    async def put(self, ep: Endpoint, key: str, size_bytes: int, seed: int, *, signed_payload: bool) -> Reply:
-        path = f"/{BUCKET}/{key}"
-        payload_hash = payload_sha256(size_bytes, seed) if signed_payload else UNSIGNED_PAYLOAD
-        headers = signed_head(ep, "PUT", path, payload_hash)
-        headers["content-length"] = str(size_bytes)
-        return await self.call(ep, "PUT", path, headers, payload_pieces(size_bytes, seed))
-
-    async def close(self) -> None:
-        self._closed = True
-        for conns in self._idle.values():
-            for conn in conns:
-                if conn.transport is not None:
-                    conn.transport.close()
-        self._idle.clear()
-
-
-class AiohttpClient:
-    """The cross-check client: aiohttp's own, configured for throughput (big read buffer, no extras)."""
-
-    def __init__(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=64, enable_cleanup_closed=False),
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=60),
-            auto_decompress=False,
-            skip_auto_headers=("Accept", "Accept-Encoding", "User-Agent", "Content-Type"),
-            read_bufsize=RECV_BUFFER_BYTES,
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
-
-    async def get(self, ep: Endpoint, key: str, *, want_body: bool = False) -> Reply:
-        path = f"/{BUCKET}/{key}"
-        headers = signed_head(ep, "GET", path, UNSIGNED_PAYLOAD)
-        url = URL(f"http://{ep.netloc}{path}", encoded=True)
-        async with self._session.get(url, headers=headers, allow_redirects=False) as resp:
-            n = 0
-            kept: list[bytes] = []
-            keep = want_body or resp.status >= 300
-            async for chunk in resp.content.iter_any():
-                n += len(chunk)
-                if keep:
-                    kept.append(chunk)
-            return Reply(resp.status, n, b"".join(kept))
-
-    async def put(self, ep: Endpoint, key: str, size_bytes: int, seed: int, *, signed_payload: bool) -> Reply:
-        path = f"/{BUCKET}/{key}"
-        payload_hash = payload_sha256(size_bytes, seed) if signed_payload else UNSIGNED_PAYLOAD
-        headers = signed_head(ep, "PUT", path, payload_hash)
-        headers["content-length"] = str(size_bytes)
-        url = URL(f"http://{ep.netloc}{path}", encoded=True)
-
-        async def body() -> AsyncIterator[memoryview]:
-            for piece in payload_pieces(size_bytes, seed):
-                yield piece
-
-        async with self._session.put(url, data=body(), headers=headers, allow_redirects=False) as resp:
-            text = await resp.read()
-            return Reply(resp.status, len(text), text)
-
-    async def close(self) -> None:
-        await self._session.close()
-
-
-def expect(reply: Reply, status: int, what: str, body_bytes: int | None = None) -> None:
-    if reply.status != status or (body_bytes is not None and reply.body_bytes != body_bytes):
-        raise BenchError(
-            f"{what}: expected {status}"
-            + (f" with {body_bytes} bytes" if body_bytes is not None else "")
-            + f", got {reply.status} with {reply.body_bytes} bytes: {reply.body[:600]!r}"
-        )
-
-
-# --------------------------------------------------------------------------------------------------------
 # The processes under test
 
 
@@ -708,36 +227,18 @@ class Stack:
     gateway: subprocess.Popen[bytes] | None = None
     gateway_pid: int = 0
     gateway_log: Path | None = None
-    direct: Endpoint = Endpoint("127.0.0.1", 0)
-    via_gateway: Endpoint = Endpoint("127.0.0.1", 0)
+    direct: Endpoint = field(default_factory=lambda: Endpoint("127.0.0.1", 0))
+    via_gateway: Endpoint = field(default_factory=lambda: Endpoint("127.0.0.1", 0))
 
     def endpoint(self, side: str) -> Endpoint:
         return self.direct if side == "direct" else self.via_gateway
 
 
-def new_weed(tmp: Path) -> SeaweedProcess:
-    return SeaweedProcess(
-        SeaweedOptions(
-            state_dir=tmp / "seaweedfs",
-            identities=(SeaweedIdentity("bench", ACCESS_KEY, SECRET_KEY),),
-            buckets=(BUCKET,),
-        )
-    )
-
-
 def start_gateway(stack: Stack, extra_toml: str = "") -> None:
     d = stack.tmp / "gateway"
-    d.mkdir()
-    cfg = d / "s3lanes.toml"
-    cfg.write_text(
-        f"""
-[server]
-listen = "127.0.0.1:0"
-state_dir = "{d / "state"}"
-log_level = "WARNING"
-shutdown_grace_s = 5
-drain_on_shutdown_s = 0
-
+    text = (
+        server_toml(d / "state")
+        + f"""
 [backend]
 endpoint = "{stack.weed.endpoint_url}"
 region = "{REGION}"
@@ -753,105 +254,17 @@ secret_key = "{SECRET_KEY}"
 """
         + extra_toml
     )
-    ready = d / "ready.json"
-    stack.gateway_log = d / "gateway.log"
-    with open(stack.gateway_log, "wb") as log_fh:
-        stack.gateway = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--ready-file", str(ready)],
-            stdout=log_fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C reaches the benchmark only; it stops the gateway in order
-            cwd=GATEWAY_SOURCE,  # `-m gateway` runs the very code this benchmark imported
-        )
-    deadline = time.monotonic() + GATEWAY_START_TIMEOUT_S
-    while not ready.exists():
-        if stack.gateway.poll() is not None or time.monotonic() > deadline:
-            raise BenchError("the gateway did not start:\n" + tail(stack.gateway_log))
-        time.sleep(0.05)
-    doc = json.loads(ready.read_text())
-    stack.gateway_pid = int(doc["pid"])
-    stack.via_gateway = Endpoint.from_url(next(u for u in doc["endpoints"] if u.startswith("http://")))
+    gw = harness_start_gateway(d, text)
+    stack.gateway, stack.gateway_pid, stack.gateway_log = gw.popen, gw.pid, gw.log
+    stack.via_gateway = gw.endpoint
 
 
 def stop_gateway(stack: Stack) -> int | None:
-    proc = stack.gateway
-    if proc is None:
-        return None
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
-
-
-def tail(path: Path | None, n_bytes: int = 4000) -> str:
-    if path is None or not path.exists():
-        return "(no log)"
-    return path.read_bytes()[-n_bytes:].decode(errors="replace")
+    return None if stack.gateway is None else stop_process(stack.gateway)
 
 
 # --------------------------------------------------------------------------------------------------------
 # Results
-
-
-@dataclass(slots=True)
-class Round:
-    phase: str
-    side: str  # "direct" or "gateway"
-    index: int
-    bytes_moved: int
-    seconds: float
-    cpu_s: dict[str, float]
-    latencies_ms: list[float] = field(default_factory=list)
-    requests: int = 0
-
-    @property
-    def mbps(self) -> float:
-        return self.bytes_moved / self.seconds / MB
-
-    def percentile_ms(self, q: float) -> float:
-        return percentile(sorted(self.latencies_ms), q)
-
-    @property
-    def other_cores(self) -> float:
-        """How many cores other processes kept busy during the round, on average."""
-        return self.cpu_s.get("other", 0.0) / self.seconds
-
-    def cpu_per_gb(self, who: str) -> float:
-        return self.cpu_s[who] / (self.bytes_moved / GB) if self.bytes_moved else float("nan")
-
-    def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "phase": self.phase,
-            "side": self.side,
-            "round": self.index,
-            "bytes": self.bytes_moved,
-            "seconds": round(self.seconds, 4),
-            "MBps": round(self.mbps, 1),
-            "cpu_s": self.cpu_s,
-            "other_cores": round(self.other_cores, 3),
-            "requests": self.requests,
-        }
-        if self.latencies_ms:
-            out["p50_ms"] = round(self.percentile_ms(50), 4)
-            out["p99_ms"] = round(self.percentile_ms(99), 4)
-            out["mean_ms"] = round(statistics.fmean(self.latencies_ms), 4)
-            out["max_ms"] = round(max(self.latencies_ms), 4)
-        return out
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not sorted_values:
-        return float("nan")
-    pos = (len(sorted_values) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 @dataclass(slots=True)
@@ -890,24 +303,6 @@ class Results:
 
 # --------------------------------------------------------------------------------------------------------
 # Phases
-
-
-async def run_all(coros: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
-    """Run concurrently; on the first failure cancel the others, wait for them, and raise that failure."""
-    try:
-        async with asyncio.TaskGroup() as tg:
-            tasks = [tg.create_task(c) for c in coros]
-    except BaseExceptionGroup as group:
-        raise group.exceptions[0] from None
-    return [t.result() for t in tasks]
-
-
-def abba(rounds: int) -> Iterator[tuple[int, str]]:
-    """direct, gateway, gateway, direct, direct, gateway, ...: interleaved, and balanced against drift."""
-    for i in range(rounds):
-        first, second = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
-        yield i, first
-        yield i, second
 
 
 class Bench:
@@ -1193,79 +588,6 @@ async def run_phases(opts: Options, stack: Stack, results: Results) -> None:
 
 # --------------------------------------------------------------------------------------------------------
 # Machine facts and the report
-
-
-def python_speed_ns() -> float:
-    """Nanoseconds per iteration of a fixed pure-Python loop, best of 5: this VM's per-core speed moves
-    with its host's load (we saw 57 and 127 ns on the same machine an hour apart), and every CPU-time
-    number in the report moves with it. Compare runs only when this probe agrees."""
-    best = float("inf")
-    n = 300_000
-    for _ in range(5):
-        t0 = time.perf_counter()
-        x = 0
-        for i in range(n):
-            x += i
-        best = min(best, (time.perf_counter() - t0) / n * 1e9)
-    return best
-
-
-def machine_facts() -> dict[str, str]:
-    def read(path: str) -> str:
-        try:
-            return Path(path).read_text()
-        except OSError:
-            return ""
-
-    cpu_model = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in read("/proc/cpuinfo").splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor() or "?",
-    )
-    mem_kib = next(
-        (int(ln.split()[1]) for ln in read("/proc/meminfo").splitlines() if ln.startswith("MemTotal")), 0
-    )
-    try:
-        weed_version = (
-            subprocess.run(
-                [find_weed_binary(), "version"], capture_output=True, text=True, timeout=30, check=False
-            )
-            .stdout.splitlines()[0]
-            .strip()
-        )
-    except (OSError, IndexError, subprocess.SubprocessError):
-        weed_version = "?"
-    source = GATEWAY_SOURCE
-    git = ["git", "-C", str(source)]
-    try:
-        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
-        dirty = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no", "--", "gateway"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        where = f"commit {commit.strip()}" + (", gateway/ modified" if dirty else "") if commit else "no git"
-    except OSError:
-        where = "no git"
-    commit = f"{source / 'gateway'} ({where})"
-    return {
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpus": f"{os.cpu_count()} (usable: {len(os.sched_getaffinity(0))}) x {cpu_model}",
-        "memory": f"{mem_kib / 1024 / 1024:.1f} GiB",
-        "kernel": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "aiohttp": aiohttp.__version__,
-        "uvloop": importlib.metadata.version("uvloop"),
-        "seaweedfs": weed_version,
-        "s3lanes": f"{GATEWAY_VERSION} from {commit}",
-    }
-
-
-def med(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
 
 
 def summary(res: Results) -> dict[str, Any]:

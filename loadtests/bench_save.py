@@ -39,19 +39,11 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from loadtests.bench_proxy import (
-    ACCESS_KEY,
-    BUCKET,
-    GB,
-    MIB,
-    SECRET_KEY,
-    cpu_user_sys_seconds,
-    machine_facts,
-    med,
-    new_weed,
-)
-from loadtests.bench_spool import Proc, start_gateway, stop_proc
 from loadtests.contention.workload import METADATA_BYTES, S3, Trainer
+from loadtests.harness.gateway import GatewayProcess, start_spool_gateway, stop_gateway
+from loadtests.harness.machine import cpu_user_sys_seconds, machine_facts
+from loadtests.harness.stats import GB, MIB, med
+from loadtests.harness.store import ACCESS_KEY, BUCKET, SECRET_KEY, new_weed
 
 # --compare: variant name -> ([server] lines, [spool] lines) added to the generated config.
 COMPARISONS: dict[str, dict[str, tuple[str, str]]] = {
@@ -69,7 +61,7 @@ COMPARISONS: dict[str, dict[str, tuple[str, str]]] = {
 @dataclass(slots=True)
 class Variant:
     name: str
-    gateway: Proc
+    gateway: GatewayProcess
     saves_s: list[float] = field(default_factory=list)
     round_medians_s: list[float] = field(default_factory=list)
     request_ms: dict[str, list[float]] = field(default_factory=dict)
@@ -259,13 +251,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="s3lanes-bench-save-", dir=args.tmp_dir))
     weed = new_weed(tmp)
-    gateways: list[Proc] = []
+    gateways: list[GatewayProcess] = []
     try:
         weed.start()
         variants = []
         for name, (server_extra, spool_extra) in COMPARISONS[args.compare].items():
             slug = name.replace(" ", "-").replace("_", "")
-            gw = start_gateway(
+            gw = start_spool_gateway(
                 tmp,
                 slug,
                 weed.endpoint_url,
@@ -279,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         uvloop.run(Bench(args, variants).run())
     finally:
         for gw in gateways:
-            stop_proc(gw)
+            stop_gateway(gw)
         weed.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     s = summary(variants)

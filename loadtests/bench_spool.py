@@ -64,7 +64,6 @@ import shlex
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -81,34 +80,22 @@ import uvloop
 
 from gateway.config import parse_rate
 from gateway.core.sigv4 import UNSIGNED_PAYLOAD
-from gateway.runtime.seaweed import SeaweedProcess
-from loadtests.bench_proxy import (
-    ACCESS_KEY,
-    BUCKET,
-    CLK_TCK,
-    GATEWAY_SOURCE,
-    GATEWAY_START_TIMEOUT_S,
-    GB,
-    MB,
-    MIB,
-    REGION,
-    SECRET_KEY,
-    STOP_TIMEOUT_S,
-    BenchError,
-    CpuMeter,
-    Endpoint,
-    RawHttp,
-    Reply,
-    expect,
-    machine_facts,
-    med,
-    new_weed,
-    percentile,
-    python_speed_ns,
-    run_all,
-    signed_head,
+from gateway.seaweed.process import SeaweedProcess
+from loadtests.harness.endpoint import Endpoint
+from loadtests.harness.errors import BenchError
+from loadtests.harness.gateway import (
+    SPOOL_DRAIN_CONCURRENCY,
+    GatewayProcess,
+    spawn,
+    start_spool_gateway,
+    stop_gateway,
     tail,
+    wait_ready,
 )
+from loadtests.harness.machine import CLK_TCK, CpuMeter, machine_facts, python_speed_ns
+from loadtests.harness.rawclient import RawHttp, Reply, expect, signed_head
+from loadtests.harness.stats import GB, MB, MIB, med, percentile, run_all
+from loadtests.harness.store import BUCKET, new_weed
 
 LOG_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
 
@@ -121,7 +108,7 @@ LATENCY_OBJECT_BYTES = 1 * MIB
 LATENCY_WARMUP = 20
 WRITE_THROUGH_HEADER = "x-s3lanes-write-through"
 FLUSH_TIMEOUT_S = 1800.0
-DRAIN_CONCURRENCY = 8  # the gateway's default [spool] drain_concurrency, stated in its config below
+DRAIN_CONCURRENCY = SPOOL_DRAIN_CONCURRENCY
 RELAY_READ_BYTES = 256 * 1024
 RELAY_SOCKET_BUFFER_BYTES = 256 * 1024
 RELAY_BURST_BYTES = 1 * MIB
@@ -408,127 +395,21 @@ def relay_main(argv: Sequence[str]) -> int:
 # Our processes
 
 
-@dataclass(slots=True)
-class Proc:
-    """A gateway or the relay: a subprocess of ours, stopped by its pid."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    pid: int
-    endpoint: Endpoint
-    log: Path
-    config_text: str = ""
-    spool_dir: Path | None = None
-    exit_code: int | None = None
-
-
 def role(name: str) -> str:
     """What a process is, for the CPU tables: the per-round gateways of one kind share a name there."""
     return name if name == "relay" else "gateway " + re.sub(r"-r\d+$", "", name)
 
 
-def _wait_ready(popen: subprocess.Popen[bytes], ready: Path, log: Path, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while not ready.exists():
-        if popen.poll() is not None or time.monotonic() > deadline:
-            raise BenchError(f"{what} did not start:\n" + tail(log))
-        time.sleep(0.02)
-    return json.loads(ready.read_text())
-
-
-def gateway_toml(
-    d: Path,
-    backend_url: str,
-    spool_dir: Path,
-    bandwidth_bps: float | None,
-    spool_extra: str = "",
-    server_extra: str = "",
-) -> str:
-    bandwidth = f"bandwidth = {bandwidth_bps:.0f}  # bytes/s\n" if bandwidth_bps else ""
-    return f"""[server]
-listen = "127.0.0.1:0"
-state_dir = "{d / "state"}"
-log_level = "WARNING"
-shutdown_grace_s = 5
-drain_on_shutdown_s = 0
-{server_extra}
-
-[backend]
-endpoint = "{backend_url}"
-region = "{REGION}"
-{bandwidth}
-[spool]
-enabled = true
-dir = "{spool_dir}"
-drain_concurrency = {DRAIN_CONCURRENCY}
-{spool_extra}
-[[credentials]]
-access_key = "{ACCESS_KEY}"
-secret_key = "{SECRET_KEY}"
-"""
-
-
-def start_gateway(
-    root: Path,
-    name: str,
-    backend_url: str,
-    spool_dir: Path,
-    bandwidth_bps: float | None,
-    *,
-    spool_extra: str = "",
-    server_extra: str = "",
-    source: Path = GATEWAY_SOURCE,
-) -> Proc:
-    """``source``: the directory holding the ``gateway`` package to run (another tree to compare)."""
-    d = root / f"gw-{name}"
-    d.mkdir()
-    cfg = d / "s3lanes.toml"
-    text = gateway_toml(d, backend_url, spool_dir, bandwidth_bps, spool_extra, server_extra)
-    cfg.write_text(text)
-    ready = d / "ready.json"
-    log = d / "gateway.log"
-    with open(log, "wb") as log_fh:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--ready-file", str(ready)],
-            stdout=log_fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C reaches the benchmark only; it stops the gateway in order
-            cwd=source,  # `-m gateway` runs the code in this directory (by default the code imported here)
-        )
-    doc = _wait_ready(popen, ready, log, GATEWAY_START_TIMEOUT_S, f"gateway {name}")
-    ep = Endpoint.from_url(next(u for u in doc["endpoints"] if u.startswith("http://")))
-    return Proc(name, popen, int(doc["pid"]), ep, log, text, spool_dir)
-
-
-def start_relay(root: Path, target: Endpoint, rate_bps: float) -> Proc:
+def start_relay(root: Path, target: Endpoint, rate_bps: float) -> GatewayProcess:
     d = root / "relay"
     d.mkdir()
     ready = d / "ready.json"
     log = d / "relay.log"
-    with open(log, "wb") as log_fh:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "loadtests.bench_spool", "_relay", "--target", target.netloc,
-             "--rate-bps", str(rate_bps), "--ready-file", str(ready)],
-            stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            cwd=LOADTESTS_PARENT,
-        )  # fmt: skip
-    doc = _wait_ready(popen, ready, log, RELAY_START_TIMEOUT_S, "the relay")
-    return Proc("relay", popen, int(doc["pid"]), Endpoint("127.0.0.1", int(doc["port"])), log)
-
-
-def stop_proc(proc: Proc) -> int | None:
-    """SIGTERM by pid, then SIGKILL after STOP_TIMEOUT_S."""
-    p = proc.popen
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    proc.exit_code = p.returncode
-    return p.returncode
+    argv = [sys.executable, "-m", "loadtests.bench_spool", "_relay", "--target", target.netloc,
+            "--rate-bps", str(rate_bps), "--ready-file", str(ready)]  # fmt: skip
+    popen = spawn(argv, log, cwd=LOADTESTS_PARENT)
+    doc = wait_ready(popen, ready, log, RELAY_START_TIMEOUT_S, "the relay")
+    return GatewayProcess("relay", popen, int(doc["pid"]), Endpoint("127.0.0.1", int(doc["port"])), log)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -667,7 +548,7 @@ class Bench:
         self.results = results
         self.direct = Endpoint.from_url(weed.endpoint_url)
         self.client = RawHttp()
-        self.procs: dict[str, Proc] = {}
+        self.procs: dict[str, GatewayProcess] = {}
         self._disk_pool = ThreadPoolExecutor(max_workers=max(opts.clients, 1), thread_name_prefix="disk")
 
     # -- plumbing --------------------------------------------------------------------------------------------
@@ -694,21 +575,21 @@ class Bench:
 
     async def start_gateway(
         self, name: str, spool_dir: Path, bandwidth_bps: float | None, backend_url: str | None = None
-    ) -> Proc:
+    ) -> GatewayProcess:
         url = backend_url or self.weed.endpoint_url
-        gw = await asyncio.to_thread(start_gateway, self.tmp, name, url, spool_dir, bandwidth_bps)
+        gw = await asyncio.to_thread(start_spool_gateway, self.tmp, name, url, spool_dir, bandwidth_bps)
         self.procs[name] = gw
         self.results.configs[name] = gw.config_text
         self.log(f"gateway {name}: pid {gw.pid} at {gw.endpoint.netloc}, spool {spool_dir}")
         return gw
 
-    async def stop(self, proc: Proc) -> None:
-        code = await asyncio.to_thread(stop_proc, proc)
+    async def stop(self, proc: GatewayProcess) -> None:
+        code = await asyncio.to_thread(stop_gateway, proc)
         self.results.exit_codes[proc.name] = code
         self.procs.pop(proc.name, None)
         self.collect_log(proc)
 
-    def collect_log(self, proc: Proc) -> None:
+    def collect_log(self, proc: GatewayProcess) -> None:
         text = tail(proc.log, 2_000_000)
         lines = text.splitlines()
         bad = [
@@ -773,7 +654,7 @@ class Bench:
 
         await run_all(writer(w) for w in range(min(writers, n_objects)))
 
-    async def admin(self, gw: Proc, method: str, path: str) -> tuple[int, dict[str, Any]]:
+    async def admin(self, gw: GatewayProcess, method: str, path: str) -> tuple[int, dict[str, Any]]:
         headers = {"host": gw.endpoint.netloc, "content-length": "0"}
         reply: Reply = await self.client.call(gw.endpoint, method, path, headers, want_body=True)
         try:
@@ -782,7 +663,7 @@ class Bench:
             raise BenchError(f"{method} {path}: {reply.status} {reply.body[:300]!r}") from None
         return reply.status, doc
 
-    async def spool_status(self, gw: Proc) -> dict[str, Any]:
+    async def spool_status(self, gw: GatewayProcess) -> dict[str, Any]:
         status, doc = await self.admin(gw, "GET", "/_s3lanes/status")
         if status != 200:
             raise BenchError(f"status of {gw.name}: {status} {doc}")
@@ -790,7 +671,7 @@ class Bench:
         return spool
 
     @contextlib.asynccontextmanager
-    async def watch_scheduler(self, gw: Proc, into: dict[str, Any]) -> AsyncIterator[None]:
+    async def watch_scheduler(self, gw: GatewayProcess, into: dict[str, Any]) -> AsyncIterator[None]:
         """Sample the gateway's scheduler while the block runs: was the checkpoint lane (the drain) held back
         by the gateway's pacing (queued tickets, capacity estimate), or by the machine?"""
         samples: list[dict[str, Any]] = []
@@ -828,7 +709,7 @@ class Bench:
                 )
                 into["inflight_MB_median"] = round(med([x["inflight_bytes"] for x in samples]) / MB, 1)
 
-    async def flush(self, gw: Proc, prefix: str) -> dict[str, Any]:
+    async def flush(self, gw: GatewayProcess, prefix: str) -> dict[str, Any]:
         q = f"bucket={BUCKET}&prefix={quote(prefix, safe='')}&timeout={FLUSH_TIMEOUT_S:g}"
         status, doc = await self.admin(gw, "POST", f"/_s3lanes/flush?{q}")
         if status != 200 or not doc.get("durable"):
@@ -837,7 +718,7 @@ class Bench:
 
     # -- set-up ----------------------------------------------------------------------------------------------
 
-    async def sanity(self, gw: Proc, *, spooled: bool) -> None:
+    async def sanity(self, gw: GatewayProcess, *, spooled: bool) -> None:
         """A PUT through the gateway lands where expected and reads back byte for byte."""
         key = f"sanity/{gw.name}"
         before = (await self.spool_status(gw))["acked_bytes_total"]
@@ -875,7 +756,7 @@ class Bench:
             finally:
                 os.close(fd)
 
-    async def ack_phase(self, gw: Proc) -> None:
+    async def ack_phase(self, gw: GatewayProcess) -> None:
         o = self.opts
         assert gw.spool_dir is not None
         total = o.ack_mib * MIB
@@ -982,11 +863,11 @@ class Bench:
             shutil.rmtree(d, ignore_errors=True)
         return out
 
-    async def latency_phase(self, trickle: Proc, live: Proc) -> None:
+    async def latency_phase(self, trickle: GatewayProcess, live: GatewayProcess) -> None:
         o = self.opts
         size = LATENCY_OBJECT_BYTES
         assert trickle.spool_dir is not None
-        targets: dict[str, tuple[Endpoint, dict[str, str] | None, Proc | None]] = {
+        targets: dict[str, tuple[Endpoint, dict[str, str] | None, GatewayProcess | None]] = {
             "direct": (self.direct, None, None),
             "write-through": (live.endpoint, {WRITE_THROUGH_HEADER: "true"}, None),
             "spool, drain running": (live.endpoint, None, live),
@@ -1032,7 +913,7 @@ class Bench:
 
     # -- 4: drain throughput ---------------------------------------------------------------------------------
 
-    async def drain_phase(self, live: Proc) -> None:
+    async def drain_phase(self, live: GatewayProcess) -> None:
         o = self.opts
         size = o.drain_object_mib * MIB
         n = max(1, o.drain_mib * MIB // size)

@@ -38,18 +38,11 @@ from typing import Any
 
 import psutil
 
-from loadtests.bench_proxy import (
-    BUCKET,
-    CpuMeter,
-    Endpoint,
-    RawHttp,
-    Stack,
-    cpu_seconds,
-    new_weed,
-    pin_process,
-    start_gateway,
-    stop_gateway,
-)
+from loadtests.bench_proxy import Stack, start_gateway, stop_gateway
+from loadtests.harness.endpoint import Endpoint
+from loadtests.harness.machine import CpuMeter, cpu_seconds, pin_process
+from loadtests.harness.rawclient import RawHttp
+from loadtests.harness.store import BUCKET, new_weed
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -73,7 +66,7 @@ class GatewayCpu:
         self.pid = pid
 
     def now(self) -> float:
-        total = cpu_seconds(self.pid)
+        total: float = cpu_seconds(self.pid)
         for child in psutil.Process(self.pid).children():
             with contextlib.suppress(FileNotFoundError, ProcessLookupError):
                 total += cpu_seconds(child.pid)

@@ -78,6 +78,8 @@ import botocore.auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from loadtests.harness.gateway import server_toml, stop_process
+
 KiB = 1024
 MiB = 1024 * 1024
 REGION = "us-east-1"
@@ -694,13 +696,7 @@ def crash_gateway_toml(
     """A gateway on a fixed port whose spool drains slowly (bandwidth) and compacts its journal often;
     ``workers`` > 1: a supervisor and that many worker processes, worker 0 owning the spool."""
     return f"""
-[server]
-listen = "127.0.0.1:{port}"
-workers = {workers}
-state_dir = "{state_dir}"
-log_level = "INFO"
-shutdown_grace_s = 5
-drain_on_shutdown_s = 0
+{server_toml(state_dir, log_level="INFO", listen=f"127.0.0.1:{port}")}workers = {workers}
 
 [backend]
 endpoint = "{backend_endpoint}"
@@ -814,16 +810,7 @@ class GatewayProcess:
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM, wait, SIGKILL after ``timeout_s``; the exit code (None if never started)."""
-        proc = self.proc
-        if proc is None:
-            return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        return proc.returncode
+        return None if self.proc is None else stop_process(self.proc, timeout_s)
 
 
 # --- the run -----------------------------------------------------------------------------------------------

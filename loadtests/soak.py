@@ -92,9 +92,13 @@ from urllib.parse import quote, unquote, urlsplit
 from clients import ClientConfig, GatewayClient
 from gateway.config import parse_size
 from gateway.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
-from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
-from loadtests.bench_proxy import machine_facts
+from gateway.seaweed.process import SeaweedProcess
 from loadtests.dataprep import prepare
+from loadtests.harness.gateway import server_toml, tail
+from loadtests.harness.gateway import start_gateway as harness_start_gateway
+from loadtests.harness.gateway import stop_process as harness_stop_process
+from loadtests.harness.machine import machine_facts
+from loadtests.harness.store import seaweed
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING_LOCUSTFILE = ROOT / "loadtests" / "locustfile_training.py"
@@ -490,13 +494,7 @@ class Gateway:
 
 
 def gateway_toml(d: Path, backend_url: str, spool_dir: Path) -> str:
-    return f"""[server]
-listen = "127.0.0.1:0"
-state_dir = "{d / "state"}"
-log_level = "INFO"
-shutdown_grace_s = 10
-drain_on_shutdown_s = 0
-
+    return f"""{server_toml(d / "state", log_level="INFO", shutdown_grace_s=10)}
 [backend]
 endpoint = "{backend_url}"
 region = "{REGION}"
@@ -517,44 +515,16 @@ def start_gateway(root: Path, backend_url: str) -> Gateway:
     d.mkdir()
     spool_dir = d / "spool"
     text = gateway_toml(d, backend_url, spool_dir)
-    cfg = d / "s3lanes.toml"
-    cfg.write_text(text)
-    ready = d / "ready.json"
-    log = d / "gateway.log"
-    with open(log, "wb") as log_fh:
-        popen = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--ready-file", str(ready)],
-            stdout=log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C reaches the soak only; it stops the gateway in order
-            cwd=ROOT,  # `-m gateway` runs this working tree's code
-        )  # fmt: skip
-    deadline = time.monotonic() + GATEWAY_START_TIMEOUT_S
-    while not ready.exists():
-        if popen.poll() is not None or time.monotonic() > deadline:
-            stop_process(popen)
-            raise SoakError("the gateway did not start:\n" + _tail(log))
-        time.sleep(0.05)
-    doc = json.loads(ready.read_text())
-    url = next(u for u in doc["endpoints"] if u.startswith("http://"))
-    parts = urlsplit(url)
-    assert parts.hostname is not None and parts.port is not None
-    return Gateway(popen, int(doc["pid"]), parts.hostname, parts.port, log, spool_dir, text)
+    # cwd=ROOT: `-m gateway` runs this working tree's code
+    gw = harness_start_gateway(
+        d, text, source=ROOT, timeout_s=GATEWAY_START_TIMEOUT_S, error=SoakError, spool_dir=spool_dir
+    )
+    return Gateway(gw.popen, gw.pid, gw.endpoint.host, gw.endpoint.port, gw.log, spool_dir, text)
 
 
 def stop_process(popen: subprocess.Popen[bytes], timeout_s: float = STOP_TIMEOUT_S) -> int:
     """SIGTERM by pid, SIGKILL after ``timeout_s``; the exit code."""
-    if popen.poll() is None:
-        popen.send_signal(signal.SIGTERM)
-        try:
-            popen.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
-    return popen.returncode
-
-
-def _tail(path: Path, n_bytes: int = 4000) -> str:
-    return path.read_bytes()[-n_bytes:].decode(errors="replace") if path.exists() else "(no log)"
+    return harness_stop_process(popen, timeout_s)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1044,7 +1014,7 @@ def run_load(run: Run, gw: Gateway, weed: SeaweedProcess) -> None:
                     run.nice["locust"] = proc_nice(locust.pid)
                 run.samples.append(take_sample(gw, now - t0, "run", weed.pid, locust.pid, watch))
                 if gw.popen.poll() is not None:
-                    raise SoakError(f"the gateway exited with {gw.popen.returncode}:\n" + _tail(gw.log))
+                    raise SoakError(f"the gateway exited with {gw.popen.returncode}:\n" + tail(gw.log))
                 run.probes.bad_signature(gw)
                 run.probes.missing_key(gw)
                 if n % ABORTED_PUT_EVERY == 1:
@@ -1487,13 +1457,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def run_soak(run: Run) -> None:
-    weed = SeaweedProcess(
-        SeaweedOptions(
-            state_dir=run.tmp / "seaweedfs",
-            identities=(SeaweedIdentity("soak", ACCESS_KEY, SECRET_KEY),),
-            buckets=(BUCKET,),
-        )
-    )
+    weed = seaweed(run.tmp / "seaweedfs", "soak", ACCESS_KEY, SECRET_KEY, (BUCKET,))
     gw: Gateway | None = None
     try:
         run.log(f"state in {run.tmp}; starting SeaweedFS")

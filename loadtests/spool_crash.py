@@ -41,7 +41,8 @@ import botocore.handlers
 from botocore.config import Config as BotoConfig
 
 import gateway
-from gateway.runtime.seaweed import SeaweedIdentity, SeaweedOptions, SeaweedProcess
+from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
+from gateway.seaweed.process import SeaweedProcess
 from loadtests.crashmodel import REGION, CrashConfig, run_crash
 
 BUCKET = "crash"

@@ -538,7 +538,8 @@ class Scheduler:
                 # window share; the guard's next window changes the multiplier), not only by a complete():
                 # wake at the earliest of those instead of sleeping until an unrelated submit.
                 return WaitUntil(self._wake(wake))
-            return WaitUntil(self._wake(wake)) if math.isfinite(wake) else Idle()
+            # Unreachable: with tickets queued (checked above) every lane holding them is a candidate or held.
+            return WaitUntil(self._wake(wake)) if math.isfinite(wake) else Idle()  # pragma: no cover
         chosen = self._reservation_winner(candidates, now)
         reserved = chosen is not None
         if chosen is None:
@@ -1051,7 +1052,8 @@ class Scheduler:
             self._set_reads_active(True, now)
 
     def _set_reads_active(self, active: bool, now: float) -> None:
-        if active != self._reads_active:
+        # Both callers change the state (deactivation is timed only while active): kept as a guard.
+        if active != self._reads_active:  # pragma: no branch
             self._reads_active = active
             self._apply_rates(now, reads_arrived=active)
 
@@ -1082,7 +1084,8 @@ class Scheduler:
         if len(busy) < SHARE_HISTORY_WINDOWS or sum(busy) / len(busy) < READS_BUSY_FRACTION:
             return 1.0
         windows = len(self._lanes[0].hist_delivered)
-        if windows < SHARE_HISTORY_WINDOWS:
+        # Unreachable: hist_delivered is appended and cleared with _hist_reads_busy, so it is as long.
+        if windows < SHARE_HISTORY_WINDOWS:  # pragma: no cover
             return 1.0
         delivered = sum(sum(ln.hist_delivered) for ln in self._lanes)
         return saturation_scale(delivered / (windows * self._cfg.window_s) / self._capacity())

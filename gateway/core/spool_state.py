@@ -1,16 +1,10 @@
 """The write spool's bookkeeping: what is acknowledged, in which order it must reach the backend. Pure.
 
-Theory of operation. Every change to the spool is a *record* (a dict, written to the journal by the shell).
-A record is applied here only once the journal holds it durably, in journal order, both live and on replay,
-so the state after a crash is exactly the state that was acknowledged. Records:
-
-    put      an object acknowledged (single PUT, CopyObject, or a completed multipart upload)
-    del      a DELETE acknowledged for a key that still had spooled data (a tombstone)
-    mpu      a multipart upload created in the spool;  part  one part of it;  abort  it was aborted
-    done     an entry is on the backend (the drain confirmed it); settles the key's wires up to its seq
-    wire     a drain request that completes an object (PUT, multipart completion, tombstone DELETE) may
-             be on its way to the store: journaled before it is sent
-    unwire   that entry's requests are all answered or were cut before they could complete the object
+Theory of operation. Every change to the spool is a *record*: one of the frozen classes of
+:mod:`gateway.core.journal_records`, which lists every kind and its encoding in one place (the shell journals
+their maps). A record is applied here only once the journal holds it durably, in journal order, both live
+and on replay, so the state after a crash is exactly the state that was acknowledged. The builders below
+(``put_record`` ...) make the records; :meth:`SpoolState.apply` takes a record or a journal map.
 
 Fencing. A request that completes an object may be applied by the store long after it was sent (the
 store stalled with it in a socket buffer), after a newer state of the key that a restarted gateway (or a
@@ -60,6 +54,24 @@ from gateway.core.checksums import (
     multipart_checksum,
     upload_checksum,
 )
+from gateway.core.journal_records import (
+    Abort,
+    BackendIntent,
+    BackendIntentEnd,
+    BackendUpload,
+    BackendUploadEnd,
+    Complete,
+    CreateUpload,
+    Delete,
+    Done,
+    Part,
+    Put,
+    Record,
+    SeqMark,
+    Unwire,
+    Wire,
+    decode,
+)
 from gateway.errors import (
     BadDigest,
     EntityTooSmall,
@@ -70,6 +82,22 @@ from gateway.errors import (
 )
 
 MIN_PART_BYTES = 5 * 1024 * 1024
+_RECORD_TYPES = (
+    Put,
+    Complete,
+    Delete,
+    CreateUpload,
+    Part,
+    Abort,
+    Done,
+    Wire,
+    Unwire,
+    BackendUpload,
+    BackendUploadEnd,
+    BackendIntent,
+    BackendIntentEnd,
+    SeqMark,
+)
 MAX_PARTS = 10_000
 
 
@@ -200,17 +228,6 @@ def _glob_regex(globs: Sequence[str]) -> re.Pattern[str] | None:
     return re.compile("|".join(f"(?:{fnmatch.translate(g)})" for g in globs))
 
 
-def _record(
-    kind: str, seq: int, bucket: str, key: str, access_key: str, lane: str, at: float
-) -> dict[str, Any]:
-    """The fields every entry-like record carries."""
-    return {"t": kind, "seq": seq, "b": bucket, "k": key, "ak": access_key, "ln": lane, "at": at}
-
-
-def _meta_tuple(raw: Any) -> tuple[tuple[str, str], ...]:
-    return tuple((str(k), str(v)) for k, v in raw)
-
-
 _UPLOAD_CHECKSUM_HEADERS = frozenset({"x-amz-checksum-algorithm", "x-amz-checksum-type"})
 
 
@@ -278,109 +295,109 @@ class SpoolState:
     def is_marker(self, key: str) -> bool:
         return self._markers is not None and self._markers.fullmatch(key.rpartition("/")[2]) is not None
 
-    def apply(self, rec: Mapping[str, Any]) -> Applied:
-        kind = rec["t"]
-        seq = int(rec.get("seq", 0))
+    def apply(self, record: Record | Mapping[str, Any]) -> Applied:
+        """Apply one journaled record (a journal map is decoded first: :func:`.journal_records.decode`)."""
+        rec = record if isinstance(record, _RECORD_TYPES) else decode(record)
+        seq = rec.seq if isinstance(rec, (Put, Complete, Delete, CreateUpload, SeqMark)) else 0
         if seq >= self._next_seq:
             self._next_seq = seq + 1
-        if kind == "put":
-            return self._apply_put(rec)
-        if kind == "del":
-            entry = Entry(
-                seq=seq,
-                kind="del",
-                bucket=rec["b"],
-                key=rec["k"],
-                access_key=rec["ak"],
-                lane=rec.get("ln", "checkpoint"),
-                acked_at=float(rec["at"]),
-            )
-            return self._add(entry)
-        if kind == "mpu":
-            self.uploads[rec["u"]] = Upload(
-                upload_id=rec["u"],
-                seq=seq,
-                bucket=rec["b"],
-                key=rec["k"],
-                access_key=rec["ak"],
-                lane=rec.get("ln", "checkpoint"),
-                created_at=float(rec["at"]),
-                meta=_meta_tuple(rec.get("m", ())),
-            )
-            return Applied()
-        if kind == "part":
-            upload = self.uploads.get(rec["u"])
-            part = PartFile(int(rec["n"]), rec["f"], int(rec["sz"]), rec["md5"], str(rec.get("ck", "")))
-            if upload is None:  # aborted while the part was being written
-                return Applied(garbage=(part.file,))
-            old = upload.parts.get(part.number)
-            upload.parts[part.number] = part
-            self.bytes_on_disk += part.size
-            if old is not None:
-                older = upload.replaced.get(part.number)
-                upload.replaced[part.number] = old
-                if older is not None:
-                    self.bytes_on_disk -= older.size
-                    return Applied(garbage=(older.file,))
-            return Applied()
-        if kind == "abort":
-            upload = self.uploads.pop(rec["u"], None)
-            if upload is None:
+        match rec:
+            case Put() | Complete():
+                return self._apply_put(rec)
+            case Delete():
+                entry = Entry(
+                    seq=rec.seq,
+                    kind="del",
+                    bucket=rec.bucket,
+                    key=rec.key,
+                    access_key=rec.access_key,
+                    lane=rec.lane,
+                    acked_at=rec.at,
+                )
+                return self._add(entry)
+            case CreateUpload():
+                self.uploads[rec.upload_id] = Upload(
+                    upload_id=rec.upload_id,
+                    seq=rec.seq,
+                    bucket=rec.bucket,
+                    key=rec.key,
+                    access_key=rec.access_key,
+                    lane=rec.lane,
+                    created_at=rec.at,
+                    meta=rec.meta,
+                )
                 return Applied()
-            self.bytes_on_disk -= upload.size
-            return Applied(garbage=tuple(p.file for p in upload.all_parts()))
-        if kind == "seq":  # written by compaction: keeps seqs growing across rewrites
-            return Applied()
-        if kind == "bmpu":
-            self.backend_uploads[rec["u"]] = (rec["b"], rec["k"], rec["ak"], rec.get("ln", "checkpoint"))
-            return Applied()
-        if kind == "bmpu_end":
-            self.backend_uploads.pop(rec["u"], None)
-            return Applied()
-        if kind == "bmpi":
-            self.backend_intents[rec["i"]] = (
-                rec["b"],
-                rec["k"],
-                rec["ak"],
-                rec.get("ln", "checkpoint"),
-                float(rec["nb"]),
-            )
-            return Applied()
-        if kind == "bmpi_end":
-            self.backend_intents.pop(rec["i"], None)
-            return Applied()
-        if kind == "wire":
-            self.wires.setdefault((rec["b"], rec["k"]), set()).add(int(rec["s"]))
-            return Applied()
-        if kind == "unwire":
-            ident = (rec["b"], rec["k"])
-            wires = self.wires.get(ident, set())
-            wires.discard(int(rec["s"]))
-            if not wires:
-                self.wires.pop(ident, None)
-            return Applied()
-        if kind == "done":
-            done = self.entries.get(int(rec["s"]))
-            if "k" in rec:  # older journals' done records name no key: the entry's, if it is still there
-                self._settle_wires(rec["b"], rec["k"], int(rec["s"]))
-            elif done is not None:
-                self._settle_wires(done.bucket, done.key, done.seq)
-            if done is None:
+            case Part():
+                upload = self.uploads.get(rec.upload_id)
+                part = PartFile(rec.number, rec.file, rec.size, rec.md5, rec.checksum)
+                if upload is None:  # aborted while the part was being written
+                    return Applied(garbage=(part.file,))
+                old = upload.parts.get(part.number)
+                upload.parts[part.number] = part
+                self.bytes_on_disk += part.size
+                if old is not None:
+                    older = upload.replaced.get(part.number)
+                    upload.replaced[part.number] = old
+                    if older is not None:
+                        self.bytes_on_disk -= older.size
+                        return Applied(garbage=(older.file,))
                 return Applied()
-            self._remove(done)
-            return Applied(garbage=done.files, removed=(done,))
-        raise ValueError(f"unknown journal record type {kind!r}")
+            case Abort():
+                gone = self.uploads.pop(rec.upload_id, None)
+                if gone is None:
+                    return Applied()
+                self.bytes_on_disk -= gone.size
+                return Applied(garbage=tuple(p.file for p in gone.all_parts()))
+            case SeqMark():  # written by compaction: keeps seqs growing across rewrites
+                return Applied()
+            case BackendUpload():
+                self.backend_uploads[rec.upload_id] = (rec.bucket, rec.key, rec.access_key, rec.lane)
+                return Applied()
+            case BackendUploadEnd():
+                self.backend_uploads.pop(rec.upload_id, None)
+                return Applied()
+            case BackendIntent():
+                self.backend_intents[rec.token] = (
+                    rec.bucket,
+                    rec.key,
+                    rec.access_key,
+                    rec.lane,
+                    rec.not_before,
+                )
+                return Applied()
+            case BackendIntentEnd():
+                self.backend_intents.pop(rec.token, None)
+                return Applied()
+            case Wire():
+                self.wires.setdefault((rec.bucket, rec.key), set()).add(rec.seq)
+                return Applied()
+            case Unwire():
+                ident = (rec.bucket, rec.key)
+                wires = self.wires.get(ident, set())
+                wires.discard(rec.seq)
+                if not wires:
+                    self.wires.pop(ident, None)
+                return Applied()
+            case Done():
+                done = self.entries.get(rec.seq)
+                if rec.bucket is not None and rec.key is not None:
+                    self._settle_wires(rec.bucket, rec.key, rec.seq)
+                elif done is not None:  # older journals' done records name no key: the entry's
+                    self._settle_wires(done.bucket, done.key, done.seq)
+                if done is None:
+                    return Applied()
+                self._remove(done)
+                return Applied(garbage=done.files, removed=(done,))
+        raise ValueError(f"not a journal record: {rec!r}")
 
-    def _apply_put(self, rec: Mapping[str, Any]) -> Applied:
+    def _apply_put(self, rec: Put | Complete) -> Applied:
         garbage: list[str] = []
-        upload_id = rec.get("u")
-        if upload_id is not None:
-            upload = self.uploads.pop(upload_id, None)
+        if isinstance(rec, Complete):
+            upload = self.uploads.pop(rec.upload_id, None)
             if upload is None:
-                raise ValueError(f"journal: completion of unknown upload {upload_id}")
-            chosen = [int(n) for n in rec["pn"]]
-            older = {int(n) for n in rec.get("po", ())}  # numbers completed with their replaced part
-            parts = [upload.replaced[n] if n in older else upload.parts[n] for n in chosen]
+                raise ValueError(f"journal: completion of unknown upload {rec.upload_id}")
+            older = set(rec.older)  # numbers completed with their replaced part
+            parts = [upload.replaced[n] if n in older else upload.parts[n] for n in rec.part_numbers]
             used = {p.file for p in parts}
             for part in upload.all_parts():
                 if part.file not in used:
@@ -399,30 +416,30 @@ class SpoolState:
                 meta = tuple(kv for kv in meta if kv[0] not in _UPLOAD_CHECKSUM_HEADERS)
             self.bytes_on_disk -= size  # counted again below, as the entry's
         else:
-            files = tuple(rec["f"])
-            part_sizes = tuple(int(n) for n in rec.get("ps", ()))
-            part_md5s = tuple(str(m) for m in rec.get("pm", ()))
-            part_checksums = tuple(str(c) for c in rec.get("pc", ()))
-            size = int(rec["sz"])
-            meta = _meta_tuple(rec.get("m", ()))
+            files = rec.files
+            part_sizes = rec.part_sizes
+            part_md5s = rec.part_md5s
+            part_checksums = rec.part_checksums
+            size = rec.size
+            meta = rec.meta
         self.bytes_on_disk += size
         entry = Entry(
-            seq=int(rec["seq"]),
+            seq=rec.seq,
             kind="put",
-            bucket=rec["b"],
-            key=rec["k"],
-            access_key=rec["ak"],
-            lane=rec.get("ln", "checkpoint"),
-            acked_at=float(rec["at"]),
+            bucket=rec.bucket,
+            key=rec.key,
+            access_key=rec.access_key,
+            lane=rec.lane,
+            acked_at=rec.at,
             size=size,
-            etag=rec["etag"],
+            etag=rec.etag,
             files=files,
             part_sizes=part_sizes,
             part_md5s=part_md5s,
             meta=meta,
             part_checksums=part_checksums,
             checksum=object_checksum(meta, part_sizes, part_checksums),
-            marker=self.is_marker(rec["k"]),
+            marker=self.is_marker(rec.key),
         )
         applied = self._add(entry)
         return Applied(
@@ -470,8 +487,8 @@ class SpoolState:
         return entry.seq not in self.wires.get((entry.bucket, entry.key), ())
 
     @staticmethod
-    def wire_record(entry: Entry) -> dict[str, Any]:
-        return {"t": "wire", "b": entry.bucket, "k": entry.key, "s": entry.seq}
+    def wire_record(entry: Entry) -> Wire:
+        return Wire(entry.bucket, entry.key, entry.seq)
 
     def unwire_needed(self, entry: Entry) -> bool:
         """Whether ``entry`` has an open wire that an ``unwire`` may settle: not while its key is in doubt
@@ -480,8 +497,8 @@ class SpoolState:
         return ident not in self.in_doubt and entry.seq in self.wires.get(ident, ())
 
     @staticmethod
-    def unwire_record(entry: Entry) -> dict[str, Any]:
-        return {"t": "unwire", "b": entry.bucket, "k": entry.key, "s": entry.seq}
+    def unwire_record(entry: Entry) -> Unwire:
+        return Unwire(entry.bucket, entry.key, entry.seq)
 
     def is_in_doubt(self, entry: Entry) -> bool:
         return (entry.bucket, entry.key) in self.in_doubt
@@ -509,15 +526,22 @@ class SpoolState:
         access_key: str,
         lane: str,
         now_wall: float,
-    ) -> dict[str, Any]:
-        rec = _record("put", self.next_seq(), bucket, key, access_key, lane, now_wall)
-        rec.update(f=[file], sz=size, etag=f'"{md5}"', m=[list(kv) for kv in meta])
-        return rec
+    ) -> Put:
+        return Put(
+            self.next_seq(),
+            bucket,
+            key,
+            access_key,
+            lane,
+            now_wall,
+            files=(file,),
+            size=size,
+            etag=f'"{md5}"',
+            meta=tuple((k, v) for k, v in meta),
+        )
 
-    def delete_record(
-        self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float
-    ) -> dict[str, Any]:
-        return _record("del", self.next_seq(), bucket, key, access_key, lane, now_wall)
+    def delete_record(self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float) -> Delete:
+        return Delete(self.next_seq(), bucket, key, access_key, lane, now_wall)
 
     def create_upload_record(
         self,
@@ -529,62 +553,51 @@ class SpoolState:
         access_key: str,
         lane: str,
         now_wall: float,
-    ) -> dict[str, Any]:
-        rec = _record("mpu", self.next_seq(), bucket, key, access_key, lane, now_wall)
-        rec.update(u=upload_id, m=[list(kv) for kv in meta])
-        return rec
+    ) -> CreateUpload:
+        return CreateUpload(
+            self.next_seq(),
+            bucket,
+            key,
+            access_key,
+            lane,
+            now_wall,
+            upload_id=upload_id,
+            meta=tuple((k, v) for k, v in meta),
+        )
 
     @staticmethod
     def part_record(
         *, upload_id: str, number: int, file: str, size: int, md5: str, checksum: str = ""
-    ) -> dict[str, Any]:
-        rec: dict[str, Any] = {"t": "part", "u": upload_id, "n": number, "f": file, "sz": size, "md5": md5}
-        if checksum:
-            rec["ck"] = checksum
-        return rec
+    ) -> Part:
+        return Part(upload_id, number, file, size, md5, checksum)
 
     @staticmethod
-    def abort_record(upload_id: str) -> dict[str, Any]:
-        return {"t": "abort", "u": upload_id}
+    def abort_record(upload_id: str) -> Abort:
+        return Abort(upload_id)
 
     @staticmethod
-    def done_record(seq: int, entry: Entry | None = None) -> dict[str, Any]:
+    def done_record(seq: int, entry: Entry | None = None) -> Done:
         """``entry`` given: the record names its key, and settles the key's wires up to ``seq`` even if
         replay no longer holds the entry (superseded before it drained)."""
         if entry is None:
-            return {"t": "done", "s": seq}
-        return {"t": "done", "s": seq, "b": entry.bucket, "k": entry.key}
+            return Done(seq)
+        return Done(seq, entry.bucket, entry.key)
 
     @staticmethod
-    def backend_upload_record(upload_id: str, entry: Entry) -> dict[str, Any]:
-        return {
-            "t": "bmpu",
-            "u": upload_id,
-            "b": entry.bucket,
-            "k": entry.key,
-            "ak": entry.access_key,
-            "ln": entry.lane,
-        }
+    def backend_upload_record(upload_id: str, entry: Entry) -> BackendUpload:
+        return BackendUpload(upload_id, entry.bucket, entry.key, entry.access_key, entry.lane)
 
     @staticmethod
-    def backend_upload_end_record(upload_id: str) -> dict[str, Any]:
-        return {"t": "bmpu_end", "u": upload_id}
+    def backend_upload_end_record(upload_id: str) -> BackendUploadEnd:
+        return BackendUploadEnd(upload_id)
 
     @staticmethod
-    def backend_intent_record(token: str, entry: Entry, not_before: float) -> dict[str, Any]:
-        return {
-            "t": "bmpi",
-            "i": token,
-            "b": entry.bucket,
-            "k": entry.key,
-            "ak": entry.access_key,
-            "ln": entry.lane,
-            "nb": not_before,
-        }
+    def backend_intent_record(token: str, entry: Entry, not_before: float) -> BackendIntent:
+        return BackendIntent(token, entry.bucket, entry.key, entry.access_key, entry.lane, not_before)
 
     @staticmethod
-    def backend_intent_end_record(token: str) -> dict[str, Any]:
-        return {"t": "bmpi_end", "i": token}
+    def backend_intent_end_record(token: str) -> BackendIntentEnd:
+        return BackendIntentEnd(token)
 
     def open_backend_work(self, bucket: str | None = None, prefix: str = "") -> int:
         """Drain multipart uploads the store may hold that are neither completed nor aborted yet (recorded
@@ -604,7 +617,7 @@ class SpoolState:
         *,
         part_checksums: Sequence[Mapping[str, str]] = (),
         object_checksum: tuple[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Complete:
         """Validate a CompleteMultipartUpload part list the way S3 does; the put record that completes it.
 
         ``part_checksums``: per requested part, the ``Checksum<ALGORITHM>`` fields of its ``Part`` element
@@ -659,21 +672,18 @@ class SpoolState:
                     raise BadDigest(
                         f"The {named_algorithm} you specified did not match the calculated checksum."
                     )
-        rec: dict[str, Any] = {
-            "t": "put",
-            "seq": self.next_seq(),
-            "u": upload.upload_id,
-            "pn": [p.number for p in parts],
-            "b": upload.bucket,
-            "k": upload.key,
-            "etag": multipart_etag([p.md5 for p in parts]),
-            "ak": upload.access_key,
-            "ln": upload.lane,
-            "at": now_wall,
-        }
-        if older:
-            rec["po"] = older
-        return rec
+        return Complete(
+            seq=self.next_seq(),
+            upload_id=upload.upload_id,
+            part_numbers=tuple(p.number for p in parts),
+            bucket=upload.bucket,
+            key=upload.key,
+            etag=multipart_etag([p.md5 for p in parts]),
+            access_key=upload.access_key,
+            lane=upload.lane,
+            at=now_wall,
+            older=tuple(older),
+        )
 
     # -- queries ---------------------------------------------------------------------------------------------
 
@@ -804,70 +814,75 @@ class SpoolState:
 
     # -- compaction ------------------------------------------------------------------------------------------
 
-    def snapshot_records(self) -> list[dict[str, Any]]:
+    def snapshot_records(self) -> list[Record]:
         """Records that rebuild the live state on their own (the journal is rewritten with these)."""
-        out: list[dict[str, Any]] = []
-        items: list[tuple[int, dict[str, Any]]] = []
+        items: list[tuple[int, Put | Delete | CreateUpload]] = []
         for entry in self.entries.values():
             if entry.superseded:
                 continue
-            rec = _record(
-                entry.kind, entry.seq, entry.bucket, entry.key, entry.access_key, entry.lane, entry.acked_at
-            )
             if entry.kind == "put":
-                rec.update(
-                    f=list(entry.files), sz=entry.size, etag=entry.etag, m=[list(kv) for kv in entry.meta]
+                items.append(
+                    (
+                        entry.seq,
+                        Put(
+                            entry.seq,
+                            entry.bucket,
+                            entry.key,
+                            entry.access_key,
+                            entry.lane,
+                            entry.acked_at,
+                            files=entry.files,
+                            size=entry.size,
+                            etag=entry.etag,
+                            meta=entry.meta,
+                            part_sizes=entry.part_sizes if entry.multipart else (),
+                            part_md5s=entry.part_md5s if entry.multipart else (),
+                            part_checksums=entry.part_checksums if entry.multipart else (),
+                        ),
+                    )
                 )
-                if entry.multipart:
-                    rec.update(ps=list(entry.part_sizes), pm=list(entry.part_md5s))
-                    if entry.part_checksums:
-                        rec.update(pc=list(entry.part_checksums))
-            items.append((entry.seq, rec))
+            else:
+                items.append(
+                    (
+                        entry.seq,
+                        Delete(
+                            entry.seq, entry.bucket, entry.key, entry.access_key, entry.lane, entry.acked_at
+                        ),
+                    )
+                )
         for upload in self.uploads.values():
-            rec = _record(
-                "mpu",
-                upload.seq,
-                upload.bucket,
-                upload.key,
-                upload.access_key,
-                upload.lane,
-                upload.created_at,
+            items.append(
+                (
+                    upload.seq,
+                    CreateUpload(
+                        upload.seq,
+                        upload.bucket,
+                        upload.key,
+                        upload.access_key,
+                        upload.lane,
+                        upload.created_at,
+                        upload_id=upload.upload_id,
+                        meta=upload.meta,
+                    ),
+                )
             )
-            rec.update(u=upload.upload_id, m=[list(kv) for kv in upload.meta])
-            items.append((upload.seq, rec))
         items.sort(key=lambda item: item[0])
+        out: list[Record] = []
         for _, rec in items:
             out.append(rec)
-            if rec["t"] == "mpu":
+            if isinstance(rec, CreateUpload):
                 # Replaced parts first: replayed, each is then replaced again by the part after it.
-                for part in self.uploads[rec["u"]].all_parts():
+                for part in self.uploads[rec.upload_id].all_parts():
                     out.append(
-                        self.part_record(
-                            upload_id=rec["u"],
-                            number=part.number,
-                            file=part.file,
-                            size=part.size,
-                            md5=part.md5,
-                            checksum=part.checksum,
-                        )
+                        Part(rec.upload_id, part.number, part.file, part.size, part.md5, part.checksum)
                     )
         for upload_id, (bucket, key, access_key, lane) in self.backend_uploads.items():
-            out.append({"t": "bmpu", "u": upload_id, "b": bucket, "k": key, "ak": access_key, "ln": lane})
+            out.append(BackendUpload(upload_id, bucket, key, access_key, lane))
         for token, (bucket, key, access_key, lane, not_before) in self.backend_intents.items():
-            out.append(
-                {
-                    "t": "bmpi",
-                    "i": token,
-                    "b": bucket,
-                    "k": key,
-                    "ak": access_key,
-                    "ln": lane,
-                    "nb": not_before,
-                }
-            )
+            out.append(BackendIntent(token, bucket, key, access_key, lane, not_before))
         for (bucket, key), wire_seqs in self.wires.items():
-            out.extend({"t": "wire", "b": bucket, "k": key, "s": s} for s in sorted(wire_seqs))
-        out.append({"t": "seq", "seq": self.last_seq})
+            out.extend(Wire(bucket, key, s) for s in sorted(wire_seqs))
+        out.append(SeqMark(self.last_seq))
         return out
 
     def referenced_files(self) -> set[str]:

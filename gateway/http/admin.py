@@ -233,7 +233,7 @@ class Admin:
         # Nothing pending says nothing about a bucket the spool never saw: ask the store.
         if (
             self._bucket_exists is not None
-            and not self._spool.state.pending_under(bucket, prefix)[0]
+            and not self._spool.pending_under(bucket, prefix)[0]
             and await self._bucket_exists(bucket, tenant) is False
         ):
             doc.update(

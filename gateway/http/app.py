@@ -32,7 +32,10 @@ from gateway.http.admin import (
     plain,
 )
 from gateway.http.forward import Forwarder
-from gateway.http.proxy import S3Proxy, new_request_id
+from gateway.http.intake import Intake, new_request_id
+from gateway.http.pool_front import PoolFront
+from gateway.http.proxy import S3Proxy
+from gateway.http.router import Router
 from gateway.http.spool_front import SpoolFront
 from gateway.http.status_page import BARE_PATH, PAGE_PATH, StatusPage
 from gateway.metrics import Metrics
@@ -54,6 +57,7 @@ log = logging.getLogger("s3lanes.app")
 
 BACKEND_KEY = web.AppKey("backend", Backend)
 PROXY_KEY = web.AppKey("proxy", S3Proxy)
+ROUTER_KEY = web.AppKey("router", Router)
 DISPATCHER_KEY = web.AppKey("dispatcher", LaneDispatcher)
 METRICS_KEY = web.AppKey("metrics", Metrics)
 SPOOL_KEY = web.AppKey("spool", Spool)
@@ -114,7 +118,10 @@ def build_app(
         if cfg.server.credentials_file is not None
         else None
     )
-    proxy = S3Proxy(cfg, pools, clock, classifier=classifier, metrics=metrics, keys=keys.live)
+    intake = Intake(cfg, clock, keys=keys.live)
+    pool_front = PoolFront(cfg, pools, clock)
+    proxy = S3Proxy(cfg, pools, clock, metrics=metrics, renamed=pool_front.relay_renamed)
+    front: SpoolFront | None = None
     spool: Spool | None = None
     drainer: Drainer | None = None
     keeper: DeadlineKeeper | None = None
@@ -136,7 +143,6 @@ def build_app(
         )
         front = SpoolFront(
             spool,
-            proxy,
             cfg,
             pools,
             clock,
@@ -145,7 +151,6 @@ def build_app(
             drain_creating=drainer.creating_upload_keys,
             keys=keys.known,
         )
-        proxy.spool_front = front
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         keeper = DeadlineKeeper(
             spool, list(pools.dispatchers.values()), cfg.spool.lanes, cfg.spool.max_age_s, clock
@@ -157,8 +162,6 @@ def build_app(
     summary: SummaryWriter | None = None
     if spool is not None and summary_path is not None:
         summary = SummaryWriter(summary_path, spooled_buckets(spool))
-        proxy.spool_summary = summary
-    proxy.forwarder = forwarder
     cluster: ClusterMember | None = None
     if cfg.cluster.enabled or cluster_board is not None:  # shared lanes get a cluster- or node-wide budget
         backlog = spool_backlog(spool) if spool is not None else None
@@ -197,7 +200,21 @@ def build_app(
     app[LIFECYCLE_KEY] = admin.lifecycle
     app[ADMIN_KEY] = admin
     app[BACKEND_KEY] = backend
+    router = Router(
+        cfg,
+        pools,
+        clock,
+        intake=intake,
+        proxy=proxy,
+        pool_front=pool_front,
+        spool_front=front,
+        classifier=classifier,
+        metrics=metrics,
+    )
+    router.forwarder = forwarder
+    router.spool_summary = summary
     app[PROXY_KEY] = proxy
+    app[ROUTER_KEY] = router
     app[DISPATCHER_KEY] = dispatcher
     app[METRICS_KEY] = metrics
 
@@ -211,8 +228,8 @@ def build_app(
             except BaseException:  # a damaged journal: the backend sessions close before the exit
                 await pools.close()
                 raise
-            if proxy.spool_front is not None:
-                proxy.spool_front.remember_buckets()
+            if front is not None:
+                front.remember_buckets()
             if summary is not None:
                 summary.refresh()  # recovered: published before the listeners open
             drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
@@ -282,11 +299,11 @@ def build_app(
         (PAGE_PATH, status_page.page),
         (BARE_PATH, status_page.redirect),
     ):
-        route = _admin_only(handler, proxy, on_admin) if separate else _unless_signed(handler, proxy)
+        route = _admin_only(handler, router, on_admin) if separate else _unless_signed(handler, router)
         app.router.add_get(path, route)
     # The durability API stays on the S3 listeners too: jobs call it (signed) where they write.
     flush: Handler = admin.flush
-    drain: Handler = _admin_only(admin.drain, proxy, on_admin) if separate else admin.drain
+    drain: Handler = _admin_only(admin.drain, router, on_admin) if separate else admin.drain
     if forwarder is not None:  # the spool's owner answers them
         flush = drain = _to_owner(forwarder)
     app.router.add_post(FLUSH_PATH, flush)
@@ -295,7 +312,7 @@ def build_app(
     async def s3_or_metrics(request: web.Request) -> web.StreamResponse:
         if separate:
             if not on_admin(request):
-                return await proxy.handle(request)
+                return await router.handle(request)
             if request.method == "GET" and request.path == METRICS_PATH:
                 return await admin.metrics(request)
             return web.Response(
@@ -306,9 +323,9 @@ def build_app(
         # GET /metrics is also ListObjects of a bucket named "metrics": only an unsigned request is a scrape.
         if request.method == "GET" and request.path == METRICS_PATH and not _signed(request):
             return await admin.metrics(request)
-        return await proxy.handle(request)
+        return await router.handle(request)
 
-    app.router.add_route("*", "/{tail:(?s:.*)}", s3_or_metrics, expect_handler=proxy.expect_handler)
+    app.router.add_route("*", "/{tail:(?s:.*)}", s3_or_metrics, expect_handler=router.expect_handler)
     return app
 
 
@@ -359,9 +376,8 @@ def spooled_buckets(spool: Spool) -> Callable[[], list[str]]:
     last write the journal could not record."""
 
     def buckets() -> list[str]:
-        state = spool.state
-        found = {e.bucket for e in state.entries.values()}
-        found.update(u.bucket for u in state.uploads.values())
+        found = {e.bucket for e in spool.entries()}
+        found.update(u.bucket for u in spool.uploads())
         found.update(b for b, _ in spool.unjournaled_keys)
         return list(found)
 
@@ -387,14 +403,14 @@ def _drain_status(drainer: Drainer, keeper: DeadlineKeeper | None) -> Callable[[
     return status
 
 
-def _unless_signed(handler: Handler, proxy: S3Proxy) -> Handler:
+def _unless_signed(handler: Handler, router: Router) -> Handler:
     """Admin GETs are unsigned (or carry the admin bearer token). A SigV4-signed GET of the same path is an S3
     request: a virtual-hosted ``GET b.<domain>/_s3lanes/status`` reads the key ``_s3lanes/status`` of bucket
     ``b``, and a path-style one names the bucket ``_s3lanes``, which S3 refuses as InvalidBucketName."""
 
     async def route(request: web.Request) -> web.StreamResponse:
         if _signed(request):
-            return await proxy.handle(request)
+            return await router.handle(request)
         return await handler(request)
 
     return route
@@ -414,14 +430,14 @@ def _on_admin_listener(admin_url: dict[str, Any]) -> Callable[[web.Request], boo
     return on_admin
 
 
-def _admin_only(handler: Handler, proxy: S3Proxy, on_admin: Callable[[web.Request], bool]) -> Handler:
+def _admin_only(handler: Handler, router: Router, on_admin: Callable[[web.Request], bool]) -> Handler:
     """With ``[server] admin_listen``: an admin path is the admin endpoint on the admin listener only; on an
     S3 listener it is an S3 request like any other (path-style, bucket ``_s3lanes``: InvalidBucketName)."""
 
     async def route(request: web.Request) -> web.StreamResponse:
         if on_admin(request):
             return await handler(request)
-        return await proxy.handle(request)
+        return await router.handle(request)
 
     return route
 

@@ -1,8 +1,8 @@
 """What storage pools change in the S3 surface: one namespace over several stores (docs/pools.md).
 
-With ``[[routes]]`` configured, :class:`S3Proxy` sends each request to its bucket's backend
-(:class:`~gateway.runtime.pools.Pools`) and asks this module for the few operations that span stores or
-name buckets:
+With ``[[routes]]`` configured, :class:`~gateway.http.proxy.S3Proxy` sends each request to its bucket's
+backend (:class:`~gateway.runtime.pools.Pools`); the router (:mod:`gateway.http.router`) and the proxy ask
+this module for the few operations that span stores or name buckets:
 
 - ListBuckets asks every backend with client-visible buckets and answers the merged list.
 - Answers that name a renamed bucket (``<Name>``, ``<Bucket>``, ``<BucketName>``, ``Location``) are rewritten
@@ -20,15 +20,16 @@ import hashlib
 import logging
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
 
+from gateway.clock import Clock
+from gateway.config import Config
 from gateway.core.classify import Decision
 from gateway.core.listing import iso8601
-from gateway.core.routing import DEFAULT_BACKEND, Route, rename_in_xml, rename_location, split_copy_source
+from gateway.core.routing import DEFAULT_BACKEND, rename_in_xml, rename_location, split_copy_source
 from gateway.core.s3request import query_names
 from gateway.errors import (
     BadDigest,
@@ -37,11 +38,10 @@ from gateway.errors import (
     PreconditionFailed,
     ServiceUnavailable,
 )
+from gateway.http.intake import RequestContext, finish_headers
 from gateway.http.peer import client_gone
 from gateway.runtime.dispatcher import LaneDispatcher, StreamBudget
-
-if TYPE_CHECKING:
-    from gateway.http.proxy import RequestContext, S3Proxy
+from gateway.runtime.pools import Pools
 
 log = logging.getLogger("s3lanes.pools")
 
@@ -82,9 +82,11 @@ def names_bucket(operation: str, resp: aiohttp.ClientResponse) -> bool:
 
 
 class PoolFront:
-    def __init__(self, proxy: S3Proxy) -> None:
-        self._proxy = proxy
-        self._pools = proxy.pools
+    def __init__(self, cfg: Config, pools: Pools, clock: Clock) -> None:
+        self._pools = pools
+        self._clock = clock
+        self._request_cost = cfg.scheduler.request_cost_bytes
+        self._chunk = cfg.scheduler.chunk_bytes
 
     # -- answers naming a renamed bucket ------------------------------------------------------------------
 
@@ -95,10 +97,14 @@ class PoolFront:
         ctx: RequestContext,
         decision: Decision,
         dispatcher: LaneDispatcher,
-        route: Route,
-    ) -> web.StreamResponse:
+    ) -> web.StreamResponse | None:
+        """The answer with the backend's bucket name rewritten to the client's, or None: it is relayed as it
+        streams (the bucket is not renamed, the answer names no bucket, or it is too large to rewrite)."""
+        route = self._pools.route(ctx.target.bucket)
+        if route is None or not route.renamed or not names_bucket(ctx.target.operation, resp):
+            return None
         if resp.content_length is not None and resp.content_length > MAX_RENAMED_BODY_BYTES:
-            return await self._proxy.relay_stream(request, resp, ctx, decision, dispatcher)
+            return None
         body = b"" if request.method == "HEAD" else await resp.read()
         if len(body) > MAX_RENAMED_BODY_BYTES:
             raise ServiceUnavailable("The backend's answer is too large to rewrite; retry.")
@@ -113,7 +119,7 @@ class PoolFront:
             out.headers.add(name, value)
         if request.method == "HEAD" and resp.content_length is not None:
             out.headers["Content-Length"] = str(resp.content_length)
-        self._proxy.finish_headers(out, ctx, decision)
+        finish_headers(out, ctx, decision)
         if body:
             dispatcher.observe_delivered(decision.lane, len(body))
         return out
@@ -135,7 +141,7 @@ class PoolFront:
                 {},
                 ctx.credential,
                 backend=name,
-                cost=self._proxy.request_cost,
+                cost=self._request_cost,
                 gone=lambda: client_gone(request),
                 observe=False,  # once the listing is read
             )
@@ -144,7 +150,7 @@ class PoolFront:
             dispatcher.observe_backend(decision.lane, resp.status)
             if resp.status != 200:
                 if name == DEFAULT_BACKEND:
-                    return self._proxy.finish_headers(
+                    return finish_headers(
                         web.Response(status=resp.status, body=data, content_type="application/xml"),
                         ctx,
                         decision,
@@ -169,7 +175,7 @@ class PoolFront:
             ET.SubElement(b, "Name").text = name
             ET.SubElement(b, "CreationDate").text = created
         body = b'<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(doc)
-        return self._proxy.finish_headers(
+        return finish_headers(
             web.Response(status=200, body=body, content_type="application/xml"), ctx, decision
         )
 
@@ -210,7 +216,7 @@ class PoolFront:
             read_headers,
             ctx.credential,
             raw_query=f"versionId={version}" if version else "",
-            cost=self._proxy.request_cost,
+            cost=self._request_cost,
             gone=lambda: client_gone(request),
         )
         try:
@@ -218,7 +224,7 @@ class PoolFront:
                 raise PreconditionFailed()
             if src.status != 200:
                 data = await src.read()
-                return self._proxy.finish_headers(
+                return finish_headers(
                     web.Response(status=src.status, body=data, content_type="application/xml"), ctx, decision
                 )
             size = src.content_length
@@ -246,7 +252,7 @@ class PoolFront:
                 headers,
                 ctx.credential,
                 body,
-                cost=self._proxy.request_cost,
+                cost=self._request_cost,
                 gone=lambda: client_gone(request),
                 observe=False,  # once the answer is read
             )
@@ -256,14 +262,14 @@ class PoolFront:
             data = await put.read()
         dest_dispatcher.observe_backend(lane, put.status)
         if put.status != 200:
-            return self._proxy.finish_headers(
+            return finish_headers(
                 web.Response(status=put.status, body=data, content_type="application/xml"), ctx, decision
             )
         etag = put.headers.get("ETag", "").strip('"')
         if etag and "-" not in etag and etag != md5.hexdigest():
             raise BadDigest("The copied object's checksum on the destination does not match the source.")
         result = ET.Element("CopyObjectResult", xmlns=S3_NS)
-        ET.SubElement(result, "LastModified").text = iso8601(self._proxy.wall())
+        ET.SubElement(result, "LastModified").text = iso8601(self._clock.wall())
         ET.SubElement(result, "ETag").text = f'"{etag or md5.hexdigest()}"'
         out = web.Response(
             status=200,
@@ -274,7 +280,7 @@ class PoolFront:
             out.headers["x-amz-copy-source-version-id"] = version
         if "x-amz-version-id" in put.headers:
             out.headers["x-amz-version-id"] = put.headers["x-amz-version-id"]
-        return self._proxy.finish_headers(out, ctx, decision)
+        return finish_headers(out, ctx, decision)
 
     def _dest_headers(self, h: Mapping[str, str], src: aiohttp.ClientResponse) -> dict[str, str]:
         """The new object's headers: the source's content headers and metadata (directive COPY, the
@@ -312,7 +318,7 @@ class PoolFront:
         md5: hashlib._Hash,
     ) -> AsyncIterator[bytes]:
         """The source's bytes, paced through the lane of both pools (read there, written here)."""
-        chunk = self._proxy.chunk_bytes
+        chunk = self._chunk
         read_budget = StreamBudget(src_dispatcher, lane, chunk, size)
         write_budget = StreamBudget(dest_dispatcher, lane, chunk, size)
         try:

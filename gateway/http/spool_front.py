@@ -1,7 +1,8 @@
 """The S3 operations the write spool answers itself, and the ordering guards around the ones it does not.
 
-:meth:`SpoolFront.route` runs for every authenticated request before it is proxied. It returns a response
-when the spool is involved, or ``None`` to let the request pass through to the backend:
+:meth:`SpoolFront.route` runs for every authenticated request before it is proxied (the router,
+:mod:`gateway.http.router`, asks it first). It returns a response when the spool is involved, or ``None`` to
+let the request pass through to the backend:
 
 * PutObject, CreateMultipartUpload and the parts of a spooled upload (upload ids ``s3lanes-...``) in a
   spooled lane are written to local disk and acknowledged once durable (``gateway.runtime.spool``).
@@ -21,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
-import functools
 import logging
 import os
 import secrets
@@ -29,8 +29,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, unquote
 from xml.sax.saxutils import escape
 
 import aiohttp
@@ -48,34 +46,17 @@ from gateway.core.checksums import (
     is_checksum_value_header,
     new_checksum,
     upload_checksum,
-    without_aws_chunked,
 )
 from gateway.core.classify import Decision
+from gateway.core.journal_records import Complete, CreateUpload, Put, Record
 from gateway.core.listing import (
     NULL_VERSION,
-    AnyListRequest,
-    BackendCursor,
-    ListEntry,
     NotOurToken,
-    SpooledObject,
-    VersionEntry,
-    add_listed_uploads,
-    backend_query,
     decode_token,
-    drop_listed_uploads,
-    expand_prefixes,
     iso8601,
     list_parts_page,
-    merged_listing_xml,
-    parse_backend_page,
-    parse_list_request,
-    parse_owner,
-    parse_versions_request,
-    shows_owner,
 )
 from gateway.core.objectread import (
-    DEFAULT_CONTENT_TYPE,
-    StoredObject,
     check_write_preconditions,
     copy_range_span,
     has_write_preconditions,
@@ -91,93 +72,59 @@ from gateway.core.s3docs import (
 )
 from gateway.core.s3request import query_names
 from gateway.core.sniff import SNIFF_BYTES, Written, default_content_type
-from gateway.core.spool_state import MAX_PARTS, Admission, Entry, SpoolSpace, Upload
+from gateway.core.spool_policy import (
+    WRITE_THROUGH_ONLY,
+    copy_conditions,
+    not_checksum_meta,
+    parse_copy_source,
+    stored_object,
+    tagging_xml,
+    upload_meta,
+    write_through_reason,
+    xml_document,
+)
+from gateway.core.spool_state import MAX_PARTS, Admission, Entry, Upload
 from gateway.core.uri import s3_quote
 from gateway.errors import (
-    AccessDenied,
     IncompleteBody,
     InvalidArgument,
     InvalidRange,
     InvalidRequest,
     MalformedXML,
-    NoSuchBucket,
     NoSuchKey,
     NoSuchUpload,
     PreconditionFailed,
-    S3Error,
     ServiceUnavailable,
     SlowDown,
 )
-from gateway.http.proxy import SOURCE_HEADER, echo_request_id, read_small_body
+from gateway.http.intake import (
+    SOURCE_HEADER,
+    RequestContext,
+    echo_request_id,
+    lane_headers,
+    read_small_body,
+    request_headers,
+    upload_body,
+)
 from gateway.http.s3xml import with_request_id
+from gateway.http.spool_listings import SpoolListings
+from gateway.http.spool_reads import READ_CHUNK_BYTES, Moved, SpoolReads, close_span
 from gateway.metrics import Metrics
+from gateway.runtime.bucket_check import BucketCheck
 from gateway.runtime.dispatcher import StreamBudget
 from gateway.runtime.pools import Pools
-from gateway.runtime.splice import DestinationGone, SourceEnded, plain_socket, send_file
 from gateway.runtime.spool import JournalAppendFailed, Spool, SpoolFileWriter
-
-if TYPE_CHECKING:
-    from gateway.http.proxy import RequestContext, S3Proxy
 
 log = logging.getLogger("s3lanes.spool")
 
-WRITE_THROUGH_HEADER = "x-s3lanes-write-through"
 UPLOAD_ID_PREFIX = "s3lanes-"
 # How long a write-through operation waits for a key's spooled data to reach the backend before 503.
 KEY_CLEAR_TIMEOUT_S = 30.0
-BUCKET_CHECK_TTL_S = 30.0
-READ_CHUNK_BYTES = 1024 * 1024
-REROUTE_TRIES = 3  # see _Moved
+REROUTE_TRIES = 3  # see Moved
 # Spooled multipart uploads remembered after their completion, so that a repeated CompleteMultipartUpload
 # (a client retrying after a lost answer) gets the same answer, as from the store.
 COMPLETED_UPLOADS_KEPT = 4096
 ROOM_STEP_BYTES = 8 * 1024 * 1024  # see _Room
-
-# Request headers kept with a spooled object and sent with its upload to the backend.
-_KEEP_HEADERS = frozenset(
-    {
-        "content-type",
-        "content-encoding",
-        "content-disposition",
-        "content-language",
-        "cache-control",
-        "expires",
-        "x-amz-tagging",
-        "x-amz-storage-class",
-        "x-amz-website-redirect-location",
-        "x-amz-acl",
-        "x-amz-grant-full-control",
-        "x-amz-grant-read",
-        "x-amz-grant-read-acp",
-        "x-amz-grant-write-acp",
-        "x-amz-server-side-encryption",
-        "x-amz-server-side-encryption-aws-kms-key-id",
-        "x-amz-server-side-encryption-context",
-        "x-amz-server-side-encryption-bucket-key-enabled",
-    }
-)
-# Of those, the ones GET/HEAD show (besides Content-Type and x-amz-meta-*).
-_SERVED_HEADERS = frozenset(
-    {
-        "content-encoding",
-        "content-disposition",
-        "content-language",
-        "cache-control",
-        "expires",
-        "x-amz-website-redirect-location",
-        "x-amz-server-side-encryption",
-    }
-)
-# Requests with these cannot be answered from local disk honestly: they go to the backend.
-_WRITE_THROUGH_ONLY = (
-    "x-amz-server-side-encryption-customer-algorithm",
-    "x-amz-object-lock-mode",
-    "x-amz-object-lock-retain-until-date",
-    "x-amz-object-lock-legal-hold",
-    "if-match",
-    "if-none-match",
-)
-_TRUE = frozenset({"1", "true", "yes", "on"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,64 +139,6 @@ class _Completed:
     checksum_fields: tuple[tuple[str, str], ...] = ()  # ChecksumCRC32 etc. of the completed object
 
 
-class _Moved(Exception):
-    """The spooled entry a read or copy was routed to left the spool (drained and freed, or superseded and
-    freed) between the lookup and the opening of its files. Nothing has been read or written yet: the
-    request is routed again, to the key's newer entry, its tombstone or the backend, which has it now."""
-
-
-def upload_meta(headers: Mapping[str, str]) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    for name, value in headers.items():
-        if name.startswith("x-amz-meta-") or name in _KEEP_HEADERS:
-            if name.startswith("x-amz-meta-") and not value.strip():
-                continue  # the store drops user metadata with an empty value (it would after the drain)
-            if name == "content-encoding":
-                value = without_aws_chunked(value)
-                if not value.strip():
-                    continue
-            out.append((name, value))
-    return sorted(out)
-
-
-def _not_checksum_meta(meta: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Headers of a copied object: a multipart source's checksum algorithm and type do not carry over to
-    the single object the copy is (its own checksum value, of the same bytes, does)."""
-    return [(k, v) for k, v in meta if k not in ("x-amz-checksum-algorithm", "x-amz-checksum-type")]
-
-
-def stored_object(entry: Entry) -> StoredObject:
-    meta = dict(entry.meta)
-    served = (
-        tuple(
-            (k, v)
-            for k, v in entry.meta
-            if k.startswith("x-amz-meta-")
-            or k in _SERVED_HEADERS
-            or (k == "x-amz-storage-class" and v != "STANDARD")
-        )
-        + entry.checksum
-    )
-    tagging = meta.get("x-amz-tagging", "")
-    return StoredObject(
-        size=entry.size,
-        etag=entry.etag,
-        last_modified=entry.acked_at,
-        content_type=meta.get("content-type", DEFAULT_CONTENT_TYPE),
-        headers=served,
-        tag_count=len([t for t in tagging.split("&") if t]),
-        part_sizes=entry.part_sizes,
-    )
-
-
-def _xml(root: str, fields: list[tuple[str, str]]) -> bytes:
-    inner = "".join(f"<{k}>{escape(v)}</{k}>" for k, v in fields)
-    return (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-        f"{inner}</{root}>"
-    ).encode()
-
-
 def _our_token(q: Mapping[str, str]) -> bool:
     token = q.get("continuation-token")
     if q.get("list-type") != "2" or not token:
@@ -261,88 +150,6 @@ def _our_token(q: Mapping[str, str]) -> bool:
     return True
 
 
-def tagging_xml(tagging: str) -> bytes:
-    """GetObjectTagging's answer for an object stored with ``x-amz-tagging`` (a URL query: k=v&k2=v2)."""
-    tags = "".join(
-        f"<Tag><Key>{escape(k)}</Key><Value>{escape(v)}</Value></Tag>"
-        for k, v in parse_qsl(tagging, keep_blank_values=True)
-    )
-    return (
-        '<?xml version="1.0" encoding="UTF-8"?>\n<Tagging xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
-        f"<TagSet>{tags}</TagSet></Tagging>"
-    ).encode()
-
-
-def _odd_path_segments(key: str) -> bool:
-    """Empty, "." or ".." path segments (backslashes count as separators: some stores map them to "/")."""
-    segments = key.replace("\\", "/").split("/")
-    return any(seg in ("", ".", "..") for seg in segments[:-1]) or segments[-1] in (".", "..")
-
-
-def parse_copy_source(value: str) -> tuple[str, str]:
-    """``x-amz-copy-source``: ``[/]bucket/key[?versionId=...]``, URL-encoded."""
-    raw = value.split("?", 1)[0]
-    raw = raw[1:] if raw.startswith("/") else raw
-    bucket, sep, key = raw.partition("/")
-    if not sep or not bucket or not key:
-        raise InvalidArgument("Copy Source must mention the source bucket and key: sourcebucket/sourcekey.")
-    return unquote(bucket), unquote(key)
-
-
-def _utf8(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:  # surrogates: bytes that were not UTF-8 on the wire
-        return False
-    return True
-
-
-def _key_storable(key: str) -> bool:
-    """S3 keys are at most 1,024 bytes of UTF-8; stores refuse NUL and path segments over 255 bytes."""
-    raw = key.encode("utf-8", "surrogatepass")
-    return len(raw) <= 1024 and b"\x00" not in raw and all(len(seg) <= 255 for seg in raw.split(b"/"))
-
-
-_STORAGE_CLASSES = frozenset(
-    {
-        "STANDARD",
-        "REDUCED_REDUNDANCY",
-        "STANDARD_IA",
-        "ONEZONE_IA",
-        "INTELLIGENT_TIERING",
-        "GLACIER",
-        "DEEP_ARCHIVE",
-        "OUTPOSTS",
-        "GLACIER_IR",
-        "SNOW",
-        "EXPRESS_ONEZONE",
-    }
-)
-
-
-def _headers_storable(h: Mapping[str, str]) -> bool:
-    """Headers a store would refuse (so the spool could acknowledge a write that never drains): a bad
-    ``x-amz-tagging`` query, an ``Expires`` that is not an HTTP date, an unknown storage class."""
-    tagging = h.get("x-amz-tagging")
-    if tagging is not None:
-        try:
-            pairs = parse_qsl(tagging, keep_blank_values=True, strict_parsing=bool(tagging), errors="strict")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        if len(pairs) > 10 or any(not k or len(k) > 128 or len(v) > 256 for k, v in pairs):
-            return False
-        if any("%" in k + v for k, v in pairs):  # a '%' left over: not valid percent-encoding
-            return False
-    expires = h.get("expires")
-    if expires is not None:
-        try:
-            email.utils.parsedate_to_datetime(expires)
-        except (TypeError, ValueError, IndexError):
-            return False
-    sc = h.get("x-amz-storage-class")
-    return sc is None or sc in _STORAGE_CLASSES
-
-
 def _writes_key(op: str) -> bool:
     """Operations that change an object (its data, tags, ACL, or whether it exists)."""
     return op in ("PutObject", "CopyObject", "CreateMultipartUpload", "DeleteObject", "RestoreObject") or (
@@ -350,21 +157,12 @@ def _writes_key(op: str) -> bool:
     )
 
 
-def _copy_conditions(headers: Mapping[str, str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for name in ("if-match", "if-none-match", "if-modified-since", "if-unmodified-since"):
-        value = headers.get("x-amz-copy-source-" + name)
-        if value is not None:
-            out[name] = value
-    return out
-
-
 class _Room:
     """Room in the spool for a body of unknown length (chunked, no Content-Length), reserved as it arrives,
     ROOM_STEP_BYTES at a time; 503 SlowDown once the spool cannot hold more. The caller releases
     :attr:`reserved` when the write ends."""
 
-    def __init__(self, space: SpoolSpace, retry_after_s: int) -> None:
+    def __init__(self, space: Spool, retry_after_s: int) -> None:
         self._space = space
         self._retry_after_s = retry_after_s
         self.reserved = 0
@@ -379,16 +177,10 @@ class _Room:
             self.reserved += ROOM_STEP_BYTES
 
 
-def _close_span(files: list[tuple[int, int, int]]) -> None:
-    for fd, _, _ in files:
-        os.close(fd)
-
-
 class SpoolFront:
     def __init__(
         self,
         spool: Spool,
-        proxy: S3Proxy,
         cfg: Config,
         pools: Pools,
         clock: Clock,
@@ -403,7 +195,6 @@ class SpoolFront:
         self._drain_uploads = drain_uploads
         # Per bucket, keys whose drain upload is being created (its id not known yet): hidden likewise.
         self._drain_creating = drain_creating
-        self._proxy = proxy
         self._cfg = cfg
         self._pools = pools
         self._clock = clock
@@ -411,12 +202,19 @@ class SpoolFront:
         self._lanes = frozenset(cfg.spool.lanes)
         # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
         self._creds = keys if keys is not None else {c.access_key: c for c in cfg.credentials}
-        # (backend identity, bucket) -> monotonic time until which the bucket is known to be there for it
-        self._bucket_ok: dict[tuple[str, str], float] = {}
-        self._bucket_checks: dict[tuple[str, str], asyncio.Future[None]] = {}  # HEADs on their way
-        # (backend, backend access key) -> (Owner ID, DisplayName)
-        self._owners: dict[tuple[str, str], tuple[str, str]] = {}
-        self._owner_unknown_until: dict[tuple[str, str], float] = {}  # monotonic time of the next try
+        self._buckets = BucketCheck(spool, clock, self._head_status)
+        self._reads = SpoolReads(spool, cfg, clock, metrics, authorize_read=self._authorize_read)
+        self._listings = SpoolListings(
+            spool,
+            cfg,
+            pools,
+            clock,
+            self._creds,
+            backend_call=self._backend_call,
+            response=self._response,
+            drain_uploads=drain_uploads,
+            drain_creating=drain_creating,
+        )
         self._request_cost = cfg.scheduler.request_cost_bytes
         self._chunk = cfg.scheduler.chunk_bytes
         self._closing = False
@@ -433,7 +231,7 @@ class SpoolFront:
         for _ in range(REROUTE_TRIES):
             try:
                 return await self._route(request, ctx, decision)
-            except _Moved:
+            except Moved:
                 continue
         raise SlowDown(
             "The object is being moved from the gateway's spool to the store; retry.",
@@ -447,17 +245,17 @@ class SpoolFront:
         bucket, key, op = target.bucket, target.key, target.operation
         if bucket is None:
             return None
-        state = self.spool.state
+        state = self.spool  # the spool answers for its state
         q = query_names(ctx.view.raw_query)
         if key is None:
             if op in ("ListObjects", "ListObjectsV2"):
                 # Merged while the prefix has spooled keys, and for every page after one of our tokens
                 # (the backend cannot continue a listing from a token it did not issue).
                 if state.has_bucket_prefix(bucket, q.get("prefix", "")) or _our_token(q):
-                    return await self._list(ctx, decision, bucket, q)
+                    return await self._listings.list_objects(ctx, decision, bucket, q)
             elif op == "ListObjectVersions":
                 if state.has_bucket_prefix(bucket, q.get("prefix", "")):
-                    return await self._list(ctx, decision, bucket, q)
+                    return await self._listings.list_objects(ctx, decision, bucket, q)
             elif op in ("DeleteObjects", "DeleteBucket") and any(
                 b == bucket for b, _ in self.spool.unjournaled_keys
             ):
@@ -465,13 +263,13 @@ class SpoolFront:
             elif op == "DeleteObjects" and state.has_bucket_prefix(bucket, ""):
                 return await self._delete_objects(request, ctx, decision, bucket)
             elif op == "ListMultipartUploads" and (
-                any(u.bucket == bucket for u in state.uploads.values())
+                any(u.bucket == bucket for u in state.uploads())
                 or self._drain_uploads()
                 or self._drain_creating(bucket)
             ):
-                return await self._list_uploads(request, ctx, decision, bucket, q)
+                return await self._listings.list_uploads(request, ctx, decision, bucket, q)
             elif op == "DeleteBucket" and any(
-                e.bucket == bucket and e.kind == "put" for e in state.entries.values()
+                e.bucket == bucket and e.kind == "put" for e in state.entries()
             ):
                 # Spooled objects are objects of the bucket: drain them first, then the backend answers
                 # BucketNotEmpty as S3 would (deleting the bucket under them would strand them). Spooled
@@ -507,7 +305,7 @@ class SpoolFront:
                 return None
             if entry.kind == "del":
                 raise NoSuchKey(Key=key)
-            return await self._serve(request, ctx, decision, entry)
+            return await self._reads.serve(request, ctx, decision, entry)
         if op in ("PutObject", "CompleteMultipartUpload") and has_write_preconditions(ctx.view.headers):
             # A conditional write goes to the store (which evaluates it) once the key's spooled data is
             # there; if the spool's latest write of the key already fails the condition, answer now.
@@ -561,7 +359,7 @@ class SpoolFront:
             resp.content_type = "application/xml"
         resp.headers["x-amz-request-id"] = ctx.request_id
         resp.headers[SOURCE_HEADER] = "spool"
-        self._proxy._lane_headers(resp, decision)
+        lane_headers(resp, decision)
         return resp
 
     def stop_accepting(self) -> None:
@@ -572,7 +370,7 @@ class SpoolFront:
     def _spoolable(self, ctx: RequestContext, decision: Decision, bucket: str, key: str) -> bool:
         """Whether this write may be spooled. One that would be, but for a reason goes to the backend, is
         counted in ``s3lanes_spool_write_through_total{reason}`` (called once per write)."""
-        if decision.lane not in self._lanes and not self.spool.state.has_key(bucket, key):
+        if decision.lane not in self._lanes and not self.spool.has_key(bucket, key):
             return False  # not a spooled lane: not a write-through either
         reason = self._write_through_reason(ctx, bucket, key)
         if reason is not None:
@@ -585,36 +383,19 @@ class SpoolFront:
             return "degraded"
         if self._closing:
             return "shutdown"
-        if key.endswith("/"):
-            # SeaweedFS stores a key ending in "/" as a directory (its bytes dropped, Content-Length 0): let
-            # the store answer it from the start, so that the object does not change at the drain.
-            return "key"
-        if _odd_path_segments(key):
-            # Stores disagree on keys with "."/".." or empty segments (SeaweedFS refuses or folds them):
-            # let the backend answer such writes itself rather than acknowledge what may never drain.
-            return "key"
-        if h.get(WRITE_THROUGH_HEADER, "").strip().lower() in _TRUE:
-            return "requested"
-        if not all(_utf8(v) for v in h.values()) or not _key_storable(key) or not _headers_storable(h):
-            # Header bytes that are not UTF-8 (the spool stores headers as text), or a key the store will
-            # refuse: let the backend answer such a write itself rather than acknowledge what cannot drain.
-            return "unstorable"
-        if "x-amz-server-side-encryption-customer-algorithm" in h:
-            return "sse_c"
-        if any(name.startswith("x-amz-object-lock-") for name in h):
-            return "object_lock"
-        if any(name in h for name in _WRITE_THROUGH_ONLY):
+        reason = write_through_reason(key, h)
+        if reason is not None:
+            return reason
+        if any(name in h for name in WRITE_THROUGH_ONLY):
             # A conditional write of a key the spool holds is evaluated against the spool's newest write of
             # it and spooled (see _put); of any other key the store evaluates it.
-            spooled_put = (
-                ctx.target.operation == "PutObject" and self.spool.state.lookup(bucket, key) is not None
-            )
+            spooled_put = ctx.target.operation == "PutObject" and self.spool.lookup(bucket, key) is not None
             if not (spooled_put and has_write_preconditions(h)):
                 return "conditional"
         return None
 
     async def _wait_clear(self, bucket: str, key: str) -> None:
-        if not self.spool.state.has_key(bucket, key):
+        if not self.spool.has_key(bucket, key):
             return
         if not await self.spool.wait_key_clear(bucket, key, KEY_CLEAR_TIMEOUT_S):
             raise SlowDown(
@@ -625,7 +406,7 @@ class SpoolFront:
     def _admit(self, nbytes: int, *, must: bool = False) -> Admission:
         """Room for a write that may be spooled; one that gets none goes to the backend (counted), or is
         answered 503 SlowDown (``when_full = "slowdown"``)."""
-        adm = self.spool.space.admit(nbytes, must=must)
+        adm = self.spool.admit(nbytes, must=must)
         if adm is Admission.FULL and self._cfg.spool.when_full == "slowdown":
             raise SlowDown(
                 "The gateway's write spool is full; retry later.", retry_after_s=self._cfg.spool.retry_after_s
@@ -669,53 +450,20 @@ class SpoolFront:
         return resp
 
     async def _check_bucket(self, ctx: RequestContext, bucket: str) -> None:
-        """The bucket exists and this identity may use it (HEAD bucket, cached); required before an ack.
-        Requests arriving while a check of the same (identity, bucket) is on its way share it."""
-        ident = (ctx.credential.backend_access_key, bucket)
-        until = self._bucket_ok.get(ident)
-        if until is not None and until > self._clock.monotonic():
-            return
-        check = self._bucket_checks.get(ident)
-        if check is None:
-            check = asyncio.ensure_future(self._head_bucket(ctx, bucket, ident))
-            self._bucket_checks[ident] = check
-            check.add_done_callback(functools.partial(self._bucket_check_done, ident))
-        await asyncio.shield(check)
+        """The bucket exists and this identity may use it (HEAD bucket, cached); required before an ack."""
+        await self._buckets.check(ctx, bucket)
 
-    def _bucket_check_done(self, ident: tuple[str, str], task: asyncio.Future[None]) -> None:
-        self._bucket_checks.pop(ident, None)
-        if not task.cancelled():
-            task.exception()  # retrieved: every waiter got it, or none is left to
-
-    async def _head_bucket(self, ctx: RequestContext, bucket: str, ident: tuple[str, str]) -> None:
-        until = self._bucket_ok.get(ident)
-        try:
-            resp = await self._backend_call(ctx, "metadata", "HEAD", bucket, None, "")
-        except S3Error:
-            # The backend is unreachable. A bucket seen before (or with spooled data) keeps absorbing
-            # writes: that is what the spool is for. One never seen cannot be checked: refuse it promptly.
-            if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
-                return
-            raise
-        status = resp.status
+    async def _head_status(self, ctx: RequestContext, bucket: str) -> int:
+        resp = await self._backend_call(ctx, "metadata", "HEAD", bucket, None, "")
         resp.release()
-        if status == 200:
-            self._bucket_ok[ident] = self._clock.monotonic() + BUCKET_CHECK_TTL_S
-            return
-        if status == 404:
-            raise NoSuchBucket(BucketName=bucket)
-        if status == 403:
-            raise AccessDenied()
-        if until is not None or self.spool.state.has_bucket_prefix(bucket, ""):
-            return
-        raise ServiceUnavailable(f"The backend answered {status} to a bucket check.")
+        return resp.status
 
     def remember_buckets(self) -> None:
         """After recovery: buckets with spooled data were checked when it was acknowledged."""
-        for entry in self.spool.state.entries.values():
+        for entry in self.spool.entries():
             cred = self._creds.get(entry.access_key)
             if cred is not None:
-                self._bucket_ok.setdefault((cred.backend_access_key, entry.bucket), 0.0)
+                self._buckets.remember(cred.backend_access_key, entry.bucket)
 
     async def _authorize_read(self, ctx: RequestContext, bucket: str, writer_access_key: str) -> None:
         writer = self._creds.get(writer_access_key)
@@ -787,7 +535,7 @@ class SpoolFront:
             raise
 
     async def _read_xml_body(self, request: web.Request, ctx: RequestContext) -> bytes:
-        upload = self._proxy._upload_body(request, ctx)
+        upload = upload_body(request, ctx)
         if upload is None:
             return b""
         if (upload.expected_bytes or 0) > MAX_XML_BODY_BYTES:
@@ -802,14 +550,14 @@ class SpoolFront:
         if not self._spoolable(ctx, decision, bucket, key):
             await self._wait_clear(bucket, key)
             return None
-        upload = self._proxy._upload_body(request, ctx)
+        upload = upload_body(request, ctx)
         declared = upload.expected_bytes if upload is not None else 0
         size = declared or 0
         adm = self._admit(size)
         if adm is not Admission.SPOOL:
             await self._wait_clear(bucket, key)
             return None
-        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
+        room = _Room(self.spool, self._cfg.spool.retry_after_s) if declared is None else None
         try:
             await self._check_bucket(ctx, bucket)
             writer = self.spool.writer(size)
@@ -823,7 +571,7 @@ class SpoolFront:
             if checksum is not None:
                 meta = sorted([*meta, checksum])  # kept, and sent with the drain's PUT
 
-            def record() -> dict[str, Any]:
+            def record() -> Put:
                 return self._put_record(ctx, decision, bucket, key, writer, md5, meta)
 
             if has_write_preconditions(ctx.view.headers):
@@ -841,7 +589,7 @@ class SpoolFront:
             else:
                 await self._commit_or_discard(writer, record())
         finally:
-            self.spool.space.release(size + (room.reserved if room is not None else 0))
+            self.spool.release(size + (room.reserved if room is not None else 0))
         resp = self._acked(ctx, decision, writer, md5, upload)
         if computed is not None and checksum is not None:
             resp.headers[checksum[0]] = checksum[1]
@@ -868,250 +616,6 @@ class SpoolFront:
 
     # -- GET / HEAD ------------------------------------------------------------------------------------------
 
-    async def _serve(
-        self, request: web.Request, ctx: RequestContext, decision: Decision, entry: Entry
-    ) -> web.StreamResponse | None:
-        await self._authorize_read(ctx, entry.bucket, entry.access_key)
-        query = query_names(ctx.view.raw_query)
-        plan = plan_read(stored_object(entry), request.method, ctx.view.headers, query, self._clock.wall())
-        files: list[tuple[int, int, int]] = []  # (fd, offset in file, count)
-        if request.method == "GET" and plan.length:
-            try:
-                files = await self.spool.run_read_io_owned(
-                    self._open_span, entry, plan.start, plan.length, release=_close_span
-                )
-            except FileNotFoundError:
-                raise _Moved() from None
-        try:
-            resp = web.StreamResponse(status=plan.status)
-            for name, value in plan.headers:
-                if name.lower() == "content-length":
-                    continue
-                resp.headers[name] = value
-            resp.content_length = plan.length if plan.status != 304 else None
-            resp.headers["x-amz-request-id"] = ctx.request_id
-            resp.headers[SOURCE_HEADER] = "spool"
-            self._proxy._lane_headers(resp, decision)
-            await resp.prepare(request)
-            for fd, offset, count in files:
-                await self._send_file(request, resp, fd, offset, count, decision.lane)
-            await resp.write_eof()
-            return resp
-        finally:
-            for fd, _, _ in files:
-                os.close(fd)
-
-    def _open_span(self, entry: Entry, start: int, length: int) -> list[tuple[int, int, int]]:
-        sizes = entry.part_sizes or (entry.size,)
-        out: list[tuple[int, int, int]] = []
-        pos = 0
-        end = start + length
-        try:
-            for file_id, size in zip(entry.files, sizes, strict=True):
-                lo, hi = max(start, pos), min(end, pos + size)
-                if lo < hi:
-                    out.append((os.open(self.spool.file_path(file_id), os.O_RDONLY), lo - pos, hi - lo))
-                pos += size
-        except BaseException:
-            for fd, _, _ in out:
-                os.close(fd)
-            raise
-        return out
-
-    async def _send_file(
-        self, request: web.Request, resp: web.StreamResponse, fd: int, offset: int, count: int, lane: str
-    ) -> None:
-        transport = request.transport
-        if transport is None:
-            raise ConnectionResetError("Connection lost")
-        sock = plain_socket(transport) if self._cfg.server.zero_copy_min_bytes > 0 else None
-        # Zero-copy over plain TCP once everything written before (the headers) has left the transport.
-        if sock is not None and transport.get_write_buffer_size() == 0:
-            try:
-                await send_file(sock.fileno(), fd, offset, count, self.spool.run_read_io)
-            except DestinationGone as exc:
-                transport.abort()
-                raise ConnectionResetError(str(exc)) from None
-            except SourceEnded:
-                transport.abort()
-                raise ConnectionResetError("spool file ended early") from None
-            self._metrics.zero_copy_bytes.labels(lane).inc(count)
-            return
-        while count > 0:
-            chunk = await self.spool.run_read_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)
-            if not chunk:
-                raise ConnectionResetError("spool file ended early")
-            await resp.write(chunk)
-            offset += len(chunk)
-            count -= len(chunk)
-
-    # -- listings --------------------------------------------------------------------------------------------
-
-    async def _list(
-        self, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
-    ) -> web.StreamResponse | None:
-        """ListObjects (V1, V2) or ListObjectVersions over a prefix with spooled keys: the backend's whole
-        listing of the prefix merged with the spool (gateway/core/listing.py). None: a continuation token
-        the gateway did not issue, which the backend answers."""
-        try:
-            req: AnyListRequest = (
-                parse_versions_request(q)
-                if ctx.target.operation == "ListObjectVersions"
-                else parse_list_request(q)
-            )
-        except NotOurToken:
-            return None
-        # The spool first, then the backend: an entry that drains meanwhile is then in the spool's snapshot,
-        # on the backend, or both (the spool's wins), never in neither (the other order lost such keys).
-        snapshot = list(self.spool.state.live_under(bucket, req.prefix))
-        listed = await self._backend_all(ctx, decision, bucket, req, req.prefix, req.delimiter)
-        if isinstance(listed, web.Response):
-            return listed
-        items, prefixes = listed
-        spooled: list[SpooledObject] = []
-        hidden: set[str] = set()
-        for entry in snapshot:
-            if entry.kind == "del":
-                hidden.add(entry.key)
-                continue
-            owner = await self._owner(ctx, bucket, entry.access_key) if shows_owner(req) else None
-            spooled.append(SpooledObject(entry.key, entry.size, entry.etag, entry.acked_at, owner))
-        # A backend common prefix whose keys may all be deleted in the spool: list it out key by key.
-        for prefix in expand_prefixes(req, prefixes, hidden):
-            expanded = await self._backend_all(ctx, decision, bucket, req, prefix, "")
-            if isinstance(expanded, web.Response):
-                return expanded
-            prefixes.remove(prefix)
-            items.extend(expanded[0])
-        body = merged_listing_xml(req, bucket, items, prefixes, spooled, hidden)
-        return self._response(ctx, decision, body=body)
-
-    async def _backend_all(
-        self,
-        ctx: RequestContext,
-        decision: Decision,
-        bucket: str,
-        req: AnyListRequest,
-        prefix: str,
-        delimiter: str,
-    ) -> tuple[list[ListEntry | VersionEntry], list[str]] | web.Response:
-        """The backend's whole listing (or version listing, as ``req`` is) of a prefix, paged with its own
-        cursors (its order and StartAfter are not trusted: all of it)."""
-        items: list[ListEntry | VersionEntry] = []
-        prefixes: list[str] = []
-        cursor: BackendCursor | None = None
-        limit = self._cfg.spool.list_merge_max_keys
-        while True:
-            params = backend_query(req, prefix, delimiter, cursor)
-            raw_query = "&".join(f"{k}={s3_quote(v, safe='')}" for k, v in params)
-            resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
-            try:
-                data = await resp.read()
-                status = resp.status
-            finally:
-                resp.release()
-            if status != 200:
-                out = web.Response(
-                    status=status, body=with_request_id(data, ctx.request_id), content_type="application/xml"
-                )
-                out.headers["x-amz-request-id"] = ctx.request_id
-                return out
-            try:
-                page, page_prefixes, cursor = parse_backend_page(req, data, cursor)
-            except ValueError as exc:
-                raise ServiceUnavailable(f"The backend's listing could not be parsed: {exc}") from exc
-            items.extend(page)
-            prefixes.extend(page_prefixes)
-            if len(items) + len(prefixes) > limit:
-                raise SlowDown(
-                    f"The listing has more than {limit} keys or versions under this prefix and cannot be"
-                    " merged with spooled writes; retry after they are uploaded.",
-                    retry_after_s=self._cfg.spool.retry_after_s,
-                )
-            if cursor is None:
-                return items, prefixes
-
-    async def _owner(
-        self, ctx: RequestContext, bucket: str, writer_access_key: str
-    ) -> tuple[str, str] | None:
-        """The backend's Owner (ID, DisplayName) of the identity that wrote a spooled object, as the store
-        will list it once drained (ListBuckets' Owner as that identity; cached). None if unknown."""
-        cred = self._creds.get(writer_access_key, ctx.credential)
-        backend = self._pools.backend_for(bucket)
-        ident = (backend.name, cred.backend_access_key)
-        cached = self._owners.get(ident)
-        if cached is not None:
-            return cached
-        if self._owner_unknown_until.get(ident, 0.0) > self._clock.monotonic():
-            return None  # asked recently, in vain (an identity without ListBuckets): not on every listing
-        owner: tuple[str, str] | None = None
-        try:
-            resp = await self._pools.request(
-                "metadata", None, None, "GET", {}, cred, backend=backend.name, cost=None, observe=False
-            )
-            try:
-                data = await resp.read()
-                if resp.status == 200:
-                    owner = parse_owner(data)
-            finally:
-                resp.release()
-        except S3Error:
-            pass
-        if owner is None:
-            self._owner_unknown_until[ident] = self._clock.monotonic() + BUCKET_CHECK_TTL_S
-        else:
-            self._owners[ident] = owner
-        return owner
-
-    async def _list_uploads(
-        self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str, q: Mapping[str, str]
-    ) -> web.StreamResponse:
-        """The backend's ListMultipartUploads without the drain's own uploads, with the spool's open uploads
-        added (prefix honoured).
-
-        Spooled uploads are appended to the first page the backend returns (they are few and short-lived);
-        key-marker/upload-id-marker paging applies to the backend's uploads only.
-        """
-        # The drain's uploads known before the listing and after it: one may end (and its id be forgotten)
-        # or be created (and its id learnt) while the store lists it.
-        hidden, creating = set(self._drain_uploads()), set(self._drain_creating(bucket))
-        resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, ctx.view.raw_query)
-        try:
-            data = await resp.read()
-            status = resp.status
-        finally:
-            resp.release()
-        if status == 200:
-            hidden |= self._drain_uploads()
-            creating |= self._drain_creating(bucket)
-            data = drop_listed_uploads(data, hidden, creating)
-        if status != 200 or q.get("key-marker") or q.get("upload-id-marker"):
-            out = web.Response(
-                status=status, body=with_request_id(data, ctx.request_id), content_type="application/xml"
-            )
-            out.headers["x-amz-request-id"] = ctx.request_id
-            self._proxy._lane_headers(out, decision)
-            return out
-        prefix = q.get("prefix", "")
-        encode = q.get("encoding-type") == "url"
-        extra: list[tuple[str, bytes]] = []
-        for upload in sorted(self.spool.state.uploads.values(), key=lambda u: (u.key, u.created_at)):
-            if upload.bucket != bucket or not upload.key.startswith(prefix):
-                continue
-            key = s3_quote(upload.key, safe="/") if encode else escape(upload.key)
-            element = (
-                f"<Upload><Key>{key}</Key><UploadId>{upload.upload_id}</UploadId>"
-                f"<Initiated>{iso8601(upload.created_at)}</Initiated></Upload>"
-            )
-            extra.append((upload.key, element.encode()))
-        try:
-            body = add_listed_uploads(data, extra)
-        except ValueError as exc:
-            raise ServiceUnavailable(
-                "The backend's ListMultipartUploads answer could not be parsed."
-            ) from exc
-        return self._response(ctx, decision, body=body)
-
     # -- deletes ---------------------------------------------------------------------------------------------
 
     async def _tombstone(
@@ -1122,7 +626,7 @@ class SpoolFront:
         bucket: str,
         key: str,
     ) -> web.StreamResponse:
-        rec = self.spool.state.delete_record(
+        rec = self.spool.delete_record(
             bucket=bucket,
             key=key,
             access_key=ctx.auth.access_key,
@@ -1136,7 +640,7 @@ class SpoolFront:
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str
     ) -> web.StreamResponse:
         body = await self._read_xml_body(request, ctx)
-        state = self.spool.state
+        state = self.spool  # the spool answers for its state
         keys: list[str] = []
         for k, version_id in delete_objects_targets(body):
             if version_id is None or (version_id == NULL_VERSION and state.lookup(bucket, k) is not None):
@@ -1160,7 +664,7 @@ class SpoolFront:
         if records:
             await self.spool.commit(records)
         # The backend deletes what it has; the tombstones keep an upload in flight from bringing a key back.
-        headers = self._proxy._request_headers(ctx, None)
+        headers = request_headers(ctx, None)
         headers["content-length"] = str(len(body))
         resp = await self._backend_call(
             ctx, decision.lane, "POST", bucket, None, ctx.view.raw_query, headers, body
@@ -1172,7 +676,7 @@ class SpoolFront:
                 if name in resp.headers:
                     out.headers[name] = resp.headers[name]
             echo_request_id(out, ctx.request_id)
-            self._proxy._lane_headers(out, decision)
+            lane_headers(out, decision)
             return out
         finally:
             resp.release()
@@ -1184,7 +688,7 @@ class SpoolFront:
     ) -> web.StreamResponse | None:
         h = ctx.view.headers
         src_bucket, src_key = parse_copy_source(h.get("x-amz-copy-source", ""))
-        src = self.spool.state.lookup(src_bucket, src_key)
+        src = self.spool.lookup(src_bucket, src_key)
         if src is None:
             # The source is on the backend: a server-side copy there, ordered after the destination's data.
             await self._wait_clear(bucket, key)
@@ -1192,7 +696,7 @@ class SpoolFront:
         if src.kind == "del":
             raise NoSuchKey(Key=src_key)
         await self._authorize_read(ctx, src_bucket, src.access_key)
-        conditions = _copy_conditions(h)
+        conditions = copy_conditions(h)
         # A copy-source condition that a GET would answer 304 (If-None-Match, If-Modified-Since) fails the
         # copy with 412, as S3 documents.
         if (
@@ -1209,7 +713,7 @@ class SpoolFront:
                     " changing the object's metadata, storage class, website redirect location or"
                     " encryption attributes."
                 )
-            meta = [(k, v) for k, v in _not_checksum_meta(list(src.meta)) if k != "x-amz-tagging"]
+            meta = [(k, v) for k, v in not_checksum_meta(list(src.meta)) if k != "x-amz-tagging"]
             meta += [
                 (k, v) for k, v in upload_meta(h) if not k.startswith("x-amz-meta-") and k != "content-type"
             ]
@@ -1224,12 +728,14 @@ class SpoolFront:
         meta.sort()
         try:
             files = (
-                await self.spool.run_read_io_owned(self._open_span, src, 0, src.size, release=_close_span)
+                await self.spool.run_read_io_owned(
+                    self._reads.open_span, src, 0, src.size, release=close_span
+                )
                 if src.size
                 else []
             )
         except FileNotFoundError:
-            raise _Moved() from None
+            raise Moved() from None
         try:
             if self._spoolable(ctx, decision, bucket, key) and self._admit(src.size) is Admission.SPOOL:
                 try:
@@ -1250,7 +756,7 @@ class SpoolFront:
                         await writer.discard()
                         raise
                 finally:
-                    self.spool.space.release(src.size)
+                    self.spool.release(src.size)
                 etag = f'"{md5}"'
             else:
                 await self._wait_clear(bucket, key)
@@ -1269,9 +775,9 @@ class SpoolFront:
         writer: SpoolFileWriter,
         md5: str,
         meta: Sequence[tuple[str, str]],
-    ) -> dict[str, Any]:
+    ) -> Put:
         """The journal record of a PUT whose body ``writer`` holds, stamped now."""
-        return self.spool.state.put_record(
+        return self.spool.put_record(
             bucket=bucket,
             key=key,
             file=writer.file_id,
@@ -1291,9 +797,9 @@ class SpoolFront:
         key: str,
         upload_id: str,
         meta: Sequence[tuple[str, str]],
-    ) -> dict[str, Any]:
+    ) -> CreateUpload:
         """The journal record of a new spooled multipart upload, stamped now."""
-        return self.spool.state.create_upload_record(
+        return self.spool.create_upload_record(
             upload_id=upload_id,
             bucket=bucket,
             key=key,
@@ -1304,7 +810,9 @@ class SpoolFront:
         )
 
     def _copy_result(self, etag: str) -> bytes:
-        return _xml("CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)])
+        return xml_document(
+            "CopyObjectResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", etag)]
+        )
 
     async def _copy_parts(
         self,
@@ -1318,11 +826,12 @@ class SpoolFront:
     ) -> str:
         """Copy a spooled multipart object into the spool with its part layout: a spooled multipart upload
         of the same parts, completed at once (the records a client's upload would journal). Its ETag."""
-        state = self.spool.state
+        state = self.spool  # the spool answers for its state
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
         await self.spool.commit([self._create_upload_record(ctx, decision, bucket, key, upload_id, meta)])
         try:
-            upload = state.uploads[upload_id]
+            upload = state.upload(upload_id)
+            assert upload is not None  # just committed
             spans = iter(files)  # one span per non-empty part, in order
             requested: list[tuple[int, str]] = []
             for number, size in enumerate(src.part_sizes, start=1):
@@ -1340,11 +849,11 @@ class SpoolFront:
             rec = state.complete_record(upload, requested, self._clock.wall())
             await self.spool.commit([rec])
         except BaseException:
-            if upload_id in state.uploads:
+            if state.upload(upload_id) is not None:
                 with contextlib.suppress(Exception):
                     await self.spool.commit([state.abort_record(upload_id)])
             raise
-        return str(rec["etag"])
+        return rec.etag
 
     async def _put_through(
         self,
@@ -1393,7 +902,7 @@ class SpoolFront:
     ) -> web.StreamResponse | None:
         if not self._spoolable(ctx, decision, bucket, key) or self._admit(0) is not Admission.SPOOL:
             return None
-        self.spool.space.release(0)
+        self.spool.release(0)
         h = ctx.view.headers
         algo = upload_checksum(h.get("x-amz-checksum-algorithm"), h.get("x-amz-checksum-type"))
         await self._check_bucket(ctx, bucket)
@@ -1403,7 +912,7 @@ class SpoolFront:
             meta = sorted([*meta, ("x-amz-checksum-algorithm", algo[0]), ("x-amz-checksum-type", algo[1])])
         rec = self._create_upload_record(ctx, decision, bucket, key, upload_id, meta)
         await self.spool.commit([rec])
-        body = _xml(
+        body = xml_document(
             "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
         )
         resp = self._response(ctx, decision, body=body)
@@ -1421,7 +930,7 @@ class SpoolFront:
         upload_id: str,
         q: Mapping[str, str],
     ) -> web.StreamResponse:
-        upload = self.spool.state.uploads.get(upload_id)
+        upload = self.spool.upload(upload_id)
         if upload is None:
             done = self._completed.get(upload_id)
             if done is not None and (done.bucket, done.key) == (ctx.target.bucket, ctx.target.key):
@@ -1438,7 +947,7 @@ class SpoolFront:
         if op == "CompleteMultipartUpload":
             return await self._complete(request, ctx, decision, upload)
         if op == "AbortMultipartUpload":
-            await self.spool.commit([self.spool.state.abort_record(upload_id)])
+            await self.spool.commit([self.spool.abort_record(upload_id)])
             return self._response(ctx, decision, status=204)
         if op == "ListParts":
             return self._list_parts(ctx, decision, upload, q)
@@ -1463,7 +972,7 @@ class SpoolFront:
         if op == "AbortMultipartUpload":
             return self._response(ctx, decision, status=204)
         if op == "CompleteMultipartUpload":
-            entry = self.spool.state.lookup(done.bucket, done.key)
+            entry = self.spool.lookup(done.bucket, done.key)
             if entry is not None:
                 current = entry.seq == done.seq
             else:
@@ -1488,7 +997,7 @@ class SpoolFront:
     async def _current_etag(self, ctx: RequestContext, bucket: str, key: str) -> str | None:
         """The ETag of the object a client sees at the key now (the spool's latest write, else the
         store's)."""
-        entry = self.spool.state.lookup(bucket, key)
+        entry = self.spool.lookup(bucket, key)
         if entry is not None:
             return entry.etag if entry.kind == "put" else None
         return await self._store_etag(ctx, bucket, key)
@@ -1520,7 +1029,7 @@ class SpoolFront:
     ) -> bytes:
         # An absolute URL of the object at this endpoint, path-style, as the store answers it.
         location = f"{request.scheme}://{request.host}/{bucket}/{s3_quote(key, safe='/')}"
-        return _xml(
+        return xml_document(
             "CompleteMultipartUploadResult",
             [("Location", location), ("Bucket", bucket), ("Key", key), ("ETag", etag), *checksum_fields],
         )
@@ -1545,10 +1054,10 @@ class SpoolFront:
         number = int(raw_number)
         if copy:
             return await self._upload_part_copy(request, ctx, decision, upload, number)
-        body = self._proxy._upload_body(request, ctx)
+        body = upload_body(request, ctx)
         declared = body.expected_bytes if body is not None else 0
         size = declared or 0
-        room = _Room(self.spool.space, self._cfg.spool.retry_after_s) if declared is None else None
+        room = _Room(self.spool, self._cfg.spool.retry_after_s) if declared is None else None
         algo = upload.checksum_algorithm
         extra: Checksum | None = None
         if algo is not None:
@@ -1560,7 +1069,7 @@ class SpoolFront:
                 )
             if promised is None:  # computed here, as the store does for a part sent without one
                 extra = new_checksum(algo[0])
-        if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+        if self.spool.admit(size, must=True) is not Admission.SPOOL:
             raise SlowDown(
                 "The gateway's write spool cannot hold this part now; retry later.",
                 retry_after_s=self._cfg.spool.retry_after_s,
@@ -1572,7 +1081,7 @@ class SpoolFront:
             if algo is not None:
                 verified = body.verified_checksum if body is not None else None
                 checksum = verified[1] if verified is not None else extra.digest_b64() if extra else ""
-            rec = self.spool.state.part_record(
+            rec = self.spool.part_record(
                 upload_id=upload.upload_id,
                 number=number,
                 file=writer.file_id,
@@ -1582,7 +1091,7 @@ class SpoolFront:
             )
             await self._commit_or_discard(writer, rec)
         finally:
-            self.spool.space.release(size + (room.reserved if room is not None else 0))
+            self.spool.release(size + (room.reserved if room is not None else 0))
         resp = self._acked(ctx, decision, writer, md5, body)
         if algo is not None and checksum:
             resp.headers[header_for(algo[0])] = checksum
@@ -1593,12 +1102,12 @@ class SpoolFront:
     ) -> web.StreamResponse:
         h = ctx.view.headers
         src_bucket, src_key = parse_copy_source(h.get("x-amz-copy-source", ""))
-        read_headers = _copy_conditions(h)
+        read_headers = copy_conditions(h)
         copy_range = h.get("x-amz-copy-source-range")
         if copy_range is not None:
             parse_copy_range(copy_range)  # the form first; whether it fits the source, below
             read_headers["range"] = copy_range.strip()
-        src = self.spool.state.lookup(src_bucket, src_key)
+        src = self.spool.lookup(src_bucket, src_key)
         if src is not None and src.kind == "del":
             raise NoSuchKey(Key=src_key)
         writer: SpoolFileWriter
@@ -1608,7 +1117,7 @@ class SpoolFront:
             if plan_read(stored_object(src), "HEAD", conditions, {}, self._clock.wall()).status == 304:
                 raise PreconditionFailed()
             start, size = copy_range_span(copy_range, src.size) if copy_range is not None else (0, src.size)
-            if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+            if self.spool.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown(
                     "The gateway's write spool cannot hold this part now; retry later.",
                     retry_after_s=self._cfg.spool.retry_after_s,
@@ -1617,13 +1126,13 @@ class SpoolFront:
                 try:
                     files = (
                         await self.spool.run_read_io_owned(
-                            self._open_span, src, start, size, release=_close_span
+                            self._reads.open_span, src, start, size, release=close_span
                         )
                         if size
                         else []
                     )
                 except FileNotFoundError:
-                    raise _Moved() from None
+                    raise Moved() from None
                 writer = self.spool.writer(size)
                 hasher = self._part_hasher(upload, writer)
                 await writer.open()
@@ -1638,12 +1147,14 @@ class SpoolFront:
                         os.close(fd)
                 await self._commit_part(upload, number, writer, md5, hasher)
             finally:
-                self.spool.space.release(size)
+                self.spool.release(size)
         else:
             md5, writer = await self._part_from_backend(
                 ctx, decision, upload, number, src_bucket, src_key, read_headers, copy_range
             )
-        body = _xml("CopyPartResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", f'"{md5}"')])
+        body = xml_document(
+            "CopyPartResult", [("LastModified", iso8601(self._clock.wall())), ("ETag", f'"{md5}"')]
+        )
         return self._response(ctx, decision, body=body)
 
     async def _part_from_backend(
@@ -1678,7 +1189,7 @@ class SpoolFront:
                     f"The backend answered {resp.status} reading the copy source: {data[:200]!r}"
                 )
             size = resp.content_length or 0
-            if self.spool.space.admit(size, must=True) is not Admission.SPOOL:
+            if self.spool.admit(size, must=True) is not Admission.SPOOL:
                 raise SlowDown(
                     "The gateway's write spool cannot hold this part now; retry later.",
                     retry_after_s=self._cfg.spool.retry_after_s,
@@ -1703,7 +1214,7 @@ class SpoolFront:
                     raise
                 await self._commit_part(upload, number, writer, md5, hasher)
             finally:
-                self.spool.space.release(size)
+                self.spool.release(size)
             return md5, writer
         finally:
             resp.release()
@@ -1724,7 +1235,7 @@ class SpoolFront:
             resp.headers[name] = value
         return resp
 
-    async def _commit_or_discard(self, writer: SpoolFileWriter, rec: dict[str, Any]) -> None:
+    async def _commit_or_discard(self, writer: SpoolFileWriter, rec: Record) -> None:
         try:
             await self.spool.commit([rec])
         except JournalAppendFailed:
@@ -1756,7 +1267,7 @@ class SpoolFront:
     async def _commit_part(
         self, upload: Upload, number: int, writer: SpoolFileWriter, md5: str, hasher: Checksum | None
     ) -> None:
-        rec = self.spool.state.part_record(
+        rec = self.spool.part_record(
             upload_id=upload.upload_id,
             number=number,
             file=writer.file_id,
@@ -1780,8 +1291,8 @@ class SpoolFront:
         ]
         part_checksums = complete_multipart_checksums(doc)
 
-        def record() -> dict[str, Any]:
-            return self.spool.state.complete_record(
+        def record() -> Complete:
+            return self.spool.complete_record(
                 upload,
                 parts,
                 self._clock.wall(),
@@ -1795,7 +1306,7 @@ class SpoolFront:
             # cannot both pass.
             async with self._key_lock(upload.bucket, upload.key):
                 check_write_preconditions(await self._current_etag(ctx, upload.bucket, upload.key), headers)
-                if upload.upload_id not in self.spool.state.uploads:
+                if self.spool.upload(upload.upload_id) is None:
                     raise NoSuchUpload(UploadId=upload.upload_id)
                 rec = record()
                 await self.spool.commit([rec])
@@ -1803,8 +1314,8 @@ class SpoolFront:
             rec = record()
             await self.spool.commit([rec])
         fields: list[tuple[str, str]] = []
-        completed = self.spool.state.lookup(upload.bucket, upload.key)
-        if completed is not None and completed.seq == rec["seq"]:
+        completed = self.spool.lookup(upload.bucket, upload.key)
+        if completed is not None and completed.seq == rec.seq:
             for name, value in completed.checksum:
                 field = (
                     "ChecksumType"
@@ -1813,12 +1324,12 @@ class SpoolFront:
                 )
                 fields.append((field, value))
         self._completed[upload.upload_id] = _Completed(
-            upload.bucket, upload.key, rec["etag"], int(rec["seq"]), upload.access_key, tuple(fields)
+            upload.bucket, upload.key, rec.etag, rec.seq, upload.access_key, tuple(fields)
         )
         while len(self._completed) > COMPLETED_UPLOADS_KEPT:
             self._completed.popitem(last=False)
         return self._response(
-            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec["etag"], fields)
+            ctx, decision, body=self._complete_xml(request, upload.bucket, upload.key, rec.etag, fields)
         )
 
     def _list_parts(

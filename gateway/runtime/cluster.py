@@ -465,6 +465,6 @@ def spool_backlog(spool: Spool) -> Callable[[str], int]:
     """Bytes acknowledged into ``spool`` and not yet on the backend, per lane (the drains' backlog)."""
 
     def backlog(lane: str) -> int:
-        return sum(e.size for e in spool.state.entries.values() if e.lane == lane)
+        return sum(e.size for e in spool.entries() if e.lane == lane)
 
     return backlog

@@ -46,7 +46,7 @@ from aiohttp.payload import Payload
 from gateway.clock import Clock
 from gateway.config import Credential, SpoolConfig
 from gateway.core.sigv4 import UNSIGNED_PAYLOAD
-from gateway.core.spool_state import Applied, Entry, EntryState
+from gateway.core.spool_state import Entry, EntryState
 from gateway.core.uri import s3_quote
 from gateway.errors import S3Error
 from gateway.metrics import Metrics
@@ -219,7 +219,7 @@ class Drainer:
     def status(self) -> dict[str, object]:
         errors = [
             {"bucket": e.bucket, "key": e.key, "attempts": e.attempts, "error": e.last_error}
-            for e in self._spool.state.entries.values()
+            for e in self._spool.entries()
             if e.last_error
         ][:20]
         return {
@@ -242,8 +242,8 @@ class Drainer:
             self._check_age()
             self._start_janitor()
             free = self._cfg.drain_concurrency - len(self._tasks) + len(self._fencing)
-            for entry in self._spool.state.drainable(self._clock.monotonic(), free):
-                self._spool.state.start_upload(entry)
+            for entry in self._spool.drainable(self._clock.monotonic(), free):
+                self._spool.drain_started(entry)
                 task = asyncio.create_task(self._drain(entry), name=f"drain-{entry.seq}")
                 self._tasks[entry.seq] = task
                 task.add_done_callback(functools.partial(self._task_done, entry=entry))
@@ -264,15 +264,13 @@ class Drainer:
             self._in_doubt.discard(entry.seq)
         self._fencing.discard(entry.seq)
         if entry.state is EntryState.UPLOADING:
-            self._spool.after_drain(
-                self._spool.state.upload_failed(entry, self._clock.monotonic(), "cancelled")
-            )
+            self._spool.drain_failed(entry, self._clock.monotonic(), "cancelled")
         self._spool.drain_wakeup.set()
 
     def open_upload_ids(self) -> frozenset[str]:
         """Backend multipart upload ids the drain has open (journaled, or in progress): not the clients'
         uploads, so a client's ListMultipartUploads through the gateway does not show them."""
-        return frozenset(self._spool.state.backend_uploads) | self._owned_uploads
+        return frozenset(self._spool.backend_uploads()) | self._owned_uploads
 
     def creating_upload_keys(self, bucket: str) -> frozenset[str]:
         """Keys of ``bucket`` whose drain CreateMultipartUpload is on its way: the store may list the upload
@@ -287,16 +285,16 @@ class Drainer:
         now = self._clock.monotonic()
         if now - self._janitor_at < JANITOR_INTERVAL_S:
             return
-        state = self._spool.state
-        if any(u not in self._owned_uploads for u in state.backend_uploads) or any(
-            t not in self._intent_locks or not self._intent_locks[t].locked() for t in state.backend_intents
+        if any(u not in self._owned_uploads for u in self._spool.backend_uploads()) or any(
+            t not in self._intent_locks or not self._intent_locks[t].locked()
+            for t in self._spool.backend_intents()
         ):
             self._janitor_at = now
             self._janitor = asyncio.create_task(self._abort_stale_backend_uploads(), name="drain-janitor")
 
     async def _abort_stale_backend_uploads(self) -> None:
         await self._resolve_stale_intents()
-        stale = [(u, v) for u, v in self._spool.state.backend_uploads.items() if u not in self._owned_uploads]
+        stale = [(u, v) for u, v in self._spool.backend_uploads().items() if u not in self._owned_uploads]
         for upload_id, (bucket, key, access_key, lane) in stale:
             probe = Entry(
                 seq=0, kind="put", bucket=bucket, key=key, access_key=access_key, lane=lane, acked_at=0
@@ -314,9 +312,7 @@ class Drainer:
                 if not self._settled(upload_id):
                     continue  # aborted; aborted again after the fence interval, in case it came back
                 with contextlib.suppress(SpoolWriteFailed):
-                    await self._spool.commit_bookkeeping(
-                        [self._spool.state.backend_upload_end_record(upload_id)]
-                    )
+                    await self._spool.journal_backend_upload_end(upload_id)
             else:
                 log.warning("abort of stale backend upload %s answered %d: %r", upload_id, status, data[:200])
 
@@ -345,7 +341,7 @@ class Drainer:
         """Open intents no attempt is working on: the process that journaled one died, or its attempt failed,
         between the intent and the upload id. Each is resolved (see :meth:`_resolve_intent`), or left for
         the next round while the store is unavailable."""
-        for token in list(self._spool.state.backend_intents):
+        for token in list(self._spool.backend_intents()):
             lock = self._intent_lock(token)
             if lock.locked():
                 continue
@@ -354,7 +350,7 @@ class Drainer:
                     await self._resolve_intent(token)
                 except Exception as exc:  # the store is unavailable: the drain's own errors say so
                     log.debug("could not resolve drain upload intent %s: %s", token, exc)
-            if token not in self._spool.state.backend_intents:
+            if token not in self._spool.backend_intents():
                 self._intent_locks.pop(token, None)
 
     async def _resolve_intent(self, token: str) -> None:
@@ -362,8 +358,7 @@ class Drainer:
         was acknowledged that the journal does not know (while a key has spooled data, writes of it through
         the gateway are spooled, so such an upload is a drain's); then end the intent, once a listing a
         fence interval after the first one was made (the CreateMultipartUpload may still be in the store)."""
-        state = self._spool.state
-        found = state.backend_intents.get(token)
+        found = self._spool.backend_intents().get(token)
         if found is None:
             return
         bucket, key, access_key, lane, not_before = found
@@ -373,7 +368,7 @@ class Drainer:
         )
         if status != 200:
             raise DrainError(f"ListMultipartUploads answered {status}: {data[:200]!r}")
-        known = set(state.backend_uploads) | self._owned_uploads
+        known = set(self._spool.backend_uploads()) | self._owned_uploads
         for upload_id, up_key, initiated in _listed_uploads(data):
             if up_key != key or upload_id in known or initiated < not_before - _CLOCK_SLACK_S:
                 continue
@@ -387,18 +382,18 @@ class Drainer:
         if not self._settled(token):
             return
         with contextlib.suppress(SpoolWriteFailed):
-            await self._spool.commit_bookkeeping([state.backend_intent_end_record(token)])
+            await self._spool.journal_backend_intent_end(token)
 
     def _next_timeout(self) -> float:
         now = self._clock.monotonic()
-        retry_at = self._spool.state.next_retry_at(now)
+        retry_at = self._spool.next_retry_at(now)
         timeout = 5.0
         if retry_at is not None and retry_at > now:
             timeout = min(timeout, retry_at - now + 0.001)
         return max(timeout, 0.001)
 
     def _check_age(self) -> None:
-        oldest = self._spool.state.oldest_acked_at()
+        oldest = self._spool.oldest_acked_at()
         if oldest is None:
             return
         age = self._clock.wall() - oldest
@@ -410,13 +405,12 @@ class Drainer:
                 " [spool].max_age_s); %d objects pending",
                 age,
                 self._cfg.overdue_after_s,
-                len(self._spool.state.entries),
+                self._spool.pending_objects(),
             )
 
     async def close(self) -> None:
         self._closing = True
         self._spool.drain_wakeup.set()
-        state = self._spool.state
         seqs = list(self._tasks)
         tasks = list(self._tasks.values())
         if self._janitor is not None:
@@ -426,7 +420,9 @@ class Drainer:
         await asyncio.gather(*tasks, return_exceptions=True)
         # Drains cut here whose completing request never went out whole, or was answered, leave nothing on
         # the wire (_task_done keeps _in_doubt while closing, so this is known only now).
-        await self._unwire([state.entries[s] for s in seqs if s not in self._in_doubt and s in state.entries])
+        await self._unwire(
+            [e for s in seqs if s not in self._in_doubt and (e := self._spool.entry(s)) is not None]
+        )
 
     def _cancel(self, seq: int) -> None:
         """A newer write superseded an entry being uploaded: stop the upload if that is still safe.
@@ -457,10 +453,9 @@ class Drainer:
     # -- one entry -------------------------------------------------------------------------------------------
 
     async def _drain(self, entry: Entry) -> None:
-        state = self._spool.state
         try:
             await self._upload(entry)
-            if state.is_in_doubt(entry):
+            if self._spool.is_in_doubt(entry):
                 await self._fence(entry)
         except Exception as exc:
             if entry.seq in self._in_doubt:
@@ -470,7 +465,7 @@ class Drainer:
             if isinstance(exc, Superseded) or entry.superseded:
                 # Cut on purpose (the body stopped itself, which the HTTP client reports as a connection
                 # error), or failed after a newer write won: either way nothing to retry and no failure.
-                self._spool.after_drain(state.upload_failed(entry, self._clock.monotonic(), "superseded"))
+                self._spool.drain_failed(entry, self._clock.monotonic(), "superseded")
                 return
             self.uploads_failed += 1
             delay = self._backoff(entry.attempts)
@@ -486,23 +481,14 @@ class Drainer:
                 delay,
             )
             self._metrics.backend_errors.labels(entry.lane, "drain").inc()
-            applied = state.upload_failed(entry, self._clock.monotonic() + delay, str(exc))
-            self._spool.after_drain(applied)
+            self._spool.drain_failed(entry, self._clock.monotonic() + delay, str(exc))
         else:
             self.uploads_ok += 1
-            state.upload_succeeded(entry)
-            self._spool.note_drained(entry.size)
+            self._spool.drain_succeeded(entry)
             self._metrics.spool_durable_latency.observe(max(0.0, self._clock.wall() - entry.acked_at))
-            done = state.done_record(entry.seq, entry)
-            try:
-                await self._spool.commit([done])
-            except SpoolWriteFailed:
-                # The journal is out of service: forget the entry in memory but keep its files, so a
-                # restart (which replays the old journal) finds the data and at worst uploads it again;
-                # until the journal is rewritten, nothing else may write the key (see forget_unjournaled).
-                applied = state.apply(done)
-                self._spool.forget_unjournaled(entry.bucket, entry.key, applied.garbage, entry.size)
-                self._spool.after_drain(Applied(removed=applied.removed))
+            # With the journal out of service the entry is forgotten in memory but its files are kept, so
+            # a restart (which replays the old journal) finds the data and at worst uploads it again.
+            await self._spool.drain_done(entry)
 
     async def _hold_in_doubt(self, entry: Entry, exc: Exception) -> None:
         """A request that completes the object (the PUT's last byte, the multipart completion, the
@@ -510,7 +496,7 @@ class Drainer:
         blocked (the entry is still uploading) for as long as an answer would have been waited for, so a
         newer write of the key is not sent right behind a request that may yet land after it."""
         self._in_doubt.discard(entry.seq)
-        self._spool.state.in_doubt.add((entry.bucket, entry.key))  # its newest state is fenced (_fence)
+        self._spool.mark_in_doubt(entry)  # its newest state is fenced (_fence)
         log.warning(
             "drain of %s/%s (entry %d): a request that completes the object went unanswered (%s); the key"
             " stays blocked for %.0f s in case the store still applies it, and its newest state is read back"
@@ -527,23 +513,12 @@ class Drainer:
         """Journal that a request completing ``entry`` may be on its way to the store, before it is sent:
         after a crash the key is then in doubt (see :meth:`_fence`). With the journal out of service the
         request goes out unrecorded (a crash then leaves the key unfenced: drains are not held up)."""
-        state = self._spool.state
-        if not state.wire_needed(entry):
-            return
-        try:
-            await self._spool.commit([state.wire_record(entry)])
-        except SpoolWriteFailed:
-            if self._spool.degraded is None:
-                raise
+        await self._spool.journal_wire(entry)
 
     async def _unwire(self, entries: list[Entry]) -> None:
         """Settle the wires of entries none of whose requests can still be applied (so that a restart does
         not fence their keys for nothing); best effort."""
-        state = self._spool.state
-        records = [state.unwire_record(e) for e in entries if state.unwire_needed(e)]
-        if records:
-            with contextlib.suppress(SpoolWriteFailed):
-                await self._spool.commit(records)
+        await self._spool.journal_unwire(entries)
 
     async def _fence(self, entry: Entry) -> None:
         """The newest state of a key in doubt was applied and answered: an older request of the key may
@@ -567,7 +542,7 @@ class Drainer:
                 if shows:
                     slow_looks += 1  # the store stalled again: give an older request another interval
                     continue
-                self._spool.fence_reapplies += 1
+                self._spool.note_fence_reapply()
                 log.warning(
                     "drain of %s/%s (entry %d): after the fence the store holds an older state (a request"
                     " left on the wire was applied late); applying the newest state again",
@@ -580,7 +555,7 @@ class Drainer:
                 self._fencing.add(entry.seq)
         finally:
             self._fencing.discard(entry.seq)
-        self._spool.state.in_doubt.discard((entry.bucket, entry.key))
+        self._spool.clear_in_doubt(entry)
 
     async def _store_shows(self, entry: Entry) -> bool:
         """Whether the store holds what ``entry`` applied: absence for a tombstone, else its ETag and size."""
@@ -778,7 +753,6 @@ class Drainer:
 
     async def _upload_multipart(self, entry: Entry) -> None:
         headers = {k: v for k, v in entry.meta if k != "content-md5"}
-        state = self._spool.state
         # The intent is journaled before the store creates the upload, its id right after: a crash in
         # between leaves an open intent, from which the janitor finds and aborts the upload. With the
         # journal out of service the drain goes on unrecorded (a crash then leaves an upload that only the
@@ -787,18 +761,18 @@ class Drainer:
         # Held from the intent until the upload id is journaled, so the janitor never resolves an intent
         # whose upload is being created (it would miss it, or abort a live one).
         async with self._intent_lock(token):
-            while token in state.backend_intents:
+            while token in self._spool.backend_intents():
                 # A previous attempt (or process) may have left an upload behind: clean it up first, and
                 # look again a fence interval later (its CreateMultipartUpload may still be in the store).
                 # With the journal out of service the intent cannot end: one look, as for other drains.
                 await self._resolve_intent(token)
-                if token not in state.backend_intents or self._spool.degraded is not None:
+                if token not in self._spool.backend_intents() or self._spool.degraded is not None:
                     break
                 await self._clock.sleep(max(0.05, self._fence_left(token)))
             journaled = True
-            if token not in state.backend_intents:
+            if token not in self._spool.backend_intents():
                 try:
-                    await self._spool.commit([state.backend_intent_record(token, entry, entry.acked_at)])
+                    await self._spool.journal_backend_intent(token, entry, entry.acked_at)
                 except SpoolWriteFailed:
                     if self._spool.degraded is None:
                         raise
@@ -817,10 +791,9 @@ class Drainer:
                 if left:
                     self._creating[ident] = left
             try:
-                records = [state.backend_upload_record(upload_id, entry)]
-                if journaled:
-                    records.append(state.backend_intent_end_record(token))
-                await self._spool.commit_bookkeeping(records)
+                await self._spool.journal_backend_upload(
+                    upload_id, entry, ends_intent=token if journaled else None
+                )
             except SpoolWriteFailed:  # (out of service, they are kept in memory and this does not raise)
                 self._owned_uploads.discard(upload_id)  # the open intent covers it
                 raise
@@ -898,9 +871,7 @@ class Drainer:
             self._owned_uploads.discard(upload_id)
             if finished:
                 with contextlib.suppress(SpoolWriteFailed):
-                    await asyncio.shield(
-                        self._spool.commit_bookkeeping([state.backend_upload_end_record(upload_id)])
-                    )
+                    await asyncio.shield(self._spool.journal_backend_upload_end(upload_id))
 
     async def _abort(self, entry: Entry, qid: str) -> None:
         status, data, _ = await self._request(entry, "DELETE", f"uploadId={qid}", {})

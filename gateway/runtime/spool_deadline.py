@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -36,18 +36,12 @@ class _Entry(Protocol):
     def size(self) -> int: ...
 
 
-class _State(Protocol):
-    @property
-    def entries(self) -> Mapping[int, _Entry]: ...
-
-    def oldest_acked_at(self) -> float | None: ...
-
-
 class SpoolView(Protocol):
     """What the keeper reads of :class:`gateway.runtime.spool.Spool`."""
 
-    @property
-    def state(self) -> _State: ...
+    def entries(self) -> Sequence[_Entry]: ...
+
+    def oldest_acked_at(self) -> float | None: ...
 
     @property
     def acked_bytes(self) -> int: ...
@@ -108,8 +102,7 @@ class DeadlineKeeper:
             # Bytes, not acknowledgements: a commit marker or a small file between checkpoints is no burst.
             self.cadence.observe_ack(now, acked - self._acked)
             self._acked = acked
-        state = self._spool.state
-        backlog = sum(e.size for e in state.entries.values())
+        backlog = sum(e.size for e in self._spool.entries())
         in_flight = self._sent() - self._spool.drained_bytes
         if backlog == 0:
             self._sent_offset = in_flight
@@ -117,7 +110,7 @@ class DeadlineKeeper:
         # same lane; both only make this an underestimate until the spool is next empty.
         remaining = backlog - min(backlog, max(0, in_flight - self._sent_offset))
         self.remaining_bytes = remaining
-        oldest = state.oldest_acked_at()
+        oldest = self._spool.oldest_acked_at()
         age = 0.0 if oldest is None or backlog == 0 else max(0.0, self._clock.wall() - oldest)
         deadline = self.cadence.deadline_s(self._max_age_s)
         self.backlog_bytes, self.oldest_age_s = backlog, age

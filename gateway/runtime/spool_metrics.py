@@ -1,4 +1,4 @@
-"""Prometheus metrics of the write spool, read from its state at scrape time (no per-request cost)."""
+"""Prometheus metrics of the write spool, read from Spool.figures() at scrape time (no per-request cost)."""
 
 from __future__ import annotations
 
@@ -15,43 +15,41 @@ MAX_PREFIX_SERIES = 50
 
 def spool_collector(spool: Spool, clock: Clock) -> Callable[[], Iterable[Metric]]:
     def collect() -> Iterable[Metric]:
-        state = spool.state
-        space = spool.space
+        fig = spool.figures()
         yield GaugeMetricFamily(
-            "s3lanes_spool_capacity_bytes", "Bytes the spool may hold.", value=float(space.capacity_bytes)
+            "s3lanes_spool_capacity_bytes", "Bytes the spool may hold.", value=float(fig.capacity_bytes)
         )
         yield GaugeMetricFamily(
             "s3lanes_spool_used_bytes",
             "Bytes on spool disk (objects, parts of open uploads) plus writes in progress.",
-            value=float(space.used_bytes + space.reserved_bytes),
+            value=float(fig.used_bytes + fig.reserved_bytes),
         )
         yield GaugeMetricFamily(
             "s3lanes_spool_full",
             "1 while the spool is above its high-water mark (until it falls below low water).",
-            value=1.0 if space.full else 0.0,
+            value=1.0 if fig.full else 0.0,
         )
         yield GaugeMetricFamily(
             "s3lanes_spool_degraded",
             "1 if the spool stopped taking writes after a journal or disk failure.",
             value=0.0 if spool.degraded is None else 1.0,
         )
-        pending_bytes = sum(e.size for e in state.entries.values())
         yield GaugeMetricFamily(
             "s3lanes_spool_pending_objects",
             "Acknowledged operations not yet on the backend.",
-            value=float(len(state.entries)),
+            value=float(fig.pending_objects),
         )
         yield GaugeMetricFamily(
             "s3lanes_spool_pending_bytes",
             "Acknowledged bytes not yet on the backend.",
-            value=float(pending_bytes),
+            value=float(fig.pending_bytes),
         )
         yield GaugeMetricFamily(
             "s3lanes_spool_open_uploads",
             "Multipart uploads open in the spool.",
-            value=float(len(state.uploads)),
+            value=float(fig.open_uploads),
         )
-        oldest = state.oldest_acked_at()
+        oldest = fig.oldest_acked_at
         age = 0.0 if oldest is None else max(0.0, clock.wall() - oldest)
         yield GaugeMetricFamily(
             "s3lanes_spool_oldest_pending_age_seconds",
@@ -67,7 +65,7 @@ def spool_collector(spool: Spool, clock: Clock) -> Callable[[], Iterable[Metric]
             "s3lanes_spool_keys_in_doubt",
             "Keys an older drain request may still reach the store for: their newest state is read back"
             " after a fence interval before it counts as durable.",
-            value=float(len(state.in_doubt)),
+            value=float(fig.keys_in_doubt),
         )
         reapplies = CounterMetricFamily(
             "s3lanes_spool_fence_reapplies",
@@ -88,7 +86,7 @@ def spool_collector(spool: Spool, clock: Clock) -> Callable[[], Iterable[Metric]
             f"Pending bytes per bucket and top-level prefix (the {MAX_PREFIX_SERIES} largest).",
             labels=["bucket", "prefix"],
         )
-        top = sorted(state.pending_by_prefix().items(), key=lambda kv: -kv[1])[:MAX_PREFIX_SERIES]
+        top = sorted(fig.pending_by_prefix.items(), key=lambda kv: -kv[1])[:MAX_PREFIX_SERIES]
         for (bucket, prefix), nbytes in top:
             per_prefix.add_metric([bucket, prefix], float(nbytes))
         yield per_prefix

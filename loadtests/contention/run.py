@@ -50,7 +50,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from loadtests.bench_proxy import GATEWAY_SOURCE, cpu_seconds, machine_busy_seconds, machine_facts
 from loadtests.contention import report
 from loadtests.contention.testbed import (
     ACCESS_KEY,
@@ -71,6 +70,8 @@ from loadtests.contention.testbed import (
     spawn,
     wait_ready_file,
 )
+from loadtests.harness.gateway import GATEWAY_SOURCE, server_toml
+from loadtests.harness.machine import cpu_seconds, machine_busy_seconds, machine_facts
 
 KIB = 1024
 SAMPLE_INTERVAL_S = 0.5
@@ -345,13 +346,7 @@ bandwidth = {ckpt_rate_bps or rate_bps:.0f}
 bucket = "{CHECKPOINT_BUCKET}"
 backend = "{CKPT_BACKEND}"
 """
-    return f"""[server]
-listen = "127.0.0.1:0"
-state_dir = "{d / "state"}"
-log_level = "WARNING"
-shutdown_grace_s = 5
-drain_on_shutdown_s = 0
-
+    return f"""{server_toml(d / "state")}
 [backend]
 endpoint = "{backend_url}"
 region = "{REGION}"

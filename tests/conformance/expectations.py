@@ -98,7 +98,7 @@ def _errors_at(**steps: tuple[str, int]) -> Callable[[Observations], Observation
         for obs in observations:
             if obs.get("step") in steps:
                 code, status = steps[obs["step"]]
-                kind = {k: obs[k] for k in ("op", "raw") if k in obs}
+                kind: dict[str, Any] = {k: obs[k] for k in ("op", "raw") if k in obs}
                 obs = {
                     **kind,
                     "error": code,
@@ -122,7 +122,7 @@ def _last_modified_moved(observations: Observations) -> Observations:
     if moved is None or moved.get("note") is not True:
         return observations
     read = steps["get if-unmodified-since before"]
-    swapped = {
+    swapped: dict[Any, dict[str, Any]] = {
         "Last-Modified unchanged by the drain": {**moved, "note": False},
         "get if-unmodified-since before": _errors_at(
             **{"get if-unmodified-since before": ("PreconditionFailed", 412)}

@@ -221,7 +221,8 @@ def test_gateway_matches_the_store(
     """Every selected scenario observes the same through ``target`` as against the store, except for the
     differences listed in tests/conformance/expectations.py."""
     gw = gateways["off" if target == ex.OFF else "on"]
-    settle, drain = _nothing, _nothing
+    settle: Callable[[str], None] = _nothing
+    drain: Callable[[str], None] = _nothing
     if target != ex.OFF:
 
         def drain(bucket: str) -> None:

@@ -51,12 +51,12 @@ DENIED = [
 
 
 @pytest.mark.parametrize(("op", "bucket", "key", "query", "src"), ALLOWED)
-def test_granted_requests_pass(op, bucket, key, query, src) -> None:  # type: ignore[no-untyped-def]
+def test_granted_requests_pass(op, bucket, key, query, src) -> None:
     JOB.check(op, bucket, key, query, copy_source=src)
 
 
 @pytest.mark.parametrize(("op", "bucket", "key", "query", "src"), DENIED)
-def test_everything_else_is_access_denied(op, bucket, key, query, src) -> None:  # type: ignore[no-untyped-def]
+def test_everything_else_is_access_denied(op, bucket, key, query, src) -> None:
     with pytest.raises(AccessDenied) as info:
         JOB.check(op, bucket, key, query, copy_source=src)
     assert info.value.status == 403 and info.value.code == "AccessDenied"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from gateway.config import Listen, load_config, parse_listen
+from gateway.config import SECTION_CLASSES, SETTINGS, Listen, load_config, parse_listen
 from gateway.errors import ConfigError
 
 
@@ -246,7 +247,7 @@ def test_the_spools_default_content_type_is_sniff_or_a_media_type(tmp_path: Path
         load_config(path, env={})
 
 
-def test_workers_default_to_one_and_share_the_spool():
+def test_workers_default_to_one_and_share_the_spool() -> None:
     assert load_config(env={}).server.workers == 1
     cfg = load_config(env={"S3LANES_SERVER_WORKERS": "4", "S3LANES_SPOOL_ENABLED": "false"})
     assert cfg.server.workers == 4
@@ -264,3 +265,52 @@ def test_workers_default_to_one_and_share_the_spool():
             }
         )
     assert "[server].workers" in str(info.value) and "admin_listen" in str(info.value)
+
+
+def test_the_declaration_sets_every_field_of_each_section_once() -> None:
+    for section, cls in SECTION_CLASSES.items():
+        declared = [s.field_name for s in SETTINGS if s.section == section]
+        assert sorted(declared) == sorted(f.name for f in dataclasses.fields(cls)), section
+    assert {s.section for s in SETTINGS} == set(SECTION_CLASSES)
+    assert len({s.env_name for s in SETTINGS}) == len(SETTINGS)
+
+
+def test_only_fields_that_can_be_none_are_declared_nullable() -> None:
+    for s in SETTINGS:
+        if s.nullable:
+            (f,) = [f for f in dataclasses.fields(SECTION_CLASSES[s.section]) if f.name == s.field_name]
+            assert "None" in str(f.type), s
+
+
+def test_an_empty_value_resets_a_nullable_setting_and_leaves_another_at_its_default() -> None:
+    cfg = load_config(
+        env={
+            "S3LANES_SERVER_LISTEN": "",
+            "S3LANES_SERVER_HTTPS_LISTEN": "127.0.0.1:9443",
+            "S3LANES_SCHEDULER_INFLIGHT_BYTES_MAX": "",
+            "S3LANES_SERVER_ZERO_COPY_MIN_BYTES": "",
+            "S3LANES_SERVER_STATE_DIR": "",
+        },
+        overrides={"server": {"tls_cert": __file__, "tls_key": __file__}},
+    )
+    assert cfg.server.listen is None  # nullable: "" turns the HTTP listener off
+    assert cfg.scheduler.inflight_bytes_max is None
+    assert cfg.server.zero_copy_min_bytes == 8 * 1024 * 1024  # not nullable: "" keeps the default
+    assert cfg.server.state_dir == Path(".s3lanes")
+
+
+def test_renamed_settings_are_scaled_into_their_fields() -> None:
+    cfg = load_config(
+        env={
+            "S3LANES_SCHEDULER_WINDOW_MS": "250",
+            "S3LANES_SCHEDULER_LATENCY_TARGET_MS": "8",
+            "S3LANES_SPOOL_CAPACITY": "2KiB",
+            "S3LANES_BACKEND_BANDWIDTH": "1MB/s",
+            "S3LANES_BACKEND_LANE_SOURCE_ADDRESS": "checkpoint=10.0.0.5",
+        }
+    )
+    assert cfg.scheduler.window_s == pytest.approx(0.25)
+    assert cfg.scheduler.latency_target_s == pytest.approx(0.008)
+    assert cfg.spool.capacity_bytes == 2048 and isinstance(cfg.spool.capacity_bytes, int)
+    assert cfg.backend.bandwidth_bps == 1e6
+    assert cfg.backend.lane_source_addresses == {"checkpoint": "10.0.0.5"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+import struct
 import zlib
 from dataclasses import replace
 
@@ -26,6 +27,7 @@ from gateway.core.routing import RouteTable, rename_in_xml, rename_location
 from gateway.core.s3request import parse_target, split_target
 from gateway.core.sched_alloc import LaneDemand, allocate
 from gateway.core.sched_control import (
+    _BASELINE_MAX_SAMPLES,
     BASELINE_HISTORY_S,
     GUARD_MIN_GOOD_SAMPLES,
     GUARD_MIN_READ_SHARE,
@@ -42,6 +44,7 @@ from gateway.core.sigv4 import (
     signing_key,
     verify,
 )
+from gateway.core.sniff import detect_content_type
 from gateway.core.spool_deadline import CheckpointCadence
 from gateway.core.spool_state import SpoolState, checksum_of_meta
 from gateway.errors import (
@@ -55,7 +58,7 @@ from gateway.runtime.wiring import scheduler_config
 from tests.core.test_chunked import decode, make_verified, signer_for
 from tests.core.test_scheduler_progress import cut_guard
 from tests.core.test_sigv4 import GOOD_AUTH, PRESIGNED_QUERY, S3_HOST, S3_NOW, S3_SECRET, request
-from tests.core.test_spool_state import MARKERS
+from tests.core.test_spool_state import FAR, MARKERS, T0, seqs
 from tests.core.test_spool_state import Spool as SpoolHarness
 
 C = 100e6
@@ -272,6 +275,7 @@ def test_an_upload_body_names_its_checksum_hands_out_its_md5_check_and_skips_emp
         verifier=BodyVerifier.from_headers(headers, UNSIGNED_PAYLOAD), decoder=None, expected_bytes=len(data)
     )
     assert body.checksum_algorithm == "CRC32"
+    assert body.checksum_in_trailer is False  # the checksum came as a header
     assert body.take_md5_check() == md5
     assert body.feed(b"") == []
     assert body.feed(data) == []  # held back until the end is verified
@@ -340,7 +344,7 @@ def test_an_empty_spool_has_no_oldest_write_and_a_keyless_done_record_settles_it
     assert sp.state.oldest_acked_at() == entry.acked_at
     sp.state.start_upload(entry)
     sp.state.upload_succeeded(entry)
-    assert SpoolState.done_record(entry.seq) == {"t": "done", "s": entry.seq}
+    assert SpoolState.done_record(entry.seq).encode() == {"t": "done", "s": entry.seq}
     sp.apply(SpoolState.done_record(entry.seq))  # as older journals wrote it
     assert entry.seq not in sp.state.entries
     sp.assert_files_accounted()
@@ -439,3 +443,79 @@ def test_a_slowdown_on_an_uncapped_lane_cuts_it_below_what_it_achieved() -> None
     s.observe_backend("metadata", 503, now)
     after = s.snapshot(now).lane("metadata")
     assert after.slowdown_fraction is not None and after.slowdown_fraction < 1.0
+
+
+def test_a_checkpoint_lane_paced_by_its_limit_alone_says_when_to_come_back() -> None:
+    s = Scheduler(scheduler_config(Config(), C), 0.0)
+    s.set_external_limit("checkpoint", C / 100, 0.0)  # 1 MB/s
+    now = 0.0
+    for _ in range(20):
+        s.submit("checkpoint", 1024 * 1024, now)
+    d = s.pull(now)
+    granted = 0
+    while isinstance(d, Grant):
+        granted += 1
+        s.complete(d.ticket, now)
+        d = s.pull(now)
+    assert 0 < granted < 20
+    # Nothing else is queued and nothing is in flight against a concurrency limit: the lane's limit bucket
+    # alone decides, and the answer is when it has refilled.
+    assert isinstance(d, WaitUntil) and d.at > now
+
+
+def test_the_latency_window_keeps_a_bounded_sample_of_a_flood_of_reads() -> None:
+    guard = LatencyGuard(0.005, 0.1, 0.0)
+    for i in range(_BASELINE_MAX_SAMPLES + 10):
+        guard.observe(0.0, 0.002, i * 1e-6)  # all within one window
+    assert len(guard._window_ttfb) == len(guard._window_extra) == _BASELINE_MAX_SAMPLES
+
+
+def ftyp(*brands: bytes) -> bytes:
+    """An ISO BMFF ``ftyp`` box: major brand, minor version, compatible brands."""
+    body = b"ftyp" + brands[0] + b"\0\0\0\0" + b"".join(brands[1:])
+    return struct.pack(">I", 4 + len(body)) + body
+
+
+def test_an_ftyp_box_is_mp4_when_a_compatible_brand_is_and_not_for_its_minor_version() -> None:
+    assert detect_content_type(ftyp(b"isom", b"iso2", b"mp41")) == "video/mp4"
+    assert detect_content_type(ftyp(b"isom", b"iso2", b"avc1")) == "application/octet-stream"
+    # The minor version is not a brand, even when its bytes spell one.
+    box = ftyp(b"qt  ", b"qt  ")
+    box = box[:12] + b"mp42" + box[16:]
+    assert detect_content_type(box) == "application/octet-stream"
+
+
+def test_a_done_record_for_an_entry_still_uploading_frees_its_key_for_the_next_version() -> None:
+    sp = SpoolHarness()
+    a = sp.put("k")
+    sp.state.start_upload(a)
+    sp.apply(SpoolState.done_record(a.seq))  # the done record came before the upload was reported
+    assert a.seq not in sp.state.entries
+    b = sp.put("k")
+    assert seqs(sp.state.drainable(T0, 10)) == [b.seq]
+    sp.assert_files_accounted()
+
+
+@pytest.mark.parametrize("outcome", ["failed", "succeeded"])
+def test_a_late_report_of_a_settled_upload_leaves_the_next_versions_upload_marked(outcome: str) -> None:
+    sp = SpoolHarness()
+    a = sp.put("k")
+    sp.state.start_upload(a)
+    sp.apply(SpoolState.done_record(a.seq))
+    b = sp.put("k")
+    sp.state.start_upload(b)
+    if outcome == "failed":
+        sp.track(sp.state.upload_failed(a, FAR, "late"))
+    else:
+        sp.state.upload_succeeded(a)
+    c = sp.put("k")  # supersedes b, which is still on the wire: c waits for it
+    assert c.seq in sp.state.entries
+    assert sp.state.drainable(FAR, 10) == []
+
+
+def test_a_directory_marker_and_a_key_under_it_drain_together() -> None:
+    sp = SpoolHarness()
+    marker = sp.put("d/")
+    under = sp.put("d/x")
+    after = sp.put("e")
+    assert seqs(sp.state.drainable(T0, 10)) == [marker.seq, under.seq, after.seq]

@@ -20,12 +20,12 @@ from gateway.core.classify import (
     Rule,
 )
 from gateway.core.lanes_config import (
-    LaneSpec,
     default_lanes,
     parse_lanes,
     parse_rules,
     parse_tenants,
 )
+from gateway.core.scheduler import LaneSpec
 
 SRC = "s3lanes.toml"
 LANES = frozenset(DEFAULT_LANES)

@@ -423,6 +423,11 @@ def test_list_page_refuses_a_truncated_page_without_a_last_item() -> None:
         ListPage([], [], is_truncated=True, next_item=None, key_count=0)
 
 
+def test_list_page_refuses_a_key_count_that_is_not_its_keys_and_prefixes() -> None:
+    with pytest.raises(ValueError, match="key_count"):
+        ListPage([], ["p/"], is_truncated=False, next_item=None, key_count=0)
+
+
 def test_prefixes_to_expand_names_visible_backend_prefixes_holding_tombstones() -> None:
     req = request(delimiter="/", marker="b")
     backend_prefixes = ["a/", "c/", "d/", "e/"]

@@ -10,10 +10,12 @@ from gateway.core.listing import (
     PartsPage,
     SpooledObject,
     VersionEntry,
+    VersionsPage,
     VersionsRequest,
     add_listed_uploads,
     backend_query,
     drop_listed_uploads,
+    expand_prefixes,
     list_parts_page,
     merge_versions_page,
     merged_listing_xml,
@@ -23,6 +25,7 @@ from gateway.core.listing import (
     parse_list_request,
     parse_owner,
     parse_versions_request,
+    prefixes_to_expand,
     render_versions_xml,
     shows_owner,
     versions_prefixes_to_expand,
@@ -271,3 +274,113 @@ def test_backend_pages_are_asked_and_followed_with_each_listings_own_cursor() ->
     assert parse_backend_page(listing, page, None)[2] == "t"
     done = b"<ListBucketResult><IsTruncated>false</IsTruncated></ListBucketResult>"
     assert parse_backend_page(listing, done, "t")[2] is None
+
+
+def versions_xml(inner: str, truncated: str = "false") -> bytes:
+    return (
+        f'<ListVersionsResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><IsTruncated>{truncated}'
+        f"</IsTruncated>{inner}</ListVersionsResult>"
+    ).encode()
+
+
+def test_a_malformed_backend_version_listing_is_refused() -> None:
+    version = (
+        "<Version><Key>k</Key><VersionId>v1</VersionId><LastModified>2026-01-01T00:00:00Z</LastModified>"
+    )
+    with pytest.raises(ValueError, match="without <Prefix>"):
+        parse_backend_versions(versions_xml("<CommonPrefixes></CommonPrefixes>"))
+    with pytest.raises(ValueError, match="IsTruncated"):
+        parse_backend_versions(versions_xml("", truncated="maybe"))
+    with pytest.raises(ValueError, match="numeric <Size>"):
+        parse_backend_versions(versions_xml(version + "<Size>big</Size></Version>"))
+    with pytest.raises(ValueError, match="needs <Key>"):
+        parse_backend_versions(versions_xml("<Version><Size>1</Size></Version>"))
+
+
+def test_a_backend_version_with_an_unquoted_etag_and_a_zoneless_date_reads_as_the_store_meant() -> None:
+    body = versions_xml(
+        "<Version><Key>k</Key><VersionId>v1</VersionId><IsLatest>true</IsLatest>"
+        "<LastModified>2026-01-01T00:00:00</LastModified><ETag>abc</ETag><Size>3</Size></Version>"
+    )
+    (got,) = parse_backend_versions(body).versions
+    assert got.etag == '"abc"'
+    assert (
+        got.last_modified
+        == parse_backend_versions(body.replace(b":00</Last", b":00Z</Last")).versions[0].last_modified
+    )  # UTC when the store names no zone
+
+
+def test_the_merge_skips_backend_and_spooled_versions_outside_the_prefix() -> None:
+    page = merge_versions_page(req(prefix="p/"), [v("p/a"), v("q/b")], [], [v("r/c"), v("p/d")], set())
+    assert [x.key for x in page.versions] == ["p/a", "p/d"]
+
+
+def test_a_key_deleted_in_the_spool_keeps_its_versions_other_than_null() -> None:
+    backend = [v("k", "v2"), v("k", NULL_VERSION, latest=False)]
+    page = merge_versions_page(req(), backend, [], [], {"k"})
+    assert names(page.versions) == [("k", "v2", True, '"b"')]
+
+
+def test_a_version_id_marker_not_among_the_keys_versions_or_at_its_last_one_lists_nothing_more_of_it() -> (
+    None
+):
+    backend = [v("k", "v2"), v("k", "v1", latest=False), v("m", "v9")]
+    unknown = merge_versions_page(req(key_marker="k", version_id_marker="v0"), backend, [], [], set())
+    assert [(x.key, x.version_id) for x in unknown.versions] == [("m", "v9")]
+    last = merge_versions_page(req(key_marker="k", version_id_marker="v1"), backend, [], [], set())
+    assert [(x.key, x.version_id) for x in last.versions] == [("m", "v9")]
+
+
+def test_a_truncated_versions_page_names_where_the_next_one_starts_and_owners_show_what_is_known() -> None:
+    only_id = VersionEntry("a", "v1", True, T0, size=1, etag='"e"', owner_id="id1")
+    only_name = VersionEntry("b", "v2", True, T0, size=1, etag='"e"', owner_name="n2")
+    page = merge_versions_page(req(max_keys="2"), [only_id, only_name, v("c", "v3")], [], [], set())
+    assert page.is_truncated and (page.next_key_marker, page.next_version_id_marker) == ("b", "v2")
+    xml = render_versions_xml(req(max_keys="2"), "bkt", page).decode()
+    assert "<NextKeyMarker>b</NextKeyMarker><NextVersionIdMarker>v2</NextVersionIdMarker>" in xml
+    assert "<Owner><ID>id1</ID></Owner>" in xml
+    assert "<Owner><DisplayName>n2</DisplayName></Owner>" in xml
+    prefix_last = VersionsPage([], ["p/"], True, "p/", "")
+    assert "<NextVersionIdMarker>" not in render_versions_xml(req(), "bkt", prefix_last).decode()
+
+
+def test_backend_queries_of_both_listings_carry_delimiter_and_cursor_only_when_there_is_one() -> None:
+    versions = req()
+    assert backend_query(versions, "p/", "", None) == [
+        ("versions", ""),
+        ("max-keys", "1000"),
+        ("prefix", "p/"),
+    ]
+    assert backend_query(versions, "p/", "", ("k", ""))[-1] == ("key-marker", "k")
+    listing = parse_list_request({"list-type": "2"})
+    query = backend_query(listing, "p/", "/", None)
+    assert ("delimiter", "/") in query and not any(name == "continuation-token" for name, _ in query)
+
+
+def test_expand_prefixes_picks_the_listings_own_rule() -> None:
+    assert expand_prefixes(req(delimiter="/"), ["p/"], {"p/x"}) == ["p/"]
+    listing = parse_list_request({"list-type": "2", "delimiter": "/"})
+    assert expand_prefixes(listing, ["p/"], {"p/x"}) == prefixes_to_expand(listing, ["p/"], {"p/x"})
+    assert expand_prefixes(listing, ["p/"], {"p/x"}) == ["p/"]
+
+
+def test_the_owner_of_a_list_buckets_answer_is_found_after_other_elements() -> None:
+    body = (
+        b"<ListAllMyBucketsResult><Buckets/><Owner><ID>id1</ID><DisplayName>n1</DisplayName></Owner>"
+        b"</ListAllMyBucketsResult>"
+    )
+    assert parse_owner(body) == ("id1", "n1")
+
+
+def test_an_uploads_listing_whose_upload_elements_do_not_parse_as_a_flat_run_is_refused() -> None:
+    body = (
+        b"<ListMultipartUploadsResult><Upload><Upload><Key>a</Key></Upload></Upload>"
+        b"</ListMultipartUploadsResult>"
+    )
+    with pytest.raises(ValueError, match="not contiguous"):
+        add_listed_uploads(body, [("b", b"<Upload><Key>b</Key></Upload>")])
+
+
+def test_a_prefix_rolled_up_from_keys_before_the_key_marker_is_not_listed_again() -> None:
+    page = merge_versions_page(req(delimiter="/", key_marker="q"), [v("p/a"), v("r/b")], [], [], set())
+    assert page.common_prefixes == ["r/"] and page.versions == []

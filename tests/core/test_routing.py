@@ -80,15 +80,15 @@ def test_rename_in_xml_touches_bucket_names_only() -> None:
         b"<CompleteMultipartUploadResult><Location>http://s3:8333/ds-prod/k</Location>"
         b"<Bucket>ds-prod</Bucket><Key>k</Key></CompleteMultipartUploadResult>"
     )
-    out = ET.fromstring(rename_in_xml(complete, "ds-prod", "datasets"))
-    assert out.findtext("Location") == "http://s3:8333/datasets/k"
-    assert out.findtext("Bucket") == "datasets"
+    result = ET.fromstring(rename_in_xml(complete, "ds-prod", "datasets"))
+    assert result.findtext("Location") == "http://s3:8333/datasets/k"
+    assert result.findtext("Bucket") == "datasets"
     error = (
         b"<Error><Code>NoSuchBucket</Code><BucketName>ds-prod</BucketName>"
         b"<Resource>/ds-prod</Resource></Error>"
     )
-    out = ET.fromstring(rename_in_xml(error, "ds-prod", "datasets"))
-    assert (out.findtext("BucketName"), out.findtext("Resource")) == ("datasets", "/datasets")
+    err = ET.fromstring(rename_in_xml(error, "ds-prod", "datasets"))
+    assert (err.findtext("BucketName"), err.findtext("Resource")) == ("datasets", "/datasets")
 
 
 def test_rename_location_header() -> None:

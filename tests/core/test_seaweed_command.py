@@ -1,4 +1,4 @@
-"""The pure parts of gateway.runtime.seaweed: command line, s3.json, option checks, port choice, signing.
+"""The pure parts of gateway.seaweed: command line, s3.json, option checks, port choice, signing.
 
 No weed runs here (see tests/e2e/test_seaweed_process.py for that).
 """
@@ -20,21 +20,24 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from gateway.runtime import seaweed
-from gateway.runtime.seaweed import (
-    SeaweedError,
-    SeaweedIdentity,
-    SeaweedOptions,
+from gateway.seaweed import command as seaweed_command
+from gateway.seaweed import process as seaweed_process
+from gateway.seaweed.command import (
     SeaweedPorts,
-    SeaweedProcess,
-    WeedNotFoundError,
     bucket_head_headers,
     build_command,
     choose_ports,
     find_weed_binary,
-    s3_config,
     weed_environment,
 )
+from gateway.seaweed.options import (
+    SeaweedError,
+    SeaweedIdentity,
+    SeaweedOptions,
+    WeedNotFoundError,
+    s3_config,
+)
+from gateway.seaweed.process import SeaweedProcess
 
 ADMIN = SeaweedIdentity("admin", "AKADMIN", "admin-secret")
 READER = SeaweedIdentity("reader", "AKREADER", "reader-secret", actions=("Read", "List"))
@@ -257,7 +260,7 @@ def test_chosen_ports_are_distinct_and_free() -> None:
     values = ports.as_tuple()
     assert len(values) == len(set(values)) == len(fields(SeaweedPorts))
     # weed's maintenance worker dials admin+10000 whatever -admin.port.grpc says.
-    assert ports.admin_grpc == ports.admin + seaweed.GRPC_PORT_OFFSET
+    assert ports.admin_grpc == ports.admin + seaweed_command.GRPC_PORT_OFFSET
     assert all(1024 <= p <= 65535 for p in values)
     for port in values:  # released again, so weed can bind them
         with socket.socket() as sock:
@@ -282,8 +285,8 @@ def test_a_requested_s3_port_in_use_fails_before_weed_runs() -> None:
 
 
 def test_endpoint_url_brackets_ipv6() -> None:
-    assert seaweed.endpoint_url("127.0.0.1", 8333) == "http://127.0.0.1:8333"
-    assert seaweed.endpoint_url("::1", 8333) == "http://[::1]:8333"
+    assert seaweed_command.endpoint_url("127.0.0.1", 8333) == "http://127.0.0.1:8333"
+    assert seaweed_command.endpoint_url("::1", 8333) == "http://[::1]:8333"
 
 
 # -- readiness helpers --------------------------------------------------------------------------------------
@@ -305,9 +308,9 @@ def test_readiness_head_is_signed_exactly_as_botocore_signs_it(monkeypatch: pyte
 def test_master_status_with_a_data_node_counts_as_a_volume_server() -> None:
     with_node = b'{"Topology":{"DataCenters":[{"Racks":[{"DataNodes":[{"Url":"127.0.0.1:1"}]}]}]}}'
     without = b'{"Topology":{"DataCenters":[{"Racks":[{"DataNodes":[]}]}]}}'
-    assert seaweed._has_volume_server(with_node)
-    assert not seaweed._has_volume_server(without)
-    assert not seaweed._has_volume_server(b"not json")
+    assert seaweed_command.has_volume_server(with_node)
+    assert not seaweed_command.has_volume_server(without)
+    assert not seaweed_command.has_volume_server(b"not json")
 
 
 def test_log_tail_keeps_an_early_error_that_the_tail_alone_would_lose(tmp_path: Path) -> None:
@@ -318,7 +321,7 @@ def test_log_tail_keeps_an_early_error_that_the_tail_alone_would_lose(tmp_path: 
         + "".join(f"usage line {i}\n" for i in range(100))
     )
     offset = len("old run line\n")
-    tail = seaweed._log_tail(log, offset, lines=10)
+    tail = seaweed_process._log_tail(log, offset, lines=10)
     lines = tail.splitlines()
     assert lines[0] == "flag provided but not defined: -nope"
     assert lines[-1] == "usage line 99"

@@ -696,7 +696,7 @@ def test_botocore_presigned_url_verifies(boto_http: BotoCapture, key: str, metho
     # A presigned URL signs its query: changing any other parameter breaks it.
     with pytest.raises(SignatureDoesNotMatch):
         verify(
-            request(req.method, req.raw_path, req.raw_query + "&acl=", req.headers),
+            request(req.method, req.raw_path, req.raw_query + "&acl=", dict(req.headers)),
             auth,
             BOTO_SECRET,
             BOTO_NOW,
@@ -1101,7 +1101,7 @@ def test_host_must_be_signed() -> None:
 # --------------------------------------------------------------------------------------------------
 # Fuzz: parse_auth and verify only ever raise S3 errors
 
-_printable = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
+_printable = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=60)
 _any_text = st.text(max_size=60)
 _hex = st.text(alphabet="0123456789abcdefABCDEF", min_size=60, max_size=66)
 _credential = st.builds(

@@ -19,6 +19,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from gateway.core.journal_records import Record
 from gateway.core.spool_state import (
     MIN_PART_BYTES,
     Admission,
@@ -62,7 +63,7 @@ class Spool:
 
     def __init__(self, markers: Sequence[str] = MARKERS) -> None:
         self.state = SpoolState(markers)
-        self.records: list[dict[str, Any]] = []
+        self.records: list[Record] = []
         self.written: dict[str, int] = {}
         self.garbage: Counter[str] = Counter()
         self.last = Applied()
@@ -78,7 +79,7 @@ class Spool:
         self.written[file] = size
         return file
 
-    def apply(self, rec: dict[str, Any]) -> Applied:
+    def apply(self, rec: Record) -> Applied:
         applied = self.state.apply(rec)
         self.records.append(rec)
         self.garbage.update(applied.garbage)
@@ -106,14 +107,14 @@ class Spool:
             now_wall=self.wall(),
         )
         self.apply(rec)
-        return self.state.entries[rec["seq"]]
+        return self.state.entries[rec.seq]
 
     def delete(self, key: str, *, bucket: str = B) -> Entry:
         rec = self.state.delete_record(
             bucket=bucket, key=key, access_key="AK", lane="checkpoint", now_wall=self.wall()
         )
         self.apply(rec)
-        return self.state.entries[rec["seq"]]
+        return self.state.entries[rec.seq]
 
     def create(self, key: str, upload_id: str, *, bucket: str = B) -> Upload:
         rec = self.state.create_upload_record(
@@ -139,7 +140,7 @@ class Spool:
         requested = [(n, upload.parts[n].etag) for n in numbers]
         rec = self.state.complete_record(upload, requested, self.wall())
         self.apply(rec)
-        return self.state.entries[rec["seq"]]
+        return self.state.entries[rec.seq]
 
     def done(self, entry: Entry) -> Applied:
         return self.apply(SpoolState.done_record(entry.seq, entry))
@@ -456,9 +457,9 @@ def test_a_part_uploaded_twice_completes_with_either_etag_and_only_one_older_ver
     with pytest.raises(InvalidPart):
         s.state.complete_record(upload, [(1, first.etag)], WALL0)
     rec = s.state.complete_record(upload, [(1, second.etag)], WALL0)
-    assert rec["po"] == [1]
+    assert rec.older == (1,)
     s.apply(rec)
-    entry = s.state.entries[rec["seq"]]
+    entry = s.state.entries[rec.seq]
     assert entry.files == (second.file,) and entry.etag == multipart_etag([second.md5])
     assert s.last.garbage == (third.file,)
     assert s.state.bytes_on_disk == 11
@@ -491,7 +492,7 @@ def test_complete_accepts_part_etags_with_or_without_quotes() -> None:
     s.part("u1", 1, MIN_PART_BYTES)
     s.part("u1", 2, 1)
     rec = s.state.complete_record(upload, [(1, part_etag(1).strip('"')), (2, f" {part_etag(2)} ")], WALL0)
-    assert rec["pn"] == [1, 2]
+    assert rec.part_numbers == (1, 2)
 
 
 BAD_ETAG = '"00000000000000000000000000000000"'
@@ -723,7 +724,7 @@ def upload_view(u: Upload) -> tuple[Any, ...]:
     return (u.upload_id, u.seq, u.bucket, u.key, u.access_key, u.lane, u.created_at, u.meta, u.parts)
 
 
-def rebuilt(records: Sequence[dict[str, Any]]) -> SpoolState:
+def rebuilt(records: Sequence[Record]) -> SpoolState:
     fresh = SpoolState(MARKERS)
     for rec in records:
         fresh.apply(rec)
@@ -886,7 +887,7 @@ class SpoolMachine(RuleBasedStateMachine):
         replaced = {p.file for p in upload.replaced.values()}
         old = self.state.lookup(upload.bucket, upload.key)
         applied = self.s.apply(rec)
-        entry = self.state.entries[rec["seq"]]
+        entry = self.state.entries[rec.seq]
         self._superseded(old, applied)
         unused = {p.file for n, p in parts.items() if n not in numbers}
         old_files = set(old.files) if old is not None and old.seq not in self.inflight else set()

@@ -6,13 +6,11 @@ validator was absent.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -22,6 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from loadtests.harness.gateway import spawn, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -329,33 +329,24 @@ def start_gateway(
     log_path = tmp / "gateway.log"
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("S3LANES_")}
     child_env.update(env)
-    with open(log_path, "wb") as log_fh:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--config",
-                str(config_path),
-                "--ready-file",
-                str(ready),
-            ],
-            stdout=log_fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=child_env,
-            cwd=tmp,
-        )
-    deadline = time.monotonic() + GATEWAY_START_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            raise AssertionError(f"gateway did not start:\n{log_path.read_text()[-4000:]}")
-        time.sleep(0.05)
-    endpoints = json.loads(ready.read_text())["endpoints"]
-    return proc, next(u for u in endpoints if u.startswith("http://")), log_path
+    argv = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "serve",
+        "--config",
+        str(config_path),
+        "--ready-file",
+        str(ready),
+    ]
+    proc = spawn(argv, log_path, cwd=tmp, env=child_env, new_session=False)
+    try:
+        doc = wait_ready(proc, ready, log_path, GATEWAY_START_TIMEOUT_S, "gateway", error=AssertionError)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, next(u for u in doc["endpoints"] if u.startswith("http://")), log_path
 
 
 def http_get(url: str, headers: Mapping[str, str] | None = None, timeout_s: float = 10.0) -> tuple[int, str]:

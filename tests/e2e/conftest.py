@@ -12,7 +12,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +25,7 @@ import pytest
 import trustme
 from botocore.config import Config as BotoConfig
 
+from loadtests.harness.gateway import spawn, wait_ready
 from tests.conftest import s3_client
 
 GATEWAY_START_TIMEOUT_S = 30.0
@@ -119,32 +119,17 @@ def start_gateway(
     ready = tmp / "ready.json"
     ready.unlink(missing_ok=True)  # a previous gateway's, in a reused directory
     log_path = tmp / "gateway.log"
-    # The child gets its own copy of the descriptor; ours is closed at once (else a ResourceWarning).
-    with open(log_path, "wb") as log_fh:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gateway",
-                "serve",
-                "--config",
-                str(cfg_path),
-                "--ready-file",
-                str(ready),
-                *extra_args,
-            ],
-            stdout=log_fh,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(cfg_path), "--ready-file", str(ready)]
+    proc = spawn([*argv, *extra_args], log_path, cwd=None, new_session=False)
+    try:
+        doc = wait_ready(
+            proc, ready, log_path, GATEWAY_START_TIMEOUT_S, "gateway", error=RuntimeError, poll_s=0.05
         )
-    deadline = time.monotonic() + GATEWAY_START_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            raise RuntimeError(f"gateway did not start:\n{log_path.read_text()[-4000:]}")
-        time.sleep(0.05)
-    return proc, json.loads(ready.read_text()), log_path
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, doc, log_path
 
 
 def start_plain_gateway(

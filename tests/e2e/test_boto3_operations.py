@@ -99,7 +99,8 @@ def capture_requests(client: Any, event: str) -> list[dict[str, str]]:
 
 
 def read(client: Any, bucket: str, key: str, **kwargs: Any) -> bytes:
-    return client.get_object(Bucket=bucket, Key=key, **kwargs)["Body"].read()
+    body: bytes = client.get_object(Bucket=bucket, Key=key, **kwargs)["Body"].read()
+    return body
 
 
 # --- PutObject / GetObject -------------------------------------------------------------------------------

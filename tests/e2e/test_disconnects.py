@@ -331,7 +331,11 @@ def stall_the_window(gw: Gateway, bucket: str) -> list[socket.socket]:
                     body=os.urandom(UPLOAD_SENT_BYTES),
                 )
             )
-            wait_for_status(gw, lambda c, held=held: c["in_flight"] > held, "stalled upload holding budget")
+
+            def holding(c: dict[str, int], held: int = held) -> bool:
+                return c["in_flight"] > held
+
+            wait_for_status(gw, holding, "stalled upload holding budget")
     except BaseException:
         for sock in socks:
             abort(sock)

@@ -1,4 +1,4 @@
-"""Hostile HTTP input against a real gateway: the quick mode of ``loadtests/fuzz_http.py``.
+"""Hostile HTTP input against a real gateway: the quick mode of ``loadtests/fuzz_http/``.
 
 Runs ``python -m loadtests.fuzz_http --quick`` (600 cases: broken auth, bad dates, truncated and oversized
 bodies, bad aws-chunked framing, invalid ranges, odd keys, bad XML, odd methods, HTTP/1.0, pipelining,

@@ -43,7 +43,9 @@ def gateway_credentials(spool_gateway: Gateway, monkeypatch: pytest.MonkeyPatch)
 def gateway_writer(uri: str, endpoint: str) -> S3StorageWriter:
     """S3StorageWriter with its file system swapped for one whose client talks to ``endpoint``."""
     writer = S3StorageWriter(REGION, uri, s3client_config=CONFIG)
-    writer.fs = S3FileSystem(REGION, s3_client=S3Client(REGION, endpoint=endpoint, s3client_config=CONFIG))
+    writer.fs = S3FileSystem(  # type: ignore[assignment]  # the DCP writer declares the base FileSystem
+        REGION, s3_client=S3Client(REGION, endpoint=endpoint, s3client_config=CONFIG)
+    )
     return writer
 
 

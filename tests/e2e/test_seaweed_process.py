@@ -25,15 +25,11 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from gateway.runtime import seaweed
-from gateway.runtime.seaweed import (
-    SeaweedError,
-    SeaweedIdentity,
-    SeaweedOptions,
-    SeaweedPorts,
-    SeaweedProcess,
-    SeaweedStartError,
-)
+from gateway.seaweed import command as seaweed_command
+from gateway.seaweed import process as seaweed_process
+from gateway.seaweed.command import SeaweedPorts
+from gateway.seaweed.options import SeaweedError, SeaweedIdentity, SeaweedOptions, SeaweedStartError
+from gateway.seaweed.process import SeaweedProcess
 from tests.conftest import Backend, s3_client
 
 pytestmark = pytest.mark.e2e
@@ -188,7 +184,7 @@ def test_a_failed_start_raises_with_weeds_own_words_and_leaves_nothing_running(t
 def test_a_lost_port_race_is_retried_once_with_fresh_ports(
     weed: SeaweedProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_choose = seaweed.choose_ports
+    real_choose = seaweed_command.choose_ports  # process.py calls it by this name: patched there below
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
     squatter.listen()
@@ -201,7 +197,7 @@ def test_a_lost_port_race_is_retried_once_with_fresh_ports(
         calls.append(ports)
         return ports
 
-    monkeypatch.setattr(seaweed, "choose_ports", choose_then_lose_the_race)
+    monkeypatch.setattr(seaweed_process, "choose_ports", choose_then_lose_the_race)
     try:
         weed.start()
     finally:

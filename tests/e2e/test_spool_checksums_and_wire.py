@@ -21,6 +21,7 @@ import json
 import os
 import zlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -226,9 +227,7 @@ def test_put_checksums_are_kept_and_answered_like_the_store(
     def writes(s3: Any, prefix: str) -> dict[str, Any]:
         return {
             alg: observe(
-                lambda alg=alg: s3.put_object(
-                    Bucket=bucket, Key=f"{prefix}{alg}", Body=SMALL, ChecksumAlgorithm=alg
-                )
+                partial(s3.put_object, Bucket=bucket, Key=f"{prefix}{alg}", Body=SMALL, ChecksumAlgorithm=alg)
             )
             for alg in ALGORITHMS
         }
@@ -285,7 +284,7 @@ def _multipart(
         resp = s3.upload_part(
             Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data, ChecksumAlgorithm=alg
         )
-        out[f"part{number}"] = observe(lambda resp=resp: resp)
+        out[f"part{number}"] = observe(resp.copy)
         parts.append({"PartNumber": number, "ETag": resp["ETag"], f"Checksum{alg}": resp[f"Checksum{alg}"]})
     whole: dict[str, str] = {}
     if named == "composite":
@@ -372,8 +371,13 @@ def test_complete_checksum_errors_like_the_store(
             if kind:
                 named["ChecksumType"] = kind
             out[label] = observe(
-                lambda key=key, upload_id=upload_id, parts=parts, named=named: s3.complete_multipart_upload(
-                    Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}, **named
+                partial(
+                    s3.complete_multipart_upload,
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": parts},
+                    **named,
                 )
             )
             s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
@@ -395,8 +399,12 @@ def test_complete_checksum_errors_like_the_store(
             ("composite-crc64nvme", "CRC64NVME", "COMPOSITE"),
         ):
             out[label] = observe(
-                lambda alg=alg, kind=kind, label=label: s3.create_multipart_upload(
-                    Bucket=bucket, Key=f"{prefix}{label}", ChecksumAlgorithm=alg, ChecksumType=kind
+                partial(
+                    s3.create_multipart_upload,
+                    Bucket=bucket,
+                    Key=f"{prefix}{label}",
+                    ChecksumAlgorithm=alg,
+                    ChecksumType=kind,
                 )
             )
         return out

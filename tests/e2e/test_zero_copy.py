@@ -416,8 +416,8 @@ def test_spooled_objects_are_served_exactly_with_sendfile_unless_off(
         finally:
             conn.close()
         # The trickling drain's sendfile bytes are the checkpoint lane's; the GETs' are the others'.
-        want = served if zero_copy else 0
-        assert settled(lambda: not_drained(gw) - before, want) == want
+        want_bytes = served if zero_copy else 0
+        assert settled(lambda: not_drained(gw) - before, want_bytes) == want_bytes
     finally:
         assert stop_gateway(proc) == 0
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from loadtests.bench_objects import object_sets, report, rounds_of, summary
-from loadtests.bench_proxy import PHASES, Round, parse_args
+from loadtests.bench_proxy import PHASES, parse_args
+from loadtests.harness.stats import Round
 
 
 def test_phases_are_parsed_and_checked() -> None:

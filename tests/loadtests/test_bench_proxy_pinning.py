@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from loadtests.bench_proxy import parse_args, pin_process
+from loadtests.bench_proxy import parse_args
+from loadtests.harness.machine import pin_process
 
 THREADED_CHILD = """
 import threading, time, sys

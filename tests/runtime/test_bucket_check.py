@@ -1,9 +1,11 @@
-"""The spool front's bucket check before an ack: cached for BUCKET_CHECK_TTL_S, and shared by the requests
-that arrive while one is on its way (four writers starting a checkpoint make one HEAD, not four).
+"""The write spool's bucket check before an ack (gateway.runtime.bucket_check): cached for
+BUCKET_CHECK_TTL_S, and shared by the requests that arrive while one is on its way (four writers starting a
+checkpoint make one HEAD, not four).
 
-The check's one backend call (``_backend_call``, a HEAD of the bucket) is replaced by a stand-in whose answer
-the test holds back until every request has arrived; what is under test is the front's own bookkeeping. The
-HEAD against a real SeaweedFS is exercised by every spooled write in ``tests/e2e/test_spool.py``.
+The check's one backend call (a HEAD of the bucket, the spool front's ``_head_status``) is replaced by a
+stand-in whose answer the test holds back until every request has arrived; what is under test is the
+check's own bookkeeping. The HEAD against a real SeaweedFS is exercised by every spooled write in
+``tests/e2e/test_spool.py``.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Any
 import pytest
 
 from gateway.clock import FakeClock
-from gateway.errors import NoSuchBucket
-from gateway.http.spool_front import BUCKET_CHECK_TTL_S, SpoolFront
+from gateway.errors import NoSuchBucket, ServiceUnavailable
+from gateway.runtime.bucket_check import BUCKET_CHECK_TTL_S, BucketCheck
 
 
 class HeldHead:
@@ -27,21 +29,15 @@ class HeldHead:
         self.calls = 0
         self.release = asyncio.Event()
 
-    async def __call__(self, ctx: Any, lane: str, method: str, bucket: str, key: Any, query: str) -> Any:
-        assert (lane, method, key) == ("metadata", "HEAD", None)
+    async def __call__(self, ctx: Any, bucket: str) -> int:
         self.calls += 1
         await self.release.wait()
-        return SimpleNamespace(status=self.status, release=lambda: None)
+        return self.status
 
 
-def front(head: HeldHead, clock: FakeClock) -> SpoolFront:
-    f = SpoolFront.__new__(SpoolFront)
-    f._clock = clock
-    f._bucket_ok = {}
-    f._bucket_checks = {}
-    f.spool = SimpleNamespace(state=SimpleNamespace(has_bucket_prefix=lambda bucket, prefix: False))  # type: ignore[assignment]
-    f._backend_call = head  # type: ignore[method-assign]
-    return f
+def front(head: HeldHead, clock: FakeClock) -> BucketCheck[Any]:
+    spool: Any = SimpleNamespace(has_bucket_prefix=lambda bucket, prefix: False)
+    return BucketCheck(spool, clock, head)
 
 
 def ctx(access_key: str = "AK") -> Any:
@@ -51,17 +47,17 @@ def ctx(access_key: str = "AK") -> Any:
 async def test_requests_arriving_during_a_check_share_it_and_the_answer_is_cached() -> None:
     clock, head = FakeClock(), HeldHead()
     f = front(head, clock)
-    waiters = [asyncio.ensure_future(f._check_bucket(ctx(), "b")) for _ in range(8)]
+    waiters = [asyncio.ensure_future(f.check(ctx(), "b")) for _ in range(8)]
     await asyncio.sleep(0.01)
     assert head.calls == 1 and not any(w.done() for w in waiters)
     head.release.set()
     await asyncio.gather(*waiters)
-    await f._check_bucket(ctx(), "b")  # cached
+    await f.check(ctx(), "b")  # cached
     assert head.calls == 1
-    await f._check_bucket(ctx("OTHER"), "b")  # another backend identity checks for itself
+    await f.check(ctx("OTHER"), "b")  # another backend identity checks for itself
     assert head.calls == 2
     clock.advance(BUCKET_CHECK_TTL_S + 1)
-    await asyncio.gather(*(f._check_bucket(ctx(), "b") for _ in range(4)))
+    await asyncio.gather(*(f.check(ctx(), "b") for _ in range(4)))
     assert head.calls == 3
     assert f._bucket_checks == {}
 
@@ -69,27 +65,41 @@ async def test_requests_arriving_during_a_check_share_it_and_the_answer_is_cache
 async def test_a_missing_bucket_fails_every_waiter_and_is_asked_again_next_time() -> None:
     clock, head = FakeClock(), HeldHead(status=404)
     f = front(head, clock)
-    waiters = [asyncio.ensure_future(f._check_bucket(ctx(), "gone")) for _ in range(5)]
+    waiters = [asyncio.ensure_future(f.check(ctx(), "gone")) for _ in range(5)]
     await asyncio.sleep(0.01)
     head.release.set()
     results = await asyncio.gather(*waiters, return_exceptions=True)
     assert all(isinstance(r, NoSuchBucket) for r in results)
     assert head.calls == 1
     with pytest.raises(NoSuchBucket):
-        await f._check_bucket(ctx(), "gone")
+        await f.check(ctx(), "gone")
     assert head.calls == 2  # a refusal is not cached
 
 
 async def test_a_waiter_that_gives_up_does_not_cancel_the_check_for_the_others() -> None:
     clock, head = FakeClock(), HeldHead()
     f = front(head, clock)
-    first = asyncio.ensure_future(f._check_bucket(ctx(), "b"))
-    second = asyncio.ensure_future(f._check_bucket(ctx(), "b"))
+    first = asyncio.ensure_future(f.check(ctx(), "b"))
+    second = asyncio.ensure_future(f.check(ctx(), "b"))
     await asyncio.sleep(0.01)
     first.cancel()  # its client went away
     await asyncio.sleep(0.01)
     head.release.set()
     await second
     assert first.cancelled() and head.calls == 1
-    await f._check_bucket(ctx(), "b")
+    await f.check(ctx(), "b")
     assert head.calls == 1  # the shared check finished and was cached
+
+
+async def test_a_remembered_bucket_absorbs_writes_while_the_store_cannot_be_asked() -> None:
+    async def unreachable(ctx: Any, bucket: str) -> int:
+        raise ServiceUnavailable("down")
+
+    spool: Any = SimpleNamespace(has_bucket_prefix=lambda bucket, prefix: False)
+    check: BucketCheck[Any] = BucketCheck(spool, FakeClock(), unreachable)
+    with pytest.raises(ServiceUnavailable):
+        await check.check(ctx(), "b")  # never seen: refused promptly
+    check.remember("AK", "b")  # spooled data acknowledged before a restart
+    await check.check(ctx(), "b")
+    with pytest.raises(ServiceUnavailable):
+        await check.check(ctx("OTHER"), "b")  # another backend identity was never checked

@@ -54,7 +54,7 @@ class Cluster:
                 cfg, sched, self.clock, board=self.board, backlog_bytes=self._backlog_of(node)
             )
 
-    def _backlog_of(self, node: str):  # type: ignore[no-untyped-def]
+    def _backlog_of(self, node: str):
         return lambda lane: self.backlogs[node] if lane == "checkpoint" else 0
 
     async def rounds(self, n: int) -> None:

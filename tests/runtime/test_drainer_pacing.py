@@ -434,7 +434,7 @@ async def test_an_unanswered_completing_request_keeps_the_key_blocked_before_a_n
                 drainer._in_doubt.add(e.seq)  # the last byte went out ...
             raise DrainError("connection reset by the store")  # ... and no answer came
 
-        drainer._upload = upload  # type: ignore[method-assign]
+        drainer._upload = upload  # type: ignore[method-assign, assignment]
         spool.state.start_upload(entry)
         task = asyncio.create_task(drainer._drain(entry))
         await clock.sleep(0.05)
@@ -479,7 +479,7 @@ async def test_a_failed_drain_is_retried_when_its_hold_is_over_on_the_drainers_c
             raise DrainError("the store is down")
 
     drainer._backoff = backoff  # type: ignore[method-assign]
-    drainer._upload = upload  # type: ignore[method-assign]
+    drainer._upload = upload  # type: ignore[method-assign, assignment]
     try:
         await put(spool, "k", b"data")
         running = asyncio.create_task(drainer.run())

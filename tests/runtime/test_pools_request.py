@@ -68,10 +68,10 @@ def make(fail: bool = False) -> tuple[Pools, dict[str, StubBackend], SpyDispatch
     d = SpyDispatcher()
     pools = Pools(
         RouteTable([("archive", "cold", "archive-2024")]),
-        backends,
+        backends,  # type: ignore[arg-type]
         {"default": d},
         {"default": "default", "cold": "default"},
-    )  # type: ignore[arg-type]
+    )
     return pools, backends, d
 
 

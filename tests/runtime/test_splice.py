@@ -188,7 +188,7 @@ async def test_works_with_the_default_pipe_size(link: Link, monkeypatch: pytest.
             raise PermissionError(1, "pipe-max-size")
         return real(fd, cmd, arg)
 
-    monkeypatch.setattr(splice.fcntl, "fcntl", no_resize)
+    monkeypatch.setattr(fcntl, "fcntl", no_resize)
     body = os.urandom(3 * MiB + 17)
     relay = SpliceRelay(link.store_near.fileno(), link.client_near.fileno(), read_timeout_s=10)
     try:

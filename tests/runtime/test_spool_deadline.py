@@ -1,6 +1,6 @@
 """The deadline keeper: spool state in, the drain lane's floor, status, metrics and a warning out.
 
-A stand-in for the spool (its state is what the keeper reads: entries, their sizes, the oldest
+A stand-in for the spool (what the keeper asks of it: entries, their sizes, the oldest
 acknowledgement, the acknowledged byte counter), a real scheduler, a fake clock."""
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ class _Spool:
         self.state.entries[self.seq] = _E(size)
         self.state.acked_at[self.seq] = wall
         self.acked_bytes += size
+
+    def entries(self) -> list[_E]:
+        return list(self.state.entries.values())
+
+    def oldest_acked_at(self) -> float | None:
+        return self.state.oldest_acked_at()
 
     def drain_all(self) -> None:
         self.drained_bytes += sum(e.size for e in self.state.entries.values())

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-import gateway.runtime.spool as spool_module
+import gateway.runtime.spool.disk as spool_module
 from gateway.runtime.spool import PIECE_BYTES, Spool
 from tests.runtime.test_spool_shell import CFG, opened, put
 
@@ -50,7 +50,7 @@ def stored(spool: Spool, key: str) -> bytes:
 
 def filesystem_takes_direct_io(path: Path) -> bool:
     path.mkdir(parents=True, exist_ok=True)
-    return spool_module._direct_io_works(path)
+    return spool_module.direct_io_works(path)
 
 
 async def test_data_files_are_opened_with_o_direct_where_the_filesystem_takes_it(tmp_path: Path) -> None:
@@ -258,7 +258,7 @@ async def test_a_body_that_fits_one_piece_takes_one_trip_to_the_io_thread(
         await writer.finish()
         # Each full piece: a write and a hash, at once (the second hash is started by the end of the first);
         # nothing hashed ahead (the body is over a piece).
-        assert (trips[0], trips[-1]) == ("_open_data_file", "_fsync_close")
+        assert (trips[0], trips[-1]) == ("_open_data_file", "fsync_close")
         assert sorted(trips[1:-1]) == ["_hash_piece", "_hash_piece", "_write_piece", "_write_piece"]
     finally:
         await spool.close()

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-import gateway.runtime.spool as spool_module
+import gateway.runtime.spool.disk as spool_module
 from gateway.clock import FakeClock, SystemClock
 from gateway.runtime.spool import HEAL_INTERVAL_S, Spool, SpoolWriteFailed
 from tests.runtime.test_spool_shell import CFG, opened, put

@@ -21,12 +21,14 @@ import pytest
 from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.config import SpoolConfig
 from gateway.core.journal import file_header, replay
+from gateway.core.journal_records import Put
 from gateway.runtime.spool import FlushResult, JournalAppendFailed, Spool, SpoolWriteFailed
+from gateway.runtime.spool_metrics import spool_collector
 
 CFG = SpoolConfig(capacity_bytes=64 * 1024 * 1024)
 
 
-async def put(spool: Spool, key: str, data: bytes, bucket: str = "b") -> dict[str, Any]:
+async def put(spool: Spool, key: str, data: bytes, bucket: str = "b") -> Put:
     """What spool_front does for a PUT (``_write_body``, then ``_commit_or_discard``): stream into a writer
     (discarded on any error), then commit; the data file is discarded when the commit fails, except after a
     failed journal append, whose record may survive (the client is answered 503, nothing is acknowledged)."""
@@ -111,11 +113,11 @@ async def test_a_file_lost_under_an_acknowledged_entry_is_reported_not_hidden(tm
     spool = await opened(tmp_path)
     rec = await put(spool, "gone", b"y" * 3000)
     await spool.close()
-    (tmp_path / "data" / rec["f"][0]).unlink()
+    (tmp_path / "data" / rec.files[0]).unlink()
 
     again = await opened(tmp_path)
     try:
-        assert again.recovery is not None and again.recovery.lost_entries == [str(rec["seq"])]
+        assert again.recovery is not None and again.recovery.lost_entries == [str(rec.seq)]
         assert again.state.lookup("b", "gone") is None
     finally:
         await again.close()
@@ -145,7 +147,7 @@ async def test_compaction_keeps_exactly_the_live_state(tmp_path: Path) -> None:
         assert len(again.state.entries) == 2
         # Sequence numbers keep growing after a rewrite.
         rec = await put(again, "k9", b"z")
-        assert rec["seq"] > max(e.seq for e in live.values() if e is not None)
+        assert rec.seq > max(e.seq for e in live.values() if e is not None)
     finally:
         await again.close()
 
@@ -255,7 +257,7 @@ async def test_flush_returns_as_soon_as_a_drain_upload_intent_left_open_is_resol
     spool = await opened(tmp_path, clock=clock)
     try:
         rec = await put(spool, "ckpt/a", b"1")
-        entry = spool.state.entries[rec["seq"]]
+        entry = spool.state.entries[rec.seq]
         await spool.commit([spool.state.backend_intent_record("s1", entry, entry.acked_at)])
         spool.state.start_upload(entry)
         spool.state.upload_succeeded(entry)
@@ -280,7 +282,7 @@ async def test_wait_empty_polls_on_the_spools_clock_and_gives_up_at_its_timeout(
         for _ in range(3):
             await asyncio.sleep(0)
         assert clock.next_timer_at() == t0 + 0.5  # its next look
-        entry = spool.state.entries[rec["seq"]]
+        entry = spool.state.entries[rec.seq]
         spool.state.start_upload(entry)
         spool.state.upload_succeeded(entry)
         await spool.commit([spool.state.done_record(entry.seq)])
@@ -341,4 +343,26 @@ async def test_acks_do_not_queue_behind_readers_and_the_journal_not_behind_write
         assert spool.state.lookup("b", "while-reading") is not None
     finally:
         release.set()
+        await spool.close()
+
+
+async def test_the_metrics_collector_reads_what_the_spool_holds(tmp_path: Path) -> None:
+    clock = FakeClock()
+    spool = await opened(tmp_path, clock=clock)
+    try:
+        await put(spool, "ckpt/a", b"x" * 1000)
+        await put(spool, "ckpt/b", b"y" * 24)
+        clock.advance(5.0)
+        gauges = {m.name: m.samples for m in spool_collector(spool, clock)()}
+        value = {name: samples[0].value for name, samples in gauges.items() if len(samples) == 1}
+        assert value["s3lanes_spool_pending_objects"] == 2
+        assert value["s3lanes_spool_pending_bytes"] == 1024
+        assert value["s3lanes_spool_used_bytes"] == 1024
+        assert value["s3lanes_spool_open_uploads"] == 0
+        assert value["s3lanes_spool_capacity_bytes"] == CFG.capacity_bytes
+        assert value["s3lanes_spool_oldest_pending_age_seconds"] == clock.wall() - 1_700_000_000.0
+        assert [(s.labels, s.value) for s in gauges["s3lanes_spool_prefix_pending_bytes"]] == [
+            ({"bucket": "b", "prefix": "ckpt/"}, 1024.0)
+        ]
+    finally:
         await spool.close()

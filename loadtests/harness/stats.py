@@ -1,0 +1,92 @@
+"""Units, rounds and their statistics: medians, percentiles, A/B/B/A order, running rounds concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+MIB = 1024 * 1024
+MB = 1_000_000
+GB = 1_000_000_000
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Round:
+    phase: str
+    side: str  # "direct" or "gateway"
+    index: int
+    bytes_moved: int
+    seconds: float
+    cpu_s: dict[str, float]
+    latencies_ms: list[float] = field(default_factory=list)
+    requests: int = 0
+
+    @property
+    def mbps(self) -> float:
+        return self.bytes_moved / self.seconds / MB
+
+    def percentile_ms(self, q: float) -> float:
+        return percentile(sorted(self.latencies_ms), q)
+
+    @property
+    def other_cores(self) -> float:
+        """How many cores other processes kept busy during the round, on average."""
+        return self.cpu_s.get("other", 0.0) / self.seconds
+
+    def cpu_per_gb(self, who: str) -> float:
+        return self.cpu_s[who] / (self.bytes_moved / GB) if self.bytes_moved else float("nan")
+
+    def as_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "phase": self.phase,
+            "side": self.side,
+            "round": self.index,
+            "bytes": self.bytes_moved,
+            "seconds": round(self.seconds, 4),
+            "MBps": round(self.mbps, 1),
+            "cpu_s": self.cpu_s,
+            "other_cores": round(self.other_cores, 3),
+            "requests": self.requests,
+        }
+        if self.latencies_ms:
+            out["p50_ms"] = round(self.percentile_ms(50), 4)
+            out["p99_ms"] = round(self.percentile_ms(99), 4)
+            out["mean_ms"] = round(statistics.fmean(self.latencies_ms), 4)
+            out["max_ms"] = round(max(self.latencies_ms), 4)
+        return out
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_values:
+        return float("nan")
+    pos = (len(sorted_values) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+async def run_all(coros: Iterable[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run concurrently; on the first failure cancel the others, wait for them, and raise that failure."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(c) for c in coros]
+    except BaseExceptionGroup as group:
+        raise group.exceptions[0] from None
+    return [t.result() for t in tasks]
+
+
+def abba(rounds: int) -> Iterator[tuple[int, str]]:
+    """direct, gateway, gateway, direct, direct, gateway, ...: interleaved, and balanced against drift."""
+    for i in range(rounds):
+        first, second = ("direct", "gateway") if i % 2 == 0 else ("gateway", "direct")
+        yield i, first
+        yield i, second
+
+
+def med(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")

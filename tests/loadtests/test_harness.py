@@ -1,0 +1,71 @@
+"""The load-test harness's own pieces: the configs it writes load as the gateway reads them, and a failed
+start says why."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.config import load_config
+from loadtests.harness.errors import BenchError
+from loadtests.harness.gateway import (
+    server_toml,
+    spawn,
+    spool_gateway_toml,
+    stop_process,
+    tail,
+    wait_ready,
+)
+from loadtests.harness.store import ACCESS_KEY, SECRET_KEY
+
+
+def test_the_spooling_gateway_config_loads_as_the_gateway_reads_it(tmp_path: Path) -> None:
+    text = spool_gateway_toml(
+        tmp_path, "http://127.0.0.1:8333", tmp_path / "spool", 50e6, spool_extra="max_age_s = 60\n"
+    )
+    (tmp_path / "s3lanes.toml").write_text(text)
+    cfg = load_config(tmp_path / "s3lanes.toml", env={})
+    assert cfg.server.state_dir == tmp_path / "state"
+    assert cfg.spool.enabled and cfg.spool.dir == tmp_path / "spool"
+    assert cfg.spool.max_age_s == 60
+    assert [(c.access_key, c.secret_key) for c in cfg.credentials] == [(ACCESS_KEY, SECRET_KEY)]
+
+
+def test_the_server_section_names_its_settings(tmp_path: Path) -> None:
+    text = server_toml(tmp_path, log_level="INFO", shutdown_grace_s=10, listen="127.0.0.1:9999")
+    text += '\n[backend]\nendpoint = "http://127.0.0.1:8333"\n'
+    text += '\n[[credentials]]\naccess_key = "AK"\nsecret_key = "SK"\n'
+    (tmp_path / "s3lanes.toml").write_text(text)
+    cfg = load_config(tmp_path / "s3lanes.toml", env={})
+    assert (cfg.server.log_level, cfg.server.shutdown_grace_s) == ("INFO", 10)
+    assert cfg.server.drain_on_shutdown_s == 0
+
+
+def test_a_process_that_exits_before_it_is_ready_raises_the_callers_error_with_the_log(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "child.log"
+    argv = [sys.executable, "-c", "import sys; print('no such setting: frobnicate'); sys.exit(3)"]
+    popen = spawn(argv, log, cwd=tmp_path)
+    try:
+        with pytest.raises(BenchError, match=r"(?s)the child did not start:.*no such setting: frobnicate"):
+            wait_ready(popen, tmp_path / "ready.json", log, 30.0, "the child")
+    finally:
+        assert stop_process(popen, 10.0) == 3
+    assert tail(tmp_path / "missing.log") == "(no log)"
+
+
+def test_a_ready_file_is_returned_as_its_document(tmp_path: Path) -> None:
+    ready = tmp_path / "ready.json"
+    # Written whole and renamed into place, as the gateway writes its ready file.
+    code = (
+        f"import json, os, time; open({str(ready)!r} + '.tmp', 'w').write(json.dumps({{'pid': 7}})); "
+        f"os.replace({str(ready)!r} + '.tmp', {str(ready)!r}); time.sleep(60)"
+    )
+    popen = spawn([sys.executable, "-c", code], tmp_path / "child.log", cwd=tmp_path)
+    try:
+        assert wait_ready(popen, ready, tmp_path / "child.log", 30.0, "the child") == {"pid": 7}
+    finally:
+        assert stop_process(popen, 10.0) == -15
