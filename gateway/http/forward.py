@@ -168,7 +168,6 @@ class Forwarder:
         self._lanes = spool_lanes
         self._retry_after_s = retry_after_s
         self._session: aiohttp.ClientSession | None = None
-        self.forwarded = 0
 
     def wants(self, t: S3Target, view: RequestView, lane: str) -> bool:
         """Whether the spool may be involved in this request (authenticated, in ``lane``): then the owner
@@ -206,7 +205,6 @@ class Forwarder:
         client = peer[0] if isinstance(peer, (tuple, list)) and peer else ""
         headers.append((FORWARDED_HEADER, f"rid={request_id};peer={client}"))
         has_body = request.body_exists and request.method not in ("GET", "HEAD")
-        self.forwarded += 1
         try:
             resp = await self._client().request(
                 request.method,

@@ -20,6 +20,7 @@ import psutil
 import pytest
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Gateway, start_gateway, stop_gateway
 
@@ -115,6 +116,20 @@ def _post(conn: http.client.HTTPConnection, path: str) -> tuple[int, dict[str, A
     return resp.status, doc
 
 
+def _owner_gets(conn: http.client.HTTPConnection) -> float:
+    """GetObject requests worker 0 has answered (the node's /metrics, labelled by worker)."""
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "s3lanes_requests_total"
+        and s.labels.get("worker") == "0"
+        and s.labels.get("operation") == "GetObject"
+    )
+
+
 def _store(seaweed: Any) -> Any:
     return boto3.client(
         "s3",
@@ -196,14 +211,25 @@ def test_writes_through_either_worker_are_read_through_the_other_before_the_drai
     assert store.get_object(Bucket=bucket, Key="ckpt/b")["Body"].read() == b
     assert store.get_object(Bucket=bucket, Key="ckpt/mp")["Body"].read() == part1 + part2
     assert not _on_store(store, bucket, "ckpt/a")
-    # Drained: worker 1 reads the bucket from the store itself again (the summary clears).
+    # Drained: worker 1 reads the bucket from the store itself again, with no round trip to worker 0 (the
+    # summary clears within its refresh), which then counts none of worker 1's GETs of it.
+    on1 = _client_on(gw, workers, w1)  # a new connection surely on worker 1
     deadline = time.monotonic() + 10
     while True:
-        source = _source(on1.get_object(Bucket=bucket, Key="ckpt/b"))
-        if source == "backend" or time.monotonic() > deadline:
+        before = _owner_gets(admin1)
+        assert _source(on1.get_object(Bucket=bucket, Key="ckpt/b")) == "backend"
+        if _owner_gets(admin1) == before or time.monotonic() > deadline:
             break
         time.sleep(0.3)
-    assert source == "backend"
+    for _ in range(5):
+        assert on1.get_object(Bucket=bucket, Key="ckpt/b")["Body"].read() == b
+    assert _owner_gets(admin1) == before
+    # While the spool holds something of the bucket, worker 1's reads go to worker 0.
+    assert _post(admin1, "/_s3lanes/drain?pause=1") == (200, {"paused": True})
+    on0.put_object(Bucket=bucket, Key="ckpt/c", Body=b"c")
+    assert on1.get_object(Bucket=bucket, Key="ckpt/b")["Body"].read() == b
+    assert _owner_gets(admin1) == before + 1
+    assert _post(admin1, "/_s3lanes/drain?resume=1") == (200, {"paused": False})
     admin1.close()
     assert stop_gateway(proc) == 0
     assert "Traceback" not in gw.log_path.read_text()
