@@ -223,6 +223,9 @@ def test_writes_through_either_worker_are_read_through_the_other_before_the_drai
         time.sleep(0.2)
     assert local == 3, "worker 1 still sends reads of the drained bucket to worker 0"
     before = _owner_gets(admin1)
+    for _ in range(5):  # bodies read: the connection stays on worker 1
+        assert on1.get_object(Bucket=bucket, Key="ckpt/b")["Body"].read() == b
+    assert _owner_gets(admin1) == before
     # While the spool holds something of the bucket, worker 1's reads go to worker 0.
     assert _post(admin1, "/_s3lanes/drain?pause=1") == (200, {"paused": True})
     on0.put_object(Bucket=bucket, Key="ckpt/c", Body=b"c")
