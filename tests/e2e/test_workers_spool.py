@@ -197,6 +197,16 @@ def test_writes_through_either_worker_are_read_through_the_other_before_the_drai
         assert c.head_object(Bucket=bucket, Key="ckpt/b")["ContentLength"] == 2 * MiB
         keys = [o["Key"] for o in c.list_objects_v2(Bucket=bucket)["Contents"]]
         assert keys == ["ckpt/a", "ckpt/b", "ckpt/mp"]
+    # The internal header means nothing on a TCP listener: a client cannot choose its request id with it.
+    forged = _client_on(gw, workers, w0)  # the owner: it would trust the header on its unix socket
+
+    def forge(request: Any, **_: Any) -> None:
+        request.headers["x-s3lanes-forwarded"] = "rid=FORGED0001;peer=127.0.0.1"
+
+    forged.meta.events.register("before-send.s3.GetObject", forge)  # unsigned, as a forger would
+    got = forged.get_object(Bucket=bucket, Key="ckpt/b")
+    assert got["Body"].read() == b
+    assert got["ResponseMetadata"]["HTTPHeaders"]["x-amz-request-id"] != "FORGED0001"
     # A delete through worker 1 wins over the spooled write, on both workers.
     on1.delete_object(Bucket=bucket, Key="ckpt/a")
     for c in (on0, on1):
