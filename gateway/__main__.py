@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -284,7 +285,9 @@ def render_status(doc: dict[str, Any]) -> str:
             )
         )
     sp = doc.get("spool") or {}
-    if sp.get("enabled"):
+    if sp.get("unavailable"):
+        lines += ["", f"Write spool (held by worker {sp.get('owner_worker', 0)}): {sp['unavailable']}"]
+    elif sp.get("enabled"):
         state = "degraded" if sp.get("degraded") else "full" if sp["full"] else "ok"
         cap = sp["capacity_bytes"]
         level = sp["used_bytes"] / cap if cap > 0 else 1.0
@@ -398,6 +401,12 @@ async def serve(
         # A taken port or an unreadable TLS key fails here, before anything starts (StartupError).
         check_listen_addresses(cfg)
     tls_context(cfg)
+    if worker is not None and worker[1] != 0 and cfg.spool.enabled:
+        # Worker 0 owns the spool; this one forwards what may touch it (gateway.http.forward).
+        cfg = replace(cfg, spool=replace(cfg.spool, enabled=False))
+        spooled_lanes: frozenset[str] | None = frozenset(cfg.spool.lanes)
+    else:
+        spooled_lanes = None
     # One gateway per spool directory, held until the process exits: before the store starts or the journal
     # is read, so a second gateway on the same spool changes nothing (StartupError).
     spool_lock: SpoolDirLock | None = lock_spool_dir(spool_dir(cfg)) if cfg.spool.enabled else None
@@ -410,6 +419,7 @@ async def serve(
             ready_fd=ready_fd,
             cluster_board=cluster_board,
             worker=worker,
+            spooled_lanes=spooled_lanes,
         )
     finally:
         if spool_lock is not None:
@@ -425,6 +435,7 @@ async def _serve_locked(
     ready_fd: int | None,
     cluster_board: Board | None,
     worker: tuple[int, int, int] | None,
+    spooled_lanes: frozenset[str] | None = None,
 ) -> int:
     weed = None
     endpoint = cfg.backend.endpoint
@@ -435,7 +446,21 @@ async def _serve_locked(
         log.info("embedded SeaweedFS ready at %s (pid %s)", endpoint, weed.pid)
 
     backend = Backend(cfg.backend, endpoint, clock)
-    app = build_app(cfg, backend, clock, cluster_board=cluster_board)
+    forwarder = summary_path = unix_path = None
+    if worker is not None and worker[2] > 1 and (cfg.spool.enabled or spooled_lanes is not None):
+        from gateway.http.forward import Forwarder, owner_address
+        from gateway.runtime.spool_summary import SummaryReader
+
+        summary_path = cfg.server.state_dir / SPOOL_SUMMARY_FILE
+        if spooled_lanes is not None:
+            reader = SummaryReader(summary_path)
+            forwarder = Forwarder(owner_address(worker[0]), reader, spooled_lanes, cfg.spool.retry_after_s)
+            summary_path = None
+        else:
+            unix_path = owner_address(worker[0])
+    app = build_app(
+        cfg, backend, clock, cluster_board=cluster_board, forwarder=forwarder, summary_path=summary_path
+    )
     runner = None
     node_metrics = None
     try:
@@ -446,7 +471,7 @@ async def _serve_locked(
             await node_metrics.start()
             app[ADMIN_KEY].gather_metrics = node_metrics.gather
             app[ADMIN_KEY].worker = {"index": worker[1], "count": worker[2], "pid": os.getpid()}
-        runner, urls = await start_listeners(cfg, app, sockets)
+        runner, urls = await start_listeners(cfg, app, sockets, unix_path=unix_path)
         await app[PROBE_KEY].wait_first_round(STARTUP_PROBE_WAIT_S)  # warns if a backend does not answer
         admin_url = app[ADMIN_URL_KEY].get("url")
         if ready_fd is None:
@@ -504,6 +529,8 @@ async def _serve_locked(
             await weed.astop()
 
 
+# The spool summary of several workers (gateway.runtime.spool_summary), under [server] state_dir.
+SPOOL_SUMMARY_FILE = "spool-summary"
 # How long the supervisor waits for its workers to serve before it gives up.
 WORKERS_START_TIMEOUT_S = 120.0
 
@@ -518,6 +545,7 @@ def supervise(cfg: Config, ready_file: Path | None) -> int:
     tls_context(cfg)
     sockets = bind_listen_sockets(cfg)  # a taken port fails here (StartupError), before anything starts
     weed = None
+    socket_dir: str | None = None
     try:
         if cfg.backend.endpoint is None:
             cfg, weed = _embedded_store(cfg)
@@ -528,6 +556,12 @@ def supervise(cfg: Config, ready_file: Path | None) -> int:
         assert endpoint is not None
         board_dir = cfg.server.state_dir / "workers-board"
         clear_board(board_dir)
+        if cfg.spool.enabled:
+            from gateway.http.forward import make_socket_dir
+            from gateway.runtime.spool_summary import create_summary
+
+            create_summary(cfg.server.state_dir / SPOOL_SUMMARY_FILE)
+            socket_dir = make_socket_dir(os.getpid())
         shared = tuple(lane for lane in cfg.cluster.lanes if lane in cfg.lanes)
         supervisor_pid = os.getpid()
 
@@ -577,6 +611,8 @@ def supervise(cfg: Config, ready_file: Path | None) -> int:
         return code
     finally:
         sockets.close()
+        if socket_dir is not None:
+            shutil.rmtree(socket_dir, ignore_errors=True)
         if weed is not None:
             weed.stop()
 

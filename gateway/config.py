@@ -99,7 +99,7 @@ class ServerConfig:
     credentials_file: Path | None = None
     # Worker processes serving the listeners (one event loop, so one core, each). 1 = one process, as
     # before; N > 1: a supervisor binds the listeners and runs N workers on them (docs/deploy.md). The
-    # workers share the node's write lanes' budget; they do not share a spool yet ([spool] enabled = false).
+    # workers share the node's write budget and bandwidth; worker 0 owns the spool, the others forward to it.
     workers: int = 1
 
 
@@ -1051,12 +1051,6 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[server].zero_copy_min_bytes", "must be 0 (never) or a size")
     if not 1 <= s.workers <= MAX_WORKERS:
         problems.add("[server].workers", f"must be within [1, {MAX_WORKERS}], got {s.workers}")
-    elif s.workers > 1 and cfg.spool.enabled:
-        problems.add(
-            "[server].workers",
-            f"{s.workers} workers cannot share one write spool yet: set [spool] enabled = false"
-            " (or workers = 1)",
-        )
     elif s.workers > 1 and s.admin_listen is not None:
         problems.add(
             "[server].workers",

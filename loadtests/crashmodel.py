@@ -57,6 +57,7 @@ import functools
 import hashlib
 import http.client
 import json
+import os
 import random
 import re
 import signal
@@ -690,10 +691,13 @@ def crash_gateway_toml(
     bandwidth: str = "20MB/s",
     journal_compact: str = "32KiB",
     fence_s: float | None = None,
+    workers: int = 1,
 ) -> str:
-    """A gateway on a fixed port whose spool drains slowly (bandwidth) and compacts its journal often."""
+    """A gateway on a fixed port whose spool drains slowly (bandwidth) and compacts its journal often;
+    ``workers`` > 1: a supervisor and that many worker processes, worker 0 owning the spool."""
     return f"""
-{server_toml(state_dir, log_level="INFO", listen=f"127.0.0.1:{port}")}
+{server_toml(state_dir, log_level="INFO", listen=f"127.0.0.1:{port}")}workers = {workers}
+
 [backend]
 endpoint = "{backend_endpoint}"
 region = "{REGION}"
@@ -711,6 +715,16 @@ journal_compact_bytes = "{journal_compact}"
 access_key = "{access_key}"
 secret_key = "{secret_key}"
 """
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux: /proc/<pid>/task/*/children; elsewhere none)."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as fh:
+                found.extend(int(x) for x in fh.read().split())
+    return found
 
 
 class GatewayProcess:
@@ -778,8 +792,18 @@ class GatewayProcess:
         self.wait_ready()
 
     def kill(self) -> None:
-        """SIGKILL (by pid) and reap."""
+        """SIGKILL (by pid) and reap. With several workers, the supervisor and the workers (the pids the
+        kernel lists as its children) all die at once, rather than the workers being asked to stop when
+        their supervisor goes."""
         if self.proc is not None and self.proc.poll() is None:
+            # Stopped first, all of them (the supervisor first, so it restarts nobody): no worker answers
+            # anything once another one is gone, as in a power cut; then killed.
+            self.proc.send_signal(signal.SIGSTOP)
+            children = _children(self.proc.pid)
+            for sig in (signal.SIGSTOP, signal.SIGKILL):
+                for pid in children:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
             self.proc.send_signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait()
@@ -809,6 +833,7 @@ class CrashConfig:
     # commit markers, would only stretch the final flush of a run that kills every second.
     fence_s: float | None = 5.0
     check_each_kill: bool = False  # after every kill: pause, flush, compare the store with the model
+    gateway_workers: int = 1  # [server] workers of the gateway (every kill takes all of them down)
 
 
 @dataclass(slots=True)
@@ -1042,6 +1067,7 @@ def run_crash(
         access_key=access_key,
         secret_key=secret_key,
         fence_s=cfg.fence_s,
+        workers=cfg.gateway_workers,
     )
     gw = GatewayProcess(work_dir / "gateway", toml, cwd=gateway_cwd)
     h = Harness()

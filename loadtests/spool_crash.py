@@ -71,6 +71,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--fence-s", type=float, default=5.0, help="the gateway's [spool] fence_s (default 5; 0: no wait)"
     )
+    p.add_argument(
+        "--gateway-workers",
+        type=int,
+        default=1,
+        help="the gateway's [server] workers (default 1); a kill takes the supervisor and all workers",
+    )
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs, spool, SeaweedFS)")
     p.add_argument(
         "--gateway-source",
@@ -107,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stall_max_s=args.stall_max_s,
         fence_s=args.fence_s,
         check_each_kill=args.stall,
+        gateway_workers=args.gateway_workers,
     )
     work = Path(tempfile.mkdtemp(prefix="s3lanes-spool-crash-"))
     stalls = f", store stalled {cfg.stall_min_s:g}-{cfg.stall_max_s:g} s at every kill" if cfg.stall else ""

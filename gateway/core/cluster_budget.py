@@ -100,6 +100,8 @@ class NodeReport:
     reads_active: bool
     mode: str
     lanes: Mapping[str, LaneReport] = field(default_factory=dict)
+    # Several workers of one node: what this worker would use of the store over all its lanes (node_share).
+    demand_bps: float | None = None
 
 
 class ReportError(ValueError):
@@ -127,6 +129,8 @@ def encode_report(r: NodeReport) -> bytes:
             for name, ln in sorted(r.lanes.items())
         },
     }
+    if r.demand_bps is not None:
+        doc["dem"] = r.demand_bps
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -173,6 +177,7 @@ def decode_report(raw: bytes | str) -> NodeReport:
         reads_active=doc["reads"],
         mode=mode,
         lanes=lanes,
+        demand_bps=None if doc.get("dem") is None else float(_num(doc, "dem")),
     )
 
 
@@ -398,3 +403,47 @@ class NodeLease:
 def _floor(own: NodeReport, lane: str) -> float:
     ln = own.lanes.get(lane)
     return 0.0 if ln is None else ln.floor_bps
+
+
+# -- several workers of one node: the node's capacity by demand --------------------------------------------
+
+# Of the node's capacity, this much is split equally before demands count: what a worker whose traffic has
+# just appeared can use before the next round (a worker alone with all the demand gets the rest).
+NODE_SHARE_FLOOR = 0.2
+
+
+def node_shares(reports: Iterable[NodeReport], now: float, ttl_s: float) -> dict[str, float]:
+    """Each live worker's share of the node's capacity (they add up to 1): ``NODE_SHARE_FLOOR`` split
+    equally, the rest water-filled over the workers' demands above their floor part (max-min fair), what is
+    left once every demand is met split equally. Work-conserving: an idle worker's part goes to the busy
+    ones within a round. A report without a demand wants the whole capacity. The capacity is the median of
+    the reports' (they describe one store). Empty if no report is live."""
+    live = live_reports(reports, now, ttl_s)
+    if not live:
+        return {}
+    n = len(live)
+    cap = float(statistics.median(r.capacity_bps for r in live))
+    if not cap > 0:
+        return {r.node_id: 1.0 / n for r in live}
+    floor = NODE_SHARE_FLOOR / n
+    wants = {
+        r.node_id: max(0.0, min(1.0, (r.demand_bps if r.demand_bps is not None else cap) / cap) - floor)
+        for r in live
+    }
+    rest = 1.0 - NODE_SHARE_FLOOR
+    got = dict.fromkeys(wants, 0.0)
+    open_ids = sorted(wants, key=lambda i: (wants[i], i))
+    while open_ids and rest > 1e-12:
+        level = rest / len(open_ids)
+        smallest = open_ids[0]
+        if wants[smallest] - got[smallest] <= level:
+            take = wants[smallest] - got[smallest]
+            got[smallest] += take
+            rest -= take
+            open_ids.pop(0)
+            continue
+        for i in open_ids:
+            got[i] += level
+        rest = 0.0
+    extra = rest / n if rest > 1e-12 else 0.0
+    return {i: floor + got[i] + extra for i in wants}

@@ -446,6 +446,7 @@ class Scheduler:
 
     def __init__(self, cfg: SchedulerConfig, now: float) -> None:
         self._cfg = cfg
+        self._share = 1.0  # of a configured capacity, this process's (several workers: set_capacity_share)
         total_w = math.fsum(s.weight for s in cfg.lanes)
         burst = float(cfg.burst_bytes)
         self._lanes = tuple(_Lane(s, i, s.weight / total_w, burst, now) for i, s in enumerate(cfg.lanes))
@@ -668,6 +669,26 @@ class Scheduler:
             ln.external_bps = bps
             self._apply_rates(now)
 
+    def set_capacity_share(self, fraction: float, now: float) -> None:
+        """Pace to ``fraction`` of the configured capacity from ``now`` on: one of several workers of a node
+        in front of one store (``gateway.runtime.cluster`` apportions the node's capacity among them by
+        demand). Every lane's share, cap and reservation then applies to that part, so the node as a whole
+        keeps to them. No effect on an estimated capacity (each worker's estimate is its own view already).
+        Raises ``ValueError`` for a fraction outside (0, 1]."""
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"a capacity share must be within (0, 1], got {fraction}")
+        now = self._advance(now)
+        if fraction != self._share:
+            self._share = fraction
+            self._apply_rates(now)
+
+    def node_capacity_bps(self) -> float:
+        """The capacity ``C`` of the store (configured, or the current estimate), before any share."""
+        if self._estimator is not None:
+            return self._estimator.capacity_bps
+        assert self._cfg.capacity_bps is not None
+        return self._cfg.capacity_bps
+
     def set_floor(self, lane: str, fraction: float, now: float) -> None:
         """Raise ``lane``'s floor to ``fraction`` of ``C`` from ``now`` on (0 returns it to the configured
         ``floor``). Like the configured floor it bounds the lane's ceiling from below (the latency guard and
@@ -870,7 +891,7 @@ class Scheduler:
         if self._estimator is not None:
             return self._estimator.capacity_bps
         assert self._cfg.capacity_bps is not None
-        return self._cfg.capacity_bps
+        return self._cfg.capacity_bps * self._share
 
     def _window_bytes(self) -> int | None:
         cfg = self._cfg

@@ -28,6 +28,7 @@ from gateway.core.access import TenantPolicy
 from gateway.core.s3request import query_names, split_target
 from gateway.core.sigv4 import RequestView, parse_auth, verify
 from gateway.errors import S3Error
+from gateway.http.forward import forwarded_peer
 from gateway.metrics import CONTENT_TYPE, Metrics, event_loop_tasks
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.spool import Spool
@@ -45,11 +46,15 @@ METRICS_PATH = "/metrics"
 
 
 def _is_loopback(request: web.Request) -> bool:
+    relayed = forwarded_peer(request)  # another worker's relay: the client's address
     peer = request.transport.get_extra_info("peername") if request.transport is not None else None
-    if not peer:
+    address = peer[0] if isinstance(peer, (tuple, list)) and peer else None
+    if relayed is not None:
+        address = relayed
+    if not address:
         return False
     try:
-        return ipaddress.ip_address(peer[0]).is_loopback
+        return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
 
@@ -97,6 +102,8 @@ class Admin:
         self.gather_metrics: Callable[[bytes], Awaitable[bytes]] | None = None
         # One of several workers: {"index", "count", "pid"} in the status document (None: a single process).
         self.worker: dict[str, int] | None = None
+        # Several workers, on one that does not hold the spool: the spool's section, from its owner.
+        self.spool_status: Callable[[], Awaitable[dict[str, Any]]] | None = None
 
     def allowed(self, request: web.Request) -> bool:
         return self._open or _is_loopback(request) or self._bearer_ok(request)
@@ -261,9 +268,10 @@ class Admin:
     async def status(self, request: web.Request) -> web.Response:
         if not self.allowed(request):
             return web.Response(status=403, text=self.forbidden_text(request))
-        return web.Response(
-            text=json.dumps(self.status_document(), indent=2), content_type="application/json"
-        )
+        doc = self.status_document()
+        if self.spool_status is not None:
+            doc["spool"] = await self.spool_status()
+        return web.Response(text=json.dumps(doc, indent=2), content_type="application/json")
 
 
 class Lifecycle:

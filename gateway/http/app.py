@@ -10,6 +10,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -30,7 +31,8 @@ from gateway.http.admin import (
     Lifecycle,
     plain,
 )
-from gateway.http.intake import Intake
+from gateway.http.forward import Forwarder
+from gateway.http.intake import Intake, new_request_id
 from gateway.http.pool_front import PoolFront
 from gateway.http.proxy import S3Proxy
 from gateway.http.router import Router
@@ -48,6 +50,7 @@ from gateway.runtime.reachability import ReachabilityProbe
 from gateway.runtime.spool import Spool, crash_on_failure
 from gateway.runtime.spool_deadline import DeadlineKeeper
 from gateway.runtime.spool_metrics import spool_collector
+from gateway.runtime.spool_summary import SummaryWriter
 from gateway.runtime.wiring import build_pools, spool_dir
 
 log = logging.getLogger("s3lanes.app")
@@ -77,10 +80,18 @@ LISTEN_BACKLOG = 1024  # of the listeners a supervisor binds for its workers (as
 
 
 def build_app(
-    cfg: Config, backend: Backend, clock: Clock, *, cluster_board: Board | None = None
+    cfg: Config,
+    backend: Backend,
+    clock: Clock,
+    *,
+    cluster_board: Board | None = None,
+    forwarder: Forwarder | None = None,
+    summary_path: Path | None = None,
 ) -> web.Application:
     """The gateway's application. ``cluster_board``: the blackboard of the cluster budget when this process
-    is one of several workers of a node and there is no Redis (gateway.runtime.workers.FileBoard)."""
+    is one of several workers of a node and there is no Redis (gateway.runtime.workers.FileBoard).
+    Several workers with the spool on (gateway.http.forward): a worker without the spool gets the
+    ``forwarder`` to its owner; the owner publishes the spool summary in ``summary_path``."""
     app = web.Application(
         client_max_size=0,
         # auto_decompress off: a request's Content-Encoding (gzip, deflate...) describes the object S3 stores
@@ -148,11 +159,20 @@ def build_app(
         app[SPOOL_KEY] = spool
         app[DRAINER_KEY] = drainer
         app[FRONT_KEY] = front
+    summary: SummaryWriter | None = None
+    if spool is not None and summary_path is not None:
+        summary = SummaryWriter(summary_path, spooled_buckets(spool))
     cluster: ClusterMember | None = None
     if cfg.cluster.enabled or cluster_board is not None:  # shared lanes get a cluster- or node-wide budget
         backlog = spool_backlog(spool) if spool is not None else None
         cluster = ClusterMember(
-            cfg.cluster, scheduler, clock, board=cluster_board, backlog_bytes=backlog, wake=dispatcher.wake
+            cfg.cluster,
+            scheduler,
+            clock,
+            board=cluster_board,
+            backlog_bytes=backlog,
+            wake=dispatcher.wake,
+            node_share=cluster_board is not None,
         )
         metrics.add_snapshot_collector(cluster.collector())
         app[CLUSTER_KEY] = cluster
@@ -175,6 +195,8 @@ def build_app(
         backends_waiting=probe.never_answered if cfg.server.ready_requires_backend else None,
         bucket_exists=lambda bucket, tenant: bucket_exists(pools, keys, bucket, tenant),
     )
+    if forwarder is not None:
+        admin.spool_status = forwarder.owner_spool_status
     app[LIFECYCLE_KEY] = admin.lifecycle
     app[ADMIN_KEY] = admin
     app[BACKEND_KEY] = backend
@@ -189,6 +211,8 @@ def build_app(
         classifier=classifier,
         metrics=metrics,
     )
+    router.forwarder = forwarder
+    router.spool_summary = summary
     app[PROXY_KEY] = proxy
     app[ROUTER_KEY] = router
     app[DISPATCHER_KEY] = dispatcher
@@ -206,6 +230,8 @@ def build_app(
                 raise
             if front is not None:
                 front.remember_buckets()
+            if summary is not None:
+                summary.refresh()  # recovered: published before the listeners open
             drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
             drain_task.add_done_callback(crash_on_failure)
         deadline_task: asyncio.Task[None] | None = None
@@ -220,9 +246,19 @@ def build_app(
         if cluster is not None:
             cluster_task = asyncio.create_task(cluster.run(), name="cluster-budget")
             cluster_task.add_done_callback(crash_on_failure)
+        summary_task: asyncio.Task[None] | None = None
+        if summary is not None:
+            summary_task = asyncio.create_task(summary.run(), name="spool-summary")
+            summary_task.add_done_callback(crash_on_failure)
         probe_task = asyncio.create_task(probe.run(), name="backend-probe")
         probe_task.add_done_callback(crash_on_failure)
         yield
+        if forwarder is not None:
+            await forwarder.close()
+        if summary_task is not None:
+            summary_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await summary_task
         probe_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await probe_task
@@ -266,8 +302,12 @@ def build_app(
         route = _admin_only(handler, router, on_admin) if separate else _unless_signed(handler, router)
         app.router.add_get(path, route)
     # The durability API stays on the S3 listeners too: jobs call it (signed) where they write.
-    app.router.add_post(FLUSH_PATH, admin.flush)
-    app.router.add_post(DRAIN_PATH, _admin_only(admin.drain, router, on_admin) if separate else admin.drain)
+    flush: Handler = admin.flush
+    drain: Handler = _admin_only(admin.drain, router, on_admin) if separate else admin.drain
+    if forwarder is not None:  # the spool's owner answers them
+        flush = drain = _to_owner(forwarder)
+    app.router.add_post(FLUSH_PATH, flush)
+    app.router.add_post(DRAIN_PATH, drain)
 
     async def s3_or_metrics(request: web.Request) -> web.StreamResponse:
         if separate:
@@ -329,6 +369,26 @@ def pools_status(pools: Pools, clock: Clock) -> dict[str, Any]:
             name: plain(d.scheduler.snapshot(now)) for name, d in sorted(pools.dispatchers.items())
         },
     }
+
+
+def spooled_buckets(spool: Spool) -> Callable[[], list[str]]:
+    """The buckets the spool holds anything of: entries (objects, tombstones), open uploads, and keys whose
+    last write the journal could not record."""
+
+    def buckets() -> list[str]:
+        found = {e.bucket for e in spool.entries()}
+        found.update(u.bucket for u in spool.uploads())
+        found.update(b for b, _ in spool.unjournaled_keys)
+        return list(found)
+
+    return buckets
+
+
+def _to_owner(forwarder: Forwarder) -> Handler:
+    async def route(request: web.Request) -> web.StreamResponse:
+        return await forwarder.relay(request, new_request_id())
+
+    return route
 
 
 def _drain_status(drainer: Drainer, keeper: DeadlineKeeper | None) -> Callable[[], dict[str, object]]:
@@ -457,10 +517,11 @@ def tls_context(cfg: Config) -> ssl.SSLContext | None:
 
 
 async def start_listeners(
-    cfg: Config, app: web.Application, sockets: ListenSockets | None = None
+    cfg: Config, app: web.Application, sockets: ListenSockets | None = None, *, unix_path: str | None = None
 ) -> tuple[web.AppRunner, list[str]]:
     """Open the HTTP and HTTPS listeners; return the runner and the endpoint URLs actually bound.
-    ``sockets``: listening sockets bound already (by a supervisor of several workers) to serve on."""
+    ``sockets``: listening sockets bound already (by a supervisor of several workers) to serve on.
+    ``unix_path``: also serve on this unix socket (the spool's owner, for the other workers)."""
     runner = web.AppRunner(
         app,
         access_log=None,
@@ -474,6 +535,8 @@ async def start_listeners(
     )
     try:
         urls = await _open(cfg, runner, sockets)
+        if unix_path is not None:
+            await web.UnixSite(runner, unix_path).start()
     except BaseException:
         await runner.cleanup()  # what started (spool, drainer, backend sessions) stops cleanly
         raise

@@ -52,6 +52,7 @@ from gateway.errors import (
     S3Error,
     XAmzContentSHA256Mismatch,
 )
+from gateway.http.forward import FORWARDED_HEADER
 from gateway.http.s3xml import error_xml
 from gateway.logsetup import REQUEST_ID
 
@@ -90,6 +91,7 @@ _DROP_REQUEST = _HOP_BY_HOP | {
     "x-amz-security-token",
     "content-length",
     LANE_HINT_HEADER,
+    FORWARDED_HEADER,
 }
 DROP_RESPONSE = _HOP_BY_HOP | {"content-length"}
 BACKEND_REQUEST_ID_HEADER = "x-s3lanes-backend-request-id"

@@ -27,6 +27,7 @@ from gateway.core.limits import check_limits
 from gateway.core.routing import split_copy_source
 from gateway.core.s3request import query_names
 from gateway.errors import InternalError, S3Error, SlowDown
+from gateway.http.forward import Forwarder, forwarded_request_id, write_hold
 from gateway.http.intake import (
     RID_KEY,
     SOURCE_HEADER,
@@ -43,6 +44,7 @@ from gateway.http.spool_front import SpoolFront
 from gateway.logsetup import REQUEST_ID
 from gateway.metrics import Metrics
 from gateway.runtime.pools import Pools
+from gateway.runtime.spool_summary import SummaryWriter
 
 log = logging.getLogger("s3lanes.http")
 
@@ -76,12 +78,16 @@ class Router:
         self.spool_front = spool_front
         self._classifier = classifier
         self._metrics = metrics
+        # Several workers: a worker without the spool relays what may touch it to the spool's owner
+        # (gateway.http.forward); the owner marks the buckets of writes in the shared spool summary.
+        self.forwarder: Forwarder | None = None
+        self.spool_summary: SummaryWriter | None = None
 
     async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
         return await self._intake.expect_handler(request)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        rid = request.get(RID_KEY) or new_request_id()
+        rid = request.get(RID_KEY) or forwarded_request_id(request) or new_request_id()
         request[RID_KEY] = rid
         REQUEST_ID.set(rid)
         try:
@@ -145,6 +151,14 @@ class Router:
         policy.check_lane(decision.lane, hinted=hinted)
 
     async def _route(
+        self, request: web.Request, ctx: RequestContext, decision: Decision
+    ) -> web.StreamResponse:
+        if self.forwarder is not None and self.forwarder.wants(ctx.target, ctx.view, decision.lane):
+            return await self.forwarder.relay(request, ctx.request_id)
+        with write_hold(self.spool_summary, ctx.target.bucket, request.method):
+            return await self._answer(request, ctx, decision)
+
+    async def _answer(
         self, request: web.Request, ctx: RequestContext, decision: Decision
     ) -> web.StreamResponse:
         if ctx.anonymous:

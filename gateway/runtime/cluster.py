@@ -59,6 +59,7 @@ from gateway.core.cluster_budget import (
     decode_report,
     encode_report,
     lane_demand_bps,
+    node_shares,
 )
 from gateway.core.scheduler import Scheduler
 from gateway.runtime.spool import Spool
@@ -168,6 +169,7 @@ class ClusterMember:
         board: Board | None = None,
         backlog_bytes: Callable[[str], int] | None = None,
         wake: Callable[[], None] | None = None,
+        node_share: bool = False,
     ) -> None:
         if cfg.redis_url is None and board is None:
             raise ValueError("a cluster member needs [cluster].redis_url (or a board)")
@@ -183,6 +185,10 @@ class ClusterMember:
         )
         self._backlog = backlog_bytes
         self._wake = wake  # lets requests the new allowance admits go at once, not at the next window
+        # The workers of one node on their own board: they also split the node's capacity by demand, so
+        # every lane's share holds for the node, not per worker (core.cluster_budget.node_shares).
+        self.node_share = node_share
+        self.capacity_share = 1.0
         specs = {s.name: s for s in scheduler.config.lanes}
         strict = scheduler.config.write_cap_mode == "strict"
         self.shared = tuple(
@@ -236,6 +242,11 @@ class ClusterMember:
         now = self._clock.monotonic()
         for lane, bps in verdict.allowances.items():
             self._scheduler.set_external_limit(lane, bps, now)
+        if self.node_share and reports is not None:
+            share = node_shares(reports, board_now, self.cfg.ttl_s).get(self.node_id)
+            if share is not None and share > 0:
+                self.capacity_share = min(1.0, share)
+                self._scheduler.set_capacity_share(self.capacity_share, now)
         if self._wake is not None:
             self._wake()
         self._last_own = own
@@ -316,14 +327,27 @@ class ClusterMember:
                 floor_bps=s.floor * snap.capacity_bps,
                 allowance_bps=self.lease.allowances.get(s.name),
             )
+        demand: float | None = None
+        if self.node_share:
+            demand = math.fsum(
+                lane_demand_bps(
+                    rate_bps=ln.granted_rate_bps,
+                    backlog_bytes=ln.queued_bytes
+                    + (self._backlog(ln.name) if self._backlog is not None else 0),
+                    capacity_bps=self._scheduler.node_capacity_bps(),
+                    horizon_s=self.cfg.interval_s,
+                )
+                for ln in snap.lanes
+            )
         return NodeReport(
             node_id=self.node_id,
             instance=self.instance,
             reported_at=self._board_time(now),
-            capacity_bps=snap.capacity_bps,
+            capacity_bps=self._scheduler.node_capacity_bps(),
             reads_active=snap.reads_active,
             mode=self.lease.mode.value,
             lanes=lanes,
+            demand_bps=demand,
         )
 
     # -- what an operator sees ----------------------------------------------------------------------------
@@ -347,6 +371,8 @@ class ClusterMember:
             "interval_s": self.cfg.interval_s,
             "ttl_s": self.cfg.ttl_s,
             "capacity_bps": None if view is None else view.capacity_bps,
+            # Several workers: this worker's part of the node's capacity (1 otherwise).
+            "capacity_share": self.capacity_share,
             "reads_active_on": [] if view is None else list(view.readers),
             "lanes": {
                 s.name: {

@@ -247,13 +247,12 @@ def test_the_spools_default_content_type_is_sniff_or_a_media_type(tmp_path: Path
         load_config(path, env={})
 
 
-def test_workers_default_to_one_and_more_need_the_spool_off() -> None:
+def test_workers_default_to_one_and_share_the_spool() -> None:
     assert load_config(env={}).server.workers == 1
     cfg = load_config(env={"S3LANES_SERVER_WORKERS": "4", "S3LANES_SPOOL_ENABLED": "false"})
     assert cfg.server.workers == 4
-    with pytest.raises(ConfigError) as info:
-        load_config(env={"S3LANES_SERVER_WORKERS": "2"})  # the spool is on by default
-    assert "[server].workers" in str(info.value) and "[spool] enabled = false" in str(info.value)
+    cfg = load_config(env={"S3LANES_SERVER_WORKERS": "2"})  # the spool is on by default: worker 0 owns it
+    assert cfg.server.workers == 2 and cfg.spool.enabled
     with pytest.raises(ConfigError) as info:
         load_config(env={"S3LANES_SERVER_WORKERS": "0", "S3LANES_SPOOL_ENABLED": "false"})
     assert "[server].workers: must be within [1, 1024], got 0" in str(info.value)
