@@ -227,3 +227,10 @@ def write_through_reason(key: str, h: Mapping[str, str]) -> str | None:
     if any(name.startswith("x-amz-object-lock-") for name in h):
         return "object_lock"
     return None
+
+
+def writes_key(op: str) -> bool:
+    """Operations that change an object (its data, tags, ACL, or whether it exists)."""
+    return op in ("PutObject", "CopyObject", "CreateMultipartUpload", "DeleteObject", "RestoreObject") or (
+        op.startswith(("Put", "Delete", "Complete", "UploadPart"))
+    )
