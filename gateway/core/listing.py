@@ -218,6 +218,19 @@ def decode_token(token: str) -> str:
         raise NotOurToken(token) from None
 
 
+def continues_our_listing(q: Mapping[str, str]) -> bool:
+    """Whether a request's query (its names decoded) continues a ListObjectsV2 listing from one of our
+    tokens: the store cannot continue from a token it did not issue, so the spool lists that page."""
+    token = q.get("continuation-token")
+    if q.get("list-type") != "2" or not token:
+        return False
+    try:
+        decode_token(token)
+    except NotOurToken:
+        return False
+    return True
+
+
 # -- backend --------------------------------------------------------------------------------------------
 
 

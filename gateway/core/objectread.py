@@ -48,6 +48,16 @@ DEFAULT_CONTENT_TYPE = "binary/octet-stream"  # what S3 stores when a PUT has no
 MAX_PART_NUMBER = 10_000
 READ_METHODS = frozenset({"GET", "HEAD"})
 
+# The standard HTTP headers S3 keeps with an object (from its PUT) and answers its GET/HEAD with.
+CONTENT_HEADERS = (
+    "content-type",
+    "content-encoding",
+    "content-disposition",
+    "content-language",
+    "cache-control",
+    "expires",
+)
+
 # Query parameter -> the response header it overrides (GetObject "Overriding response header values").
 RESPONSE_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("response-content-type", "content-type"),

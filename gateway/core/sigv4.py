@@ -105,7 +105,8 @@ _MSG_BAD_PAYLOAD_HASH = (
     "x-amz-content-sha256 must be UNSIGNED-PAYLOAD, STREAMING-UNSIGNED-PAYLOAD-TRAILER, "
     "STREAMING-AWS4-HMAC-SHA256-PAYLOAD, STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER or a valid sha256 value."
 )
-_QUERY_AUTH_PARAMS = (
+# The query parameters every presigned request carries (its own signature among them).
+QUERY_AUTH_PARAMS = (
     "X-Amz-Algorithm",
     "X-Amz-Credential",
     "X-Amz-Date",
@@ -243,13 +244,13 @@ def _parse_header_auth(authorization: str, headers: Mapping[str, str]) -> AuthIn
 def _parse_query_auth(params: list[tuple[str, str]], headers: Mapping[str, str]) -> AuthInfo:
     found: dict[str, str] = {}
     for name, value in params:
-        if name in _QUERY_AUTH_PARAMS:
+        if name in QUERY_AUTH_PARAMS:
             if name in found:
                 raise AuthorizationQueryParametersError(f"{name} must be given only once.")
             found[name] = value
     if found["X-Amz-Algorithm"] != ALGORITHM:
         raise AuthorizationQueryParametersError('X-Amz-Algorithm only supports "AWS4-HMAC-SHA256"')
-    if len(found) != len(_QUERY_AUTH_PARAMS):
+    if len(found) != len(QUERY_AUTH_PARAMS):
         raise AuthorizationQueryParametersError(_MSG_QUERY_REQUIRED)
 
     credential = _parse_credential(found["X-Amz-Credential"])

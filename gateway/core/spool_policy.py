@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, unquote
 from xml.sax.saxutils import escape
 
 from gateway.core.checksums import without_aws_chunked
-from gateway.core.objectread import DEFAULT_CONTENT_TYPE, StoredObject
+from gateway.core.objectread import CONTENT_HEADERS, DEFAULT_CONTENT_TYPE, StoredObject
 from gateway.core.spool_state import Entry
 from gateway.errors import InvalidArgument
 
@@ -18,12 +18,7 @@ WRITE_THROUGH_HEADER = "x-s3lanes-write-through"
 # Request headers kept with a spooled object and sent with its upload to the backend.
 _KEEP_HEADERS = frozenset(
     {
-        "content-type",
-        "content-encoding",
-        "content-disposition",
-        "content-language",
-        "cache-control",
-        "expires",
+        *CONTENT_HEADERS,
         "x-amz-tagging",
         "x-amz-storage-class",
         "x-amz-website-redirect-location",
@@ -40,15 +35,7 @@ _KEEP_HEADERS = frozenset(
 )
 # Of those, the ones GET/HEAD show (besides Content-Type and x-amz-meta-*).
 _SERVED_HEADERS = frozenset(
-    {
-        "content-encoding",
-        "content-disposition",
-        "content-language",
-        "cache-control",
-        "expires",
-        "x-amz-website-redirect-location",
-        "x-amz-server-side-encryption",
-    }
+    {*CONTENT_HEADERS, "x-amz-website-redirect-location", "x-amz-server-side-encryption"} - {"content-type"}
 )
 # Requests with these cannot be answered from local disk honestly: they go to the backend.
 WRITE_THROUGH_ONLY = (
@@ -227,3 +214,10 @@ def write_through_reason(key: str, h: Mapping[str, str]) -> str | None:
     if any(name.startswith("x-amz-object-lock-") for name in h):
         return "object_lock"
     return None
+
+
+def writes_key(op: str) -> bool:
+    """Operations that change an object (its data, tags, ACL, or whether it exists)."""
+    return op in ("PutObject", "CopyObject", "CreateMultipartUpload", "DeleteObject", "RestoreObject") or (
+        op.startswith(("Put", "Delete", "Complete", "UploadPart"))
+    )

@@ -29,6 +29,7 @@ from gateway.clock import Clock
 from gateway.config import Config
 from gateway.core.classify import Decision
 from gateway.core.listing import iso8601
+from gateway.core.objectread import CONTENT_HEADERS
 from gateway.core.routing import DEFAULT_BACKEND, rename_in_xml, rename_location, split_copy_source
 from gateway.core.s3request import query_names
 from gateway.errors import (
@@ -63,14 +64,7 @@ _NAMING_OPERATIONS = frozenset(
 MAX_RENAMED_BODY_BYTES = 16 * 1024 * 1024
 MAX_COPY_BYTES = 5 * 1024**3  # S3's limit for CopyObject
 # Headers of the source object that CopyObject carries over with x-amz-metadata-directive: COPY.
-_COPIED_HEADERS = (
-    "content-type",
-    "content-encoding",
-    "content-disposition",
-    "content-language",
-    "cache-control",
-    "expires",
-)
+_COPIED_HEADERS = CONTENT_HEADERS
 # Request headers that describe the source, not the new object: never forwarded to the destination.
 _SOURCE_ONLY = ("x-amz-copy-source", "x-amz-metadata-directive", "x-amz-tagging-directive")
 

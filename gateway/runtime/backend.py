@@ -24,7 +24,7 @@ from yarl import URL
 from gateway.clock import Clock
 from gateway.config import BackendConfig, Credential
 from gateway.core.s3request import query_names
-from gateway.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
+from gateway.core.sigv4 import QUERY_AUTH_PARAMS, UNSIGNED_PAYLOAD, sign_headers
 from gateway.core.uri import s3_quote
 from gateway.errors import GatewayTimeout, ServiceUnavailable
 from gateway.runtime.credentials import ChainCredentials, SigningIdentity
@@ -33,17 +33,7 @@ from gateway.runtime.rawclient import RawConnectError, RawPool, RawResponse, req
 log = logging.getLogger("s3lanes.backend")
 
 # Query parameters that carry a presigned request's own signature; never forwarded.
-PRESIGN_PARAMS = frozenset(
-    {
-        "X-Amz-Algorithm",
-        "X-Amz-Credential",
-        "X-Amz-Date",
-        "X-Amz-Expires",
-        "X-Amz-SignedHeaders",
-        "X-Amz-Signature",
-        "X-Amz-Security-Token",
-    }
-)
+PRESIGN_PARAMS = frozenset({*QUERY_AUTH_PARAMS, "X-Amz-Security-Token"})
 
 Body = bytes | AsyncIterable[bytes] | Payload | None
 # A read's (GET/HEAD) answer: the session's response or the lean client's (the attributes the relay uses).

@@ -18,7 +18,7 @@ GATEWAY_SOURCE = Path(gateway.__file__).resolve().parent.parent
 GATEWAY_START_TIMEOUT_S = 30.0
 GATEWAY_STOP_TIMEOUT_S = 30.0
 # One answer. Hostile input is answered in milliseconds, but a write to a key whose spooled data is still
-# draining may wait up to 30 s (gateway.http.spool_front.KEY_CLEAR_TIMEOUT_S) before its answer.
+# draining may wait up to 30 s (gateway.http.spool_common.KEY_CLEAR_TIMEOUT_S) before its answer.
 READ_TIMEOUT_S = 45.0
 CONNECT_TIMEOUT_S = 5.0
 FLUSH_TIMEOUT_S = 300.0

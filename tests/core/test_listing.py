@@ -26,6 +26,7 @@ from gateway.core.listing import (
     ListPage,
     ListRequest,
     NotOurToken,
+    continues_our_listing,
     decode_token,
     encode_key,
     encode_prefix,
@@ -756,3 +757,12 @@ def test_last_modified_is_whole_seconds_in_s3_form() -> None:
     req = request(list_type="2")
     page = merge_page(req, [ListEntry("k", 1, '"e"', 1_764_742_432.999)], [], [], set())
     assert b"<LastModified>2025-12-03T06:13:52.000Z</LastModified>" in render_list_xml(req, "bkt", page)
+
+
+def test_continues_our_listing_only_for_a_v2_page_after_one_of_our_tokens() -> None:
+    ours = encode_token("k1")
+    assert continues_our_listing({"list-type": "2", "continuation-token": ours})
+    assert not continues_our_listing({"continuation-token": ours})  # ListObjects (v1) has no tokens
+    assert not continues_our_listing({"list-type": "2", "continuation-token": ""})
+    assert not continues_our_listing({"list-type": "2"})
+    assert not continues_our_listing({"list-type": "2", "continuation-token": "c3RvcmUncw"})  # the store's

@@ -14,6 +14,7 @@ from gateway.core.spool_policy import (
     tagging_xml,
     upload_meta,
     write_through_reason,
+    writes_key,
     xml_document,
 )
 from gateway.core.spool_state import Entry
@@ -126,3 +127,25 @@ def test_small_documents_escape_their_values() -> None:
         b'<R xmlns="http://s3.amazonaws.com/doc/2006-03-01/"><ETag>"&lt;e&gt;"</ETag></R>'
     )
     assert b"<Tag><Key>a&amp;</Key><Value></Value></Tag>" in tagging_xml("a%26=")
+
+
+@pytest.mark.parametrize(
+    ("op", "writes"),
+    [
+        ("PutObject", True),
+        ("CopyObject", True),
+        ("CreateMultipartUpload", True),
+        ("DeleteObject", True),
+        ("RestoreObject", True),
+        ("PutObjectTagging", True),
+        ("DeleteObjectTagging", True),
+        ("CompleteMultipartUpload", True),
+        ("UploadPartCopy", True),
+        ("GetObject", False),
+        ("HeadObject", False),
+        ("ListParts", False),
+        ("SelectObjectContent", False),
+    ],
+)
+def test_writes_key_names_the_operations_that_change_an_object(op: str, writes: bool) -> None:
+    assert writes_key(op) is writes

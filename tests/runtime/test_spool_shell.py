@@ -22,43 +22,40 @@ from gateway.clock import Clock, FakeClock, SystemClock
 from gateway.config import SpoolConfig
 from gateway.core.journal import file_header, replay
 from gateway.core.journal_records import Put
-from gateway.runtime.spool import FlushResult, JournalAppendFailed, Spool, SpoolWriteFailed
+from gateway.core.spool_state import Admission
+from gateway.runtime.spool import FlushResult, Spool, SpoolWriteFailed
+from gateway.runtime.spool.facade import ROOM_STEP_BYTES
 from gateway.runtime.spool_metrics import spool_collector
 
 CFG = SpoolConfig(capacity_bytes=64 * 1024 * 1024)
 
 
 async def put(spool: Spool, key: str, data: bytes, bucket: str = "b") -> Put:
-    """What spool_front does for a PUT (``_write_body``, then ``_commit_or_discard``): stream into a writer
-    (discarded on any error), then commit; the data file is discarded when the commit fails, except after a
-    failed journal append, whose record may survive (the client is answered 503, nothing is acknowledged)."""
-    writer = spool.writer(len(data))
-    await writer.open()
-    try:
-        for i in range(0, len(data), 100_000):
-            await writer.write(data[i : i + 100_000])
-        md5 = await writer.finish()
-    except BaseException:
-        await writer.discard()
-        raise
-    rec = spool.state.put_record(
-        bucket=bucket,
-        key=key,
-        file=writer.file_id,
-        size=writer.size,
-        md5=md5,
-        meta=[("content-type", "application/x-test")],
-        access_key="AK",
-        lane="checkpoint",
-        now_wall=1_700_000_000.0,
-    )
-    try:
-        await spool.commit([rec])
-    except JournalAppendFailed:
-        raise
-    except BaseException:
-        await writer.discard()
-        raise
+    """What the spool's front does for a PUT: in a reservation, stream into a writer (discarded on any
+    error), then commit; the data file is discarded when the commit fails, except after a failed journal
+    append, whose record may survive (the client is answered 503, nothing is acknowledged)."""
+    async with spool.reserve(len(data), must=True) as room:
+        writer = room.writer()
+        await writer.open()
+        try:
+            for i in range(0, len(data), 100_000):
+                await writer.write(data[i : i + 100_000])
+            md5 = await writer.finish()
+        except BaseException:
+            await writer.discard()
+            raise
+        rec = spool.state.put_record(
+            bucket=bucket,
+            key=key,
+            file=writer.file_id,
+            size=writer.size,
+            md5=md5,
+            meta=[("content-type", "application/x-test")],
+            access_key="AK",
+            lane="checkpoint",
+            now_wall=1_700_000_000.0,
+        )
+        await room.commit(writer, rec)
     return rec
 
 
@@ -364,5 +361,70 @@ async def test_the_metrics_collector_reads_what_the_spool_holds(tmp_path: Path) 
         assert [(s.labels, s.value) for s in gauges["s3lanes_spool_prefix_pending_bytes"]] == [
             ({"bucket": "b", "prefix": "ckpt/"}, 1024.0)
         ]
+    finally:
+        await spool.close()
+
+
+async def test_a_reservation_holds_its_room_until_its_block_ends_however_it_ends(tmp_path: Path) -> None:
+    spool = await opened(tmp_path, replace(CFG, capacity_bytes=4 * ROOM_STEP_BYTES))
+    try:
+        async with spool.reserve(1000) as room:
+            assert room.admitted and spool.space.reserved_bytes == 1000
+            assert room.grow(ROOM_STEP_BYTES + 1)  # a body of unknown length: whole steps, as it arrives
+            assert room.grown == 2 * ROOM_STEP_BYTES
+            assert spool.space.reserved_bytes == 1000 + 2 * ROOM_STEP_BYTES
+            assert not room.grow(4 * ROOM_STEP_BYTES)  # past the capacity: no more room
+        assert spool.space.reserved_bytes == 0
+        with pytest.raises(RuntimeError):
+            async with spool.reserve(10, must=True) as room:
+                assert spool.space.reserved_bytes == 10
+                raise RuntimeError("the write failed")
+        assert spool.space.reserved_bytes == 0
+        async with spool.reserve(5 * ROOM_STEP_BYTES, must=True) as room:  # more than the spool holds
+            assert room.admission is Admission.TOO_BIG and not room.admitted
+            assert spool.space.reserved_bytes == 0
+        assert spool.space.reserved_bytes == 0  # nothing held, nothing given back
+    finally:
+        await spool.close()
+
+
+async def test_a_reservation_discards_the_file_of_a_commit_that_failed_before_the_journal(
+    tmp_path: Path,
+) -> None:
+    spool = await opened(tmp_path)
+    try:
+        async with spool.reserve(3) as room:
+            writer = room.writer()
+            await writer.open()
+            await writer.write(b"abc")
+            md5 = await writer.finish()
+            assert (spool.data_dir / writer.file_id).exists()
+            rec = spool.state.put_record(
+                bucket="b",
+                key="k",
+                file=writer.file_id,
+                size=writer.size,
+                md5=md5,
+                meta=[],
+                access_key="AK",
+                lane="checkpoint",
+                now_wall=1_700_000_000.0,
+            )
+            spool.degraded = "a test"  # out of service: the commit fails before any append
+            with pytest.raises(SpoolWriteFailed):
+                await room.commit(writer, rec)
+            spool.degraded = None
+        assert not (spool.data_dir / writer.file_id).exists()
+    finally:
+        await spool.close()
+
+
+async def test_unjournaled_answers_for_a_key_and_for_any_key_of_a_bucket(tmp_path: Path) -> None:
+    spool = await opened(tmp_path)
+    try:
+        assert not spool.unjournaled("b") and not spool.unjournaled("b", "k")
+        spool.forget_unjournaled("b", "k", (), 0)  # a drained entry whose done record was not journaled
+        assert spool.unjournaled("b", "k") and spool.unjournaled("b")
+        assert not spool.unjournaled("b", "other") and not spool.unjournaled("c")
     finally:
         await spool.close()

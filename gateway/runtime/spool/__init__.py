@@ -34,7 +34,7 @@ only safe course is to stop acknowledging into it. Data already acknowledged kee
 
 from gateway.runtime.spool.disk import PIECE_BYTES, PiecePool, SpoolFileWriter
 from gateway.runtime.spool.errors import JournalAppendFailed, SpoolWriteFailed, crash_on_failure
-from gateway.runtime.spool.facade import HEAL_INTERVAL_S, FlushResult, Spool, SpoolFigures
+from gateway.runtime.spool.facade import HEAL_INTERVAL_S, FlushResult, Reservation, Spool, SpoolFigures
 from gateway.runtime.spool.journal import JOURNAL_NAME
 from gateway.runtime.spool.recovery import RecoveryReport
 
@@ -46,6 +46,7 @@ __all__ = [
     "JournalAppendFailed",
     "PiecePool",
     "RecoveryReport",
+    "Reservation",
     "Spool",
     "SpoolFigures",
     "SpoolFileWriter",

@@ -16,7 +16,7 @@ import contextlib
 import logging
 import secrets
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +48,7 @@ from gateway.runtime.spool.disk import (
     direct_io_works,
     unlink_all,
 )
-from gateway.runtime.spool.errors import SpoolWriteFailed, crash_on_failure
+from gateway.runtime.spool.errors import JournalAppendFailed, SpoolWriteFailed, crash_on_failure
 from gateway.runtime.spool.journal import GroupCommit, JournalFile
 from gateway.runtime.spool.recovery import RecoveryReport, recover
 
@@ -59,6 +59,7 @@ T = TypeVar("T")
 DRAIN_RATE_WINDOW_S = 10.0
 HEAL_INTERVAL_S = 2.0
 _BOOKKEEPING = (BackendUpload, BackendUploadEnd, BackendIntent, BackendIntentEnd)
+ROOM_STEP_BYTES = 8 * 1024 * 1024  # see Reservation.grow
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,46 @@ class SpoolFigures:
     keys_in_doubt: int
     oldest_acked_at: float | None  # wall clock
     pending_by_prefix: dict[tuple[str, str], int]  # (bucket, top-level prefix) -> bytes
+
+
+class Reservation:
+    """Room held in the spool for one write, from :meth:`Spool.reserve` until its block ends."""
+
+    def __init__(self, spool: Spool, nbytes: int, admission: Admission) -> None:
+        self._spool = spool
+        self.nbytes = nbytes
+        self.admission = admission
+        self.grown = 0  # held beyond ``nbytes`` for a body of unknown length (see grow)
+
+    @property
+    def admitted(self) -> bool:
+        return self.admission is Admission.SPOOL
+
+    def grow(self, seen: int) -> bool:
+        """Room for a body of unknown length (chunked, no Content-Length), held as it arrives:
+        ``seen`` bytes of it so far, ROOM_STEP_BYTES at a time. False once the spool cannot hold more."""
+        while seen > self.grown:
+            if self._spool.admit(ROOM_STEP_BYTES, must=True) is not Admission.SPOOL:
+                return False
+            self.grown += ROOM_STEP_BYTES
+        return True
+
+    def writer(self) -> SpoolFileWriter:
+        """A new spool file for the write's bytes."""
+        return self._spool.writer(self.nbytes)
+
+    async def commit(self, writer: SpoolFileWriter, rec: Record) -> None:
+        """Journal the record of the bytes ``writer`` holds; the file is discarded if that fails before the
+        record can have reached the journal."""
+        try:
+            await self._spool.commit([rec])
+        except JournalAppendFailed:
+            # The record may have reached the journal: its data must stay for recovery (which removes the
+            # file as an orphan if the record did not survive).
+            raise
+        except BaseException:
+            await writer.discard()
+            raise
 
 
 class Spool:
@@ -275,6 +316,13 @@ class Spool:
             for rec in records:
                 self._apply(rec)
 
+    def unjournaled(self, bucket: str, key: str | None = None) -> bool:
+        """Whether a key (with ``key`` None: any key of the bucket) is closed to writes until the journal is
+        rewritten (see :meth:`forget_unjournaled`)."""
+        if key is not None:
+            return (bucket, key) in self.unjournaled_keys
+        return any(b == bucket for b, _ in self.unjournaled_keys)
+
     def forget_unjournaled(self, bucket: str, key: str, garbage: tuple[str, ...], nbytes: int) -> None:
         """A drained entry whose ``done`` could not be journaled: forgotten in memory, its files kept (a
         restart replays the old journal and needs them), its key closed to other writes until the journal
@@ -352,6 +400,18 @@ class Spool:
     def release(self, reserved: int) -> None:
         """Give back a reservation of :meth:`admit` (the write committed or failed)."""
         self.space.release(reserved)
+
+    @contextlib.asynccontextmanager
+    async def reserve(self, nbytes: int, *, must: bool = False) -> AsyncIterator[Reservation]:
+        """Room for one write of ``nbytes`` (see :meth:`admit`), held until the block ends, whatever way it
+        ends: admit, write, commit or discard, release. The block looks at :attr:`Reservation.admitted`
+        first: a write that got no room must not be spooled (nothing is held then)."""
+        held = Reservation(self, nbytes, self.admit(nbytes, must=must))
+        try:
+            yield held
+        finally:
+            if held.admitted:
+                self.release(nbytes + held.grown)
 
     # Record builders: seqs are assigned here, in the order the front asks for them.
 

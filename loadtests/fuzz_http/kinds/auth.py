@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import time
 
+from gateway.core.sigv4 import QUERY_AUTH_PARAMS
 from loadtests.fuzz_http.case import Case
 from loadtests.fuzz_http.findings import AUTH_ERRORS, AUTH_FAIL, OK, Expect, expect
 from loadtests.fuzz_http.kinds.base import seed_object
@@ -232,16 +233,7 @@ async def case_presigned_variant(c: Case, key: str) -> None:
             value = c.choice(["abc", "-1", "", "1e3", "0x10", "%2B5", "99999999999999999999", "%00"])
             target = re.sub(r"X-Amz-Expires=[^&]*", f"X-Amz-Expires={value}", target)
         elif variant == "missing-param":
-            name = c.choice(
-                [
-                    "X-Amz-Algorithm",
-                    "X-Amz-Credential",
-                    "X-Amz-Date",
-                    "X-Amz-Expires",
-                    "X-Amz-SignedHeaders",
-                    "X-Amz-Signature",
-                ]
-            )
+            name = c.choice(QUERY_AUTH_PARAMS)
             target = re.sub(rf"[?&]{name}=[^&]*", "", target)
             if "?" not in target and "&" in target:
                 target = target.replace("&", "?", 1)
