@@ -82,3 +82,20 @@ def test_a_scheduler_paces_to_its_share_of_a_configured_capacity() -> None:
     assert shared == pytest.approx(0.25 * C, rel=0.05)
     with pytest.raises(ValueError):
         s.set_capacity_share(0.0, now)
+
+
+def test_the_same_share_again_changes_nothing_and_an_estimated_capacity_is_the_estimate() -> None:
+    s = Scheduler(replace(scheduler_config(Config(), C), burst_bytes=MiB), 1000.0)
+    s.set_capacity_share(0.5, 1000.0)
+    before = s.snapshot(1000.0)
+    s.set_capacity_share(0.5, 1000.0)  # no change: the rates are not recomputed
+    assert s.snapshot(1000.0) == before
+    estimated = Scheduler(
+        replace(scheduler_config(Config(), C), capacity_bps=None, initial_capacity_bps=C / 2), 1000.0
+    )
+    assert estimated.node_capacity_bps() == C / 2  # the estimator's current figure
+
+
+def test_workers_of_a_store_with_no_capacity_figure_split_equally() -> None:
+    zero = [replace(worker("n.w0", C), capacity_bps=0.0), replace(worker("n.w1", 0.0), capacity_bps=0.0)]
+    assert node_shares(zero, T0, 2.0) == {"n.w0": 0.5, "n.w1": 0.5}
