@@ -987,7 +987,8 @@ class Scheduler:
             rate = ln.ceiling * cap if math.isfinite(ln.ceiling) else math.inf
             share_cap = self._share_cap(ln)
             if share_cap is not None:
-                rate = min(rate, share_cap * cap * SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S))
+                paced = share_cap * cap * SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)
+                rate = min(rate, max(paced, ln.spec.floor * cap))  # never under the configured floor
             ln.limit_bucket.set_rate(rate, now)
             ln.limit_bucket.set_depth(self._ceiling_depth(rate), now)
             if reads_arrived and self._paced_while_reads_active(ln):

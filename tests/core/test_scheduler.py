@@ -305,6 +305,31 @@ def test_strict_cap_limits_a_backlogged_checkpoint_lane_to_30_percent_while_read
     assert rate == pytest.approx(0.30 * C * paced, rel=0.03)
 
 
+def test_the_headroom_never_paces_a_lane_under_its_configured_floor() -> None:
+    # A checkpoint lane whose floor is its whole cap while reads are active: the headroom (and the 1 / 1.05
+    # for its bucket) would pace it at 0.257; the configured floor is a guarantee and holds.
+    cfg = config()
+    lanes = tuple(replace(ln, floor=0.28) if ln.name == "checkpoint" else ln for ln in cfg.lanes)
+    s = Scheduler(replace(cfg, lanes=lanes), T0)
+    now, got, next_read, end = T0, 0, T0, T0 + 3.0
+    for _ in range(2):
+        s.submit("checkpoint", 256 * 1024, now)
+    while now < end:
+        if now >= next_read:
+            s.submit("dataset", 256 * 1024, now)  # reads at ~10% of C: active, far from their share
+            next_read += 256 * 1024 / (0.1 * C)
+        d = s.pull(now)
+        if isinstance(d, Grant):
+            s.complete(d.ticket, now)
+            if d.lane == "checkpoint":
+                got += d.cost_bytes if now > T0 + 0.5 else 0
+                s.submit("checkpoint", 256 * 1024, now)
+        else:
+            now = min(d.at, next_read) if isinstance(d, WaitUntil) else next_read
+    assert s.snapshot(now).reads_active
+    assert got / (end - T0 - 0.5) == pytest.approx(0.28 * C, rel=0.03)
+
+
 @pytest.mark.parametrize("cap_headroom", [-0.1, 1.0, math.nan])
 def test_cap_headroom_must_be_a_fraction_under_one(cap_headroom: float) -> None:
     with pytest.raises(ValueError, match="cap_headroom"):
