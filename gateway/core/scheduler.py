@@ -38,10 +38,11 @@ beyond what can still be in flight, so the other lanes never wait out a stale de
 the lane's ceiling bucket (GCRA whose tau is what the ceiling rate fills in :data:`CEILING_DEPTH_S`, at
 least one piece and at most ``burst_bytes``; while reads are active a lane at its cap
 (``limit_while_reads_active``, ``strict`` mode) paces at :data:`SHARE_WINDOW_S` / (:data:`SHARE_WINDOW_S` +
-:data:`CEILING_DEPTH_S`) of it, so that no second, even one that starts with a full bucket, goes over the
-cap; and a capped lane that is not read-protected keeps, of the credit it earned while idle, only what
-its ceiling delivers in ``latency_target_s``, so a checkpoint lane back from idle starts at its rate
-instead of with a burst in front of the reads). The ceiling is, as a fraction of ``C``: the
+:data:`CEILING_DEPTH_S`) of it less ``cap_headroom`` (never under its configured floor), so that no second,
+even one that starts with a full bucket, goes over the cap, and the store's queue has room to release
+the bytes unevenly; and a capped lane that is not read-protected keeps, of the credit it earned while
+idle, only what its ceiling delivers in ``latency_target_s``, so a checkpoint lane back from idle starts
+at its rate instead of with a burst in front of the reads). The ceiling is, as a fraction of ``C``: the
 lane's ``limit``; an *external limit* (:meth:`Scheduler.set_external_limit`: this node's allowance of a
 cluster-wide budget, in force whatever the local read activity, since the readers may be on another node);
 in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
