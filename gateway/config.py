@@ -33,7 +33,7 @@ from gateway.core.lanes_config import (
     parse_tenant_policies,
     parse_tenants,
 )
-from gateway.core.scheduler import LaneSpec
+from gateway.core.scheduler import DEFAULT_CAP_HEADROOM, LaneSpec
 from gateway.core.sniff import valid_default_content_type
 from gateway.core.spool_deadline import DEFAULT_MAX_AGE_S
 from gateway.errors import ConfigError
@@ -197,6 +197,9 @@ class SchedulerSettings:
     # While reads are active, a paced lane serves one round of its queue (every stream's next piece) within
     # this long, however hard the latency guard cuts it (up to the lane's cap). 0 = off.
     progress_interval_s: float = 2.0
+    # While reads are active, capped lanes (and a durability floor raised toward the cap) are paced at
+    # cap x (1 - cap_headroom), so that the write share stays under the cap on the wire. 0 = at the cap.
+    cap_headroom: float = DEFAULT_CAP_HEADROOM
 
 
 # Commit markers: objects drained only after everything spooled before them under the same prefix is on the
@@ -608,6 +611,7 @@ SETTINGS: tuple[Setting, ...] = (
         _nullable("inflight_bytes_max", "size"),
         ("inflight_requests_max", "int"),
         ("progress_interval_s", "float"),
+        ("cap_headroom", "float"),
     ),
     *_settings("embedded", ("s3_port", "int"), ("startup_timeout_s", "float")),
     *_settings(
@@ -1109,6 +1113,8 @@ def _validate(cfg: Config, problems: _Problems) -> None:
         problems.add("[scheduler]", "latency_target_ms and window_ms must be positive")
     if not sch.progress_interval_s >= 0:
         problems.add("[scheduler].progress_interval_s", "must be >= 0 (0 turns the progress floor off)")
+    if not 0.0 <= sch.cap_headroom < 1.0:
+        problems.add("[scheduler].cap_headroom", "must be within [0, 1) (0 paces capped lanes at their cap)")
     if sch.chunk_bytes < 4096 or sch.request_cost_bytes < 0 or sch.burst_bytes < sch.chunk_bytes:
         problems.add(
             "[scheduler]", "need chunk_bytes >= 4 KiB, request_cost_bytes >= 0, burst_bytes >= chunk_bytes"

@@ -38,10 +38,11 @@ beyond what can still be in flight, so the other lanes never wait out a stale de
 the lane's ceiling bucket (GCRA whose tau is what the ceiling rate fills in :data:`CEILING_DEPTH_S`, at
 least one piece and at most ``burst_bytes``; while reads are active a lane at its cap
 (``limit_while_reads_active``, ``strict`` mode) paces at :data:`SHARE_WINDOW_S` / (:data:`SHARE_WINDOW_S` +
-:data:`CEILING_DEPTH_S`) of it, so that no second, even one that starts with a full bucket, goes over the
-cap; and a capped lane that is not read-protected keeps, of the credit it earned while idle, only what
-its ceiling delivers in ``latency_target_s``, so a checkpoint lane back from idle starts at its rate
-instead of with a burst in front of the reads). The ceiling is, as a fraction of ``C``: the
+:data:`CEILING_DEPTH_S`) of it less ``cap_headroom`` (never under its configured floor), so that no second,
+even one that starts with a full bucket, goes over the cap, and the store's queue has room to release
+the bytes unevenly; and a capped lane that is not read-protected keeps, of the credit it earned while
+idle, only what its ceiling delivers in ``latency_target_s``, so a checkpoint lane back from idle starts
+at its rate instead of with a burst in front of the reads). The ceiling is, as a fraction of ``C``: the
 lane's ``limit``; an *external limit* (:meth:`Scheduler.set_external_limit`: this node's allowance of a
 cluster-wide budget, in force whatever the local read activity, since the readers may be on another node);
 in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
@@ -132,6 +133,12 @@ AUTO_WINDOW_S = 0.01
 # second.
 CEILING_DEPTH_S = 0.05
 SHARE_WINDOW_S = 1.0
+# While reads are active, a lane held at its cap (and a floor raised toward it) is paced this fraction under
+# the cap: the store's queue (a FIFO link's, its sockets') lets evenly sent bytes leave it unevenly, by
+# 1-2 MB from one second to the next on a 40 MB/s link whose readers keep it full, so a write share paced
+# at the cap goes over it on the wire in about one second of five. SchedulerConfig.cap_headroom; 0 = at the
+# cap.
+DEFAULT_CAP_HEADROOM = 0.1
 # after a longer silence, skip the empty windows instead of ticking each
 
 
@@ -222,6 +229,10 @@ class SchedulerConfig:
     # stream's next piece: each stream waits with one ticket at a time, served first in, first out) takes
     # longer than this. None: no such floor (the configured floor alone).
     progress_interval_s: float | None = 2.0
+    # While reads are active, the caps (limit_while_reads_active in strict mode, and what a raised floor may
+    # reach) are paced at cap x (1 - cap_headroom): headroom for the store's queue releasing evenly sent
+    # bytes unevenly. 0: at the cap.
+    cap_headroom: float = DEFAULT_CAP_HEADROOM
 
     def __post_init__(self) -> None:
         if not self.lanes:
@@ -254,6 +265,8 @@ class SchedulerConfig:
                 raise ValueError(f"{label} must be >= 1 (or None)")
         if self.progress_interval_s is not None and not self.progress_interval_s > 0:
             raise ValueError("progress_interval_s must be > 0 (or None)")
+        if not 0.0 <= self.cap_headroom < 1.0:
+            raise ValueError("cap_headroom must be within [0, 1)")
 
 
 def saturation_scale(delivered_fraction: float) -> float:
@@ -962,9 +975,11 @@ class Scheduler:
             # lane's cap would take the cluster's readers' share.
             cap = min(cap, ln.external_bps / self._capacity())
         if self._reads_active:
+            # The reads' caps, with room for the store's queue releasing evenly sent bytes unevenly.
+            headroom = 1.0 - self._cfg.cap_headroom
             if s.limit_while_reads_active is not None:
-                cap = min(cap, s.limit_while_reads_active)
-            cap = min(cap, 1.0 - math.fsum(r.spec.guaranteed for r in self._read_lanes))
+                cap = min(cap, s.limit_while_reads_active * headroom)
+            cap = min(cap, (1.0 - math.fsum(r.spec.guaranteed for r in self._read_lanes)) * headroom)
             cap *= self._cap_scale  # shares of what a saturated store really carries
         return max(s.floor, min(want, cap))
 
@@ -994,7 +1009,8 @@ class Scheduler:
             rate = ln.ceiling * cap if math.isfinite(ln.ceiling) else math.inf
             share_cap = self._share_cap(ln)
             if share_cap is not None:
-                rate = min(rate, share_cap * cap * SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S))
+                paced = share_cap * cap * SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)
+                rate = min(rate, max(paced, ln.spec.floor * cap))  # never under the configured floor
             ln.limit_bucket.set_rate(rate, now)
             ln.limit_bucket.set_depth(self._ceiling_depth(rate), now)
             if reads_arrived and self._paced_while_reads_active(ln):
@@ -1011,7 +1027,7 @@ class Scheduler:
             return None
         if self._cfg.write_cap_mode != "strict":
             return None
-        return s.limit_while_reads_active * self._cap_scale
+        return s.limit_while_reads_active * self._cap_scale * (1.0 - self._cfg.cap_headroom)
 
     def _piece_fit(self) -> int:
         """The largest piece a paced lane moves at a time (:meth:`piece_bytes`), before the chunk bound."""

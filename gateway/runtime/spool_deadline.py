@@ -50,16 +50,17 @@ class SpoolView(Protocol):
     def drained_bytes(self) -> int: ...
 
 
-def _cap(spec: LaneSpec, reads_active: bool) -> float:
+def _cap(spec: LaneSpec, reads_active: bool, headroom: float = 0.0) -> float:
     """What the lane's floor may rise to: its share while reads are active (its ``limit`` and
-    ``limit_while_reads_active``); without reads only its ``limit`` holds it."""
+    ``limit_while_reads_active``, less the scheduler's ``cap_headroom``); without reads only its ``limit``
+    holds it."""
     if not reads_active:
         return max(spec.limit if spec.limit is not None else 1.0, spec.floor)
     cap = 1.0
     for lim in (spec.limit, spec.limit_while_reads_active):
         if lim is not None:
             cap = min(cap, lim)
-    return max(cap, spec.floor)
+    return max(cap * (1.0 - headroom), spec.floor)
 
 
 class DeadlineKeeper:
@@ -125,7 +126,7 @@ class DeadlineKeeper:
                     deadline_s=deadline,
                     capacity_bps=capacity,
                     min_fraction=spec.floor,
-                    cap_fraction=_cap(spec, sched.reads_active),
+                    cap_fraction=_cap(spec, sched.reads_active, sched.config.cap_headroom),
                 )
                 sched.set_floor(spec.name, p.floor_fraction if p.floor_fraction > spec.floor else 0.0, now)
                 if first is None:

@@ -31,6 +31,7 @@ def scheduler_config(cfg: Config, bandwidth_bps: float | None) -> SchedulerConfi
         inflight_bytes_max=s.inflight_bytes_max,
         inflight_requests_max=s.inflight_requests_max,
         progress_interval_s=s.progress_interval_s if s.progress_interval_s > 0 else None,
+        cap_headroom=s.cap_headroom,
     )
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from gateway.config import SECTION_CLASSES, SETTINGS, Listen, load_config, parse_listen
 from gateway.errors import ConfigError
+from gateway.runtime.wiring import scheduler_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -177,6 +178,17 @@ def test_progress_interval_and_the_spool_deadline_are_read_and_checked(tmp_path:
         load_config(path, env={})
     assert "progress_interval_s" in str(info.value)
     assert "max_age_s" in str(info.value)
+
+
+def test_cap_headroom_is_read_checked_and_reaches_the_scheduler(tmp_path: Path):
+    cfg = load_config(env={})
+    assert cfg.scheduler.cap_headroom == 0.1
+    assert scheduler_config(cfg, 40e6).cap_headroom == 0.1
+    cfg = load_config(write(tmp_path, "[scheduler]\ncap_headroom = 0\n"), env={})
+    assert scheduler_config(cfg, 40e6).cap_headroom == 0.0
+    for bad in ("1", "-0.05", "1.5"):
+        with pytest.raises(ConfigError, match=r"\[scheduler\]\.cap_headroom"):
+            load_config(write(tmp_path, f"[scheduler]\ncap_headroom = {bad}\n"), env={})
 
 
 def test_backend_credential_source_is_read_per_backend_and_checked(tmp_path: Path):

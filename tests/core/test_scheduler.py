@@ -25,6 +25,7 @@ from gateway.core.sched_control import (
 )
 from gateway.core.scheduler import (
     CEILING_DEPTH_S,
+    DEFAULT_CAP_HEADROOM,
     SHARE_WINDOW_S,
     Grant,
     Idle,
@@ -39,8 +40,10 @@ from tests.budget import examples
 MiB = 1024 * 1024
 C = 100_000_000.0  # 100 MB/s: one MiB every ~10.5 ms
 # While reads are active a capped lane paces a little under its ceiling: a second that starts with its
-# (time-sized) bucket full still keeps to the ceiling.
-PACED = SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)
+# (time-sized) bucket full still keeps to the ceiling ...
+PACED_AT_CAP = SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)
+# ... and, by default, with cap_headroom under it (room for the store's queue).
+PACED = PACED_AT_CAP * (1.0 - DEFAULT_CAP_HEADROOM)
 T0 = 1000.0
 
 
@@ -270,8 +273,15 @@ def test_checkpoint_cap_applies_while_reads_are_active_and_lifts_after_read_idle
     assert s.snapshot(T0 + 2.51).lane("checkpoint").limit_bps is None
 
 
-def test_strict_cap_limits_a_backlogged_checkpoint_lane_to_30_percent_while_reads_trickle() -> None:
-    s = Scheduler(config(), T0)
+@pytest.mark.parametrize(
+    ("cap_headroom", "paced"), [(None, PACED), (0.0, PACED_AT_CAP), (0.2, PACED_AT_CAP * 0.8)]
+)
+def test_strict_cap_limits_a_backlogged_checkpoint_lane_to_30_percent_while_reads_trickle(
+    cap_headroom: float | None, paced: float
+) -> None:
+    # Paced under the cap by cap_headroom (default 10 %): room for the store's queue releasing evenly
+    # sent bytes unevenly, so the cap holds on the wire too.
+    s = Scheduler(config() if cap_headroom is None else config(cap_headroom=cap_headroom), T0)
     now = T0
     got: Counter[str] = Counter()
     ck = [s.submit("checkpoint", 256 * 1024, now) for _ in range(2)]
@@ -292,7 +302,38 @@ def test_strict_cap_limits_a_backlogged_checkpoint_lane_to_30_percent_while_read
         else:
             now = min(d.at, next_read) if isinstance(d, WaitUntil) else next_read
     rate = got["checkpoint"] / (end - T0 - 0.5)
-    assert rate == pytest.approx(0.30 * C * PACED, rel=0.03)
+    assert rate == pytest.approx(0.30 * C * paced, rel=0.03)
+
+
+def test_the_headroom_never_paces_a_lane_under_its_configured_floor() -> None:
+    # A checkpoint lane whose floor is its whole cap while reads are active: the headroom (and the 1 / 1.05
+    # for its bucket) would pace it at 0.257; the configured floor is a guarantee and holds.
+    cfg = config()
+    lanes = tuple(replace(ln, floor=0.28) if ln.name == "checkpoint" else ln for ln in cfg.lanes)
+    s = Scheduler(replace(cfg, lanes=lanes), T0)
+    now, got, next_read, end = T0, 0, T0, T0 + 3.0
+    for _ in range(2):
+        s.submit("checkpoint", 256 * 1024, now)
+    while now < end:
+        if now >= next_read:
+            s.submit("dataset", 256 * 1024, now)  # reads at ~10% of C: active, far from their share
+            next_read += 256 * 1024 / (0.1 * C)
+        d = s.pull(now)
+        if isinstance(d, Grant):
+            s.complete(d.ticket, now)
+            if d.lane == "checkpoint":
+                got += d.cost_bytes if now > T0 + 0.5 else 0
+                s.submit("checkpoint", 256 * 1024, now)
+        else:
+            now = min(d.at, next_read) if isinstance(d, WaitUntil) else next_read
+    assert s.snapshot(now).reads_active
+    assert got / (end - T0 - 0.5) == pytest.approx(0.28 * C, rel=0.03)
+
+
+@pytest.mark.parametrize("cap_headroom", [-0.1, 1.0, math.nan])
+def test_cap_headroom_must_be_a_fraction_under_one(cap_headroom: float) -> None:
+    with pytest.raises(ValueError, match="cap_headroom"):
+        config(cap_headroom=cap_headroom)
 
 
 def _checkpoint_grant_times(s: Scheduler, start: float, n: int, *, reads_until: float) -> list[float]:
@@ -370,7 +411,7 @@ def test_a_busy_lane_spends_no_credit_from_before_the_reads_came() -> None:
     # At the cap from the start: 0.1 s of its rate, the credit of one latency target and one head ticket.
     assert first <= rate * 0.1 + rate * 0.005 + MiB, first
     later = sum(c for t, c in granted if active_at + 0.2 <= t < active_at + 0.8)
-    assert later == pytest.approx(rate * 0.6, rel=0.1)
+    assert later == pytest.approx(rate * PACED * 0.6, rel=0.1)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pytest
 
 from gateway.config import Config
 from gateway.core.scheduler import (
+    DEFAULT_CAP_HEADROOM,
     PROGRESS_HEADROOM,
     Grant,
     Scheduler,
@@ -28,6 +29,7 @@ MiB = 1024 * 1024
 C = 40_000_000.0  # a 40 MB/s store
 T0 = 1000.0
 PIECE = 192 * KiB  # Scheduler.piece_bytes for the checkpoint lane at 40 MB/s
+CAP = 0.30 * (1.0 - DEFAULT_CAP_HEADROOM)  # the checkpoint lane's cap while reads are active, less headroom
 
 
 def config(**kw: object) -> SchedulerConfig:
@@ -125,7 +127,7 @@ def test_the_progress_floor_follows_the_queue_and_stays_within_the_cap() -> None
     # Many more streams: the floor stops at the lane's cap while reads are active.
     tickets += [s.submit("checkpoint", PIECE, now + 0.11) for _ in range(400)]
     snap = s.snapshot(now + 0.22)
-    assert snap.lane("checkpoint").floor_fraction == pytest.approx(0.30)
+    assert snap.lane("checkpoint").floor_fraction == pytest.approx(CAP)
     # Queue gone: back to the configured floor.
     for t in tickets:
         s.cancel(t, now + 0.22)
@@ -149,10 +151,11 @@ def test_set_floor_raises_the_ceiling_and_the_guarantee_within_the_cap() -> None
     assert sum(ln.reservation_bps for ln in snap.lanes) <= C * (1 + 1e-9)
     s.set_floor("checkpoint", 0.9, now)
     ck = s.snapshot(now).lane("checkpoint")
-    assert ck.floor_fraction == pytest.approx(0.30)  # never above the cap while reads are active
-    # Its guarantee rises as far as the other guarantees leave room: 1 - 0.70 (dataset) - 0.02 (metadata).
-    assert ck.reservation_bps == pytest.approx(0.28 * C)
-    assert sum(ln.reservation_bps for ln in s.snapshot(now).lanes) == pytest.approx(C)
+    assert ck.floor_fraction == pytest.approx(CAP)  # never above the cap (less headroom) with reads active
+    # Its guarantee rises with it, as far as the other guarantees leave room: 1 - 0.70 (dataset) - 0.02
+    # (metadata).
+    assert ck.reservation_bps == pytest.approx(min(CAP, 0.28) * C)
+    assert sum(ln.reservation_bps for ln in s.snapshot(now).lanes) == pytest.approx(C - (0.28 - CAP) * C)
     s.set_floor("checkpoint", 0.0, now)
     ck = s.snapshot(now).lane("checkpoint")
     assert ck.floor_fraction == pytest.approx(0.02)
@@ -192,7 +195,7 @@ def test_a_drain_that_stalls_never_catches_up_in_a_lump_over_its_cap() -> None:
     # pieces reach the store 0.1 s after their grant, except that every 3 s the store's queue holds them
     # for a second. The lane banks credit meanwhile; with the ceiling bucket as deep as the burst (here 1
     # MiB; the gateway's default is 4), the second after a stall carried 0.30 x C plus that much. Sized by
-    # time, no second goes over 0.30.
+    # time, no second goes over the cap (less its headroom).
     s = Scheduler(config(progress_interval_s=None), T0)
     cut_guard(s, T0)
     now = T0 + 4.0
@@ -229,8 +232,8 @@ def test_a_drain_that_stalls_never_catches_up_in_a_lump_over_its_cap() -> None:
         sum(PIECE for t in arrivals if a <= t < a + 1.0)
         for a in (start + i * 0.05 for i in range(int((end - start - 1.0) / 0.05)))
     ]
-    assert max(per_s) <= 0.30 * C, max(per_s) / C
-    assert len(arrivals) * PIECE / (end - start) > 0.18 * C  # it still drains
+    assert max(per_s) <= CAP * C, max(per_s) / C
+    assert len(arrivals) * PIECE / (end - start) > 0.6 * CAP * C  # it still drains
 
 
 def test_set_floor_checks_its_arguments() -> None:
@@ -339,14 +342,14 @@ def test_the_caps_while_reads_are_active_follow_a_saturated_store_that_carries_l
     assert snap.reads_active
     assert snap.cap_scale == pytest.approx(0.94, abs=0.01)
     s.set_floor("checkpoint", 1.0, now)  # a deadline floor at the cap: the cap of what the store carries
-    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(0.30 * 0.94, abs=0.005)
+    assert s.snapshot(now).lane("checkpoint").floor_fraction == pytest.approx(CAP * 0.94, abs=0.005)
     # Not saturated (half the configured capacity): the caps are shares of the configured capacity.
     s2 = Scheduler(config(progress_interval_s=None), T0)
     now = deliver(s2, 0.5 * C, 2.0, T0)
     s2.set_floor("checkpoint", 1.0, now)
     snap = s2.snapshot(now)
     assert snap.cap_scale == 1.0
-    assert snap.lane("checkpoint").floor_fraction == pytest.approx(0.30)
+    assert snap.lane("checkpoint").floor_fraction == pytest.approx(CAP)
     # Readers with idle gaps (each read done at once, none waiting most of the time): a store carrying
     # 94 % of its configured capacity is then not taken for saturated.
     s4 = Scheduler(config(progress_interval_s=None), T0)

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.clock import FakeClock
 from gateway.config import Config
-from gateway.core.scheduler import Scheduler
+from gateway.core.scheduler import DEFAULT_CAP_HEADROOM, Scheduler
 from gateway.core.spool_deadline import DeadlinePlan
 from gateway.runtime.dispatcher import LaneDispatcher
 from gateway.runtime.spool_deadline import TICK_S, WARNING_INTERVAL_S, DeadlineKeeper
@@ -21,6 +21,9 @@ from gateway.runtime.wiring import scheduler_config
 
 MiB = 1024 * 1024
 C = 40_000_000.0
+# The checkpoint lane's cap while reads are active (30 %), less the scheduler's headroom: what the floor may
+# reach and what the plan counts on.
+CAP = 0.30 * (1.0 - DEFAULT_CAP_HEADROOM)
 
 
 @dataclass
@@ -105,9 +108,9 @@ async def test_the_floor_rises_toward_the_cap_as_the_learnt_deadline_nears() -> 
         risk.append(keeper.status()["at_risk"])
         clock.advance(3.0)
     assert floors == sorted(floors)
-    assert 0.25 <= floors[0] <= 0.30  # 256 MiB by 25.6 s on 40 MB/s: 26 %
-    assert floors[-1] == pytest.approx(0.30)  # never above the cap
-    # 22.4 s at the cap: in time until less than that is left, then at risk.
+    assert 0.25 <= floors[0] <= CAP  # 256 MiB by 25.6 s on 40 MB/s: 26 %
+    assert floors[-1] == pytest.approx(CAP)  # never above the cap (less its headroom)
+    # 24.9 s at the cap less its headroom: in time until less than that is left, then at risk.
     assert risk == [False, False, False, True, True, True]
     # Drained: back to the configured floor.
     spool.drain_all()
@@ -120,19 +123,19 @@ async def test_a_deadline_that_cannot_be_met_is_reported_and_warned_about_at_a_l
 ) -> None:
     clock, spool, sched, keeper = setup(max_age_s=20.0)
     caplog.set_level(logging.WARNING, logger="s3lanes.spool")
-    for _ in range(4):  # 1 GiB at once: 89 s at the 30 % cap, 20 s deadline
+    for _ in range(4):  # 1 GiB at once: 99 s at the 30 % cap less its headroom, 20 s deadline
         spool.ack(256 * MiB, clock.wall())
     tick(clock, sched, keeper)
     st = keeper.status()
     assert st["at_risk"] is True
     assert str(st["status"]).startswith("AT RISK")
-    assert st["best_case_durable_s"] == pytest.approx(4 * 256 * MiB / (0.3 * C))
+    assert st["best_case_durable_s"] == pytest.approx(4 * 256 * MiB / (CAP * C))
     metrics = {m.name: m.samples[0].value for m in keeper.collector()()}
     assert metrics["s3lanes_spool_deadline_at_risk"] == 1.0
     assert metrics["s3lanes_spool_deadline_seconds"] == 20.0
-    assert metrics["s3lanes_spool_deadline_floor"] == pytest.approx(0.30)
-    assert metrics["s3lanes_spool_projected_durable_seconds"] == pytest.approx(4 * 256 * MiB / (0.3 * C))
-    assert sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction == pytest.approx(0.30)
+    assert metrics["s3lanes_spool_deadline_floor"] == pytest.approx(CAP)
+    assert metrics["s3lanes_spool_projected_durable_seconds"] == pytest.approx(4 * 256 * MiB / (CAP * C))
+    assert sched.snapshot(clock.monotonic()).lane("checkpoint").floor_fraction == pytest.approx(CAP)
     for _ in range(10):
         clock.advance(1.0)
         tick(clock, sched, keeper)
@@ -157,7 +160,7 @@ async def test_a_backlog_that_fits_is_not_at_risk() -> None:
 
 async def test_without_reads_the_lane_is_not_capped_and_neither_is_the_plan() -> None:
     # 256 MiB, 20 s deadline, 19 s left: 7 s at the whole store while nobody reads (the lane is not
-    # capped), 22 s at the 30 % cap once readers arrive.
+    # capped), 25 s at the 30 % cap less its headroom once readers arrive.
     clock, spool, sched, keeper = setup(max_age_s=20.0)
     spool.ack(256 * MiB, clock.wall())
     clock.advance(1.0)
@@ -165,7 +168,7 @@ async def test_without_reads_the_lane_is_not_capped_and_neither_is_the_plan() ->
     assert not keeper.status()["at_risk"]
     assert keeper.status()["best_case_durable_s"] == pytest.approx(256 * MiB / C)
     tick(clock, sched, keeper)  # readers arrive: the cap is in force
-    assert keeper.status()["best_case_durable_s"] == pytest.approx(256 * MiB / (0.3 * C))
+    assert keeper.status()["best_case_durable_s"] == pytest.approx(256 * MiB / (CAP * C))
     assert keeper.status()["at_risk"]
 
 

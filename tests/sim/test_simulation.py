@@ -13,15 +13,17 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.core.scheduler import CEILING_DEPTH_S, SHARE_WINDOW_S, Scheduler
+from gateway.core.scheduler import CEILING_DEPTH_S, DEFAULT_CAP_HEADROOM, SHARE_WINDOW_S, Scheduler
 from tests.sim import scenarios as S
 from tests.sim.fifo import FifoScheduler
 from tests.sim.scenarios import C0, LANES, Result, Scenario, windows
 
 TARGET_S = 0.005
 EPS = 0.02
-# While reads are active a capped lane paces at this fraction of its ceiling (see CEILING_DEPTH_S).
-PACED = SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)
+# While reads are active a capped lane paces at this fraction of its ceiling (see CEILING_DEPTH_S) ...
+PACED_AT_CAP = SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)
+# ... and, by default, with cap_headroom under it (room for the store's queue).
+PACED = PACED_AT_CAP * (1.0 - DEFAULT_CAP_HEADROOM)
 
 
 @functools.cache
