@@ -157,15 +157,10 @@ class SpoolFront:
                 e.bucket == bucket and e.kind == "put" for e in state.entries()
             ):
                 # Spooled objects are objects of the bucket: drain them first, then the backend answers
-                # BucketNotEmpty as S3 would (deleting the bucket under them would strand them). Spooled
-                # deletes alone do not hold it up: whatever the store still has of those keys makes it
-                # answer BucketNotEmpty, and once the bucket is gone their drain finds nothing to delete.
-                result = await self.spool.flush(bucket, "", KEY_CLEAR_TIMEOUT_S)
-                if not result.durable:
-                    raise SlowDown(
-                        "The bucket has acknowledged writes still being uploaded; retry later.",
-                        retry_after_s=self._cfg.spool.retry_after_s,
-                    )
+                # BucketNotEmpty as S3 would (deleting the bucket under them would strand them).
+                await self._flush_bucket(bucket)
+            elif op == "DeleteBucket" and any(e.bucket == bucket for e in state.entries()):
+                return await self._delete_bucket_with_spooled_deletes(ctx, decision, bucket)
             return None
         upload_id = q.get("uploadId")
         if upload_id is not None and upload_id.startswith(UPLOAD_ID_PREFIX):
@@ -264,6 +259,45 @@ class SpoolFront:
         )
         await self.spool.commit([rec])
         return self._c.response(ctx, decision, status=204)
+
+    async def _flush_bucket(self, bucket: str) -> None:
+        result = await self.spool.flush(bucket, "", KEY_CLEAR_TIMEOUT_S)
+        if not result.durable:
+            raise SlowDown(
+                "The bucket has acknowledged writes still being uploaded; retry later.",
+                retry_after_s=self._cfg.spool.retry_after_s,
+            )
+
+    async def _delete_bucket_with_spooled_deletes(
+        self, ctx: RequestContext, decision: Decision, bucket: str
+    ) -> web.StreamResponse | None:
+        """DeleteBucket while only deletes of the bucket are spooled. They do not hold it up when the store
+        has none of their keys (its answer stands, and once the bucket is gone their drain finds nothing to
+        delete). But a key drained before its delete was acknowledged is still on the store until that
+        delete drains, and the store would answer BucketNotEmpty for a bucket the client has emptied: on
+        that answer the spooled deletes are drained first and the store asked again (None: proxied)."""
+        resp = await self._backend_call(ctx, decision.lane, "DELETE", bucket, None, ctx.view.raw_query)
+        try:
+            data = await resp.read()
+        finally:
+            resp.release()
+        if resp.status == 409 and b"<Code>BucketNotEmpty</Code>" in data:
+            await self._flush_bucket(bucket)
+            return None
+        return self._relayed(resp, data, ctx, decision)
+
+    @staticmethod
+    def _relayed(
+        resp: aiohttp.ClientResponse, data: bytes, ctx: RequestContext, decision: Decision
+    ) -> web.Response:
+        """The store's answer (read whole) as this request's, with the gateway's request id."""
+        out = web.Response(status=resp.status, body=with_request_id(data, ctx.request_id) if data else None)
+        for name in ("Content-Type", "x-amz-request-id"):
+            if name in resp.headers:
+                out.headers[name] = resp.headers[name]
+        echo_request_id(out, ctx.request_id)
+        lane_headers(out, decision)
+        return out
 
     async def _delete_objects(
         self, request: web.Request, ctx: RequestContext, decision: Decision, bucket: str

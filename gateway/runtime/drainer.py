@@ -633,6 +633,14 @@ class Drainer:
         complete (a single PUT): from then on the upload may no longer be cancelled."""
         lane, budget, fd = await self._open_body(entry, file_id, size)
         sent = 0
+        up, zero_copy = self._metrics.bytes.labels(lane, "up"), self._metrics.zero_copy_bytes.labels(lane)
+
+        def count(n: int) -> None:  # per sendfile call: the last one may be cut by the store's answer
+            nonlocal sent
+            sent += n
+            up.inc(n)
+            zero_copy.inc(n)
+
         try:
             for offset, n in self._pieces(size, budget):
                 await budget.take(n)
@@ -687,6 +695,14 @@ class Drainer:
         :meth:`_file_body` reads, each granted before it is sent."""
         lane, budget, fd = await self._open_body(entry, file_id, size)
         sent = 0
+        up, zero_copy = self._metrics.bytes.labels(lane, "up"), self._metrics.zero_copy_bytes.labels(lane)
+
+        def count(n: int) -> None:  # per sendfile call: the last one may be cut by the store's answer
+            nonlocal sent
+            sent += n
+            up.inc(n)
+            zero_copy.inc(n)
+
         try:
             for offset, n in self._pieces(size, budget):
                 await budget.take(n)
@@ -697,14 +713,11 @@ class Drainer:
                     self._abortable.discard(entry.seq)
                     self._in_doubt.add(entry.seq)
                 try:
-                    await send_file(sock_fd, fd, offset, n, self._spool.run_read_io)
+                    await send_file(sock_fd, fd, offset, n, self._spool.run_read_io, on_sent=count)
                 except SourceEnded:
                     raise DrainError(
                         f"spool file {file_id} ended before {offset + n} of {size} bytes"
                     ) from None
-                sent += n
-                self._metrics.bytes.labels(lane, "up").inc(n)
-                self._metrics.zero_copy_bytes.labels(lane).inc(n)
         finally:
             budget.close()
             await self._close_file(fd, whole=sent >= size)

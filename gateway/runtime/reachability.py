@@ -27,6 +27,7 @@ log = logging.getLogger("s3lanes.backend")
 PROBE_INTERVAL_S = 2.0
 PROBE_MAX_INTERVAL_S = 30.0
 _NOBODY = Credential("", "", "", "")
+_WHY_MAX_CHARS = 200
 
 
 class ReachabilityProbe:
@@ -55,9 +56,13 @@ class ReachabilityProbe:
             resp = await backend.request("HEAD", backend.target(None, None, ""), {}, _NOBODY, signed=False)
         except S3Error as exc:  # unreachable or timed out (also recorded in backend.health)
             why = str(exc.__cause__ or exc) or type(exc.__cause__).__name__
+        except Exception as exc:  # anything else (garbage for an answer, ...): not answered yet, keep probing
+            why = f"{type(exc).__name__}: {exc}"
         else:
             resp.release()
             why = f"it answers HTTP {resp.status}"
+        if len(why) > _WHY_MAX_CHARS:  # a store answering garbage may quote it all back
+            why = why[:_WHY_MAX_CHARS] + "..."
         if backend.health.last_ok_at is None:
             if name not in self._warned:
                 self._warned.add(name)
@@ -72,7 +77,8 @@ class ReachabilityProbe:
             log.info("backend %s (%s) answers now", name, backend.endpoint)
 
     async def run(self) -> None:
-        """Probe until every backend has answered once; never raises (but CancelledError)."""
+        """Probe until every backend has answered once; never raises (but CancelledError): whatever a probe
+        round fails on counts as "not answered yet", logged once per backend."""
         wait_s = self._interval_s
         try:
             while True:

@@ -222,6 +222,8 @@ async def send_file(
     offset: int,
     count: int,
     run_blocking: Callable[..., Awaitable[int]],
+    *,
+    on_sent: Callable[[int], object] | None = None,
 ) -> None:
     """Send ``count`` bytes of ``file_fd`` from ``offset`` into the socket ``dst_fd`` with ``sendfile(2)``.
 
@@ -229,13 +231,24 @@ async def send_file(
     ``run_blocking`` (a thread: a page-cache miss must not stall the event loop), moves what the socket
     takes, and a full socket is waited for on the loop, on a duplicate of ``dst_fd`` (as in
     :class:`SpliceRelay`). Raises :class:`DestinationGone` when the peer refuses more, :class:`SourceEnded`
-    when the file is shorter than promised."""
+    when the file is shorter than promised.
+
+    ``on_sent`` is told the bytes each ``sendfile`` call moved, as it returns: also for the call a
+    cancellation waited for (:func:`run_settled`), whose bytes are on the wire all the same. An HTTP client
+    cancels a request's body writer as soon as the answer is in, which may be before the coroutine here
+    resumed after the call that sent the last bytes; a count kept by the caller after ``send_file`` returns
+    would miss them."""
     loop = asyncio.get_running_loop()
     dst = os.dup(dst_fd)
     try:
         while count > 0:
+            job = asyncio.ensure_future(run_blocking(os.sendfile, dst, file_fd, offset, count))
             try:
-                sent = await run_settled(run_blocking(os.sendfile, dst, file_fd, offset, count))
+                sent = await run_settled(job)
+            except asyncio.CancelledError:
+                if on_sent is not None and not job.cancelled() and job.exception() is None:
+                    on_sent(job.result())
+                raise
             except BlockingIOError:
                 await wait_ready(loop, write_fd=dst)
                 continue
@@ -245,6 +258,8 @@ async def send_file(
                 raise DestinationGone(exc.errno, f"client connection: {exc.strerror}") from None
             if sent == 0:
                 raise SourceEnded(errno.EPIPE, f"file ended {count} bytes short")
+            if on_sent is not None:
+                on_sent(sent)
             offset += sent
             count -= sent
     finally:

@@ -279,8 +279,10 @@ def slow_gateway(seaweed: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 @pytest.fixture
 def slow(slow_gateway: PlainGateway, bucket: str) -> Iterator[PlainGateway]:
-    """The slow gateway; the test's bucket is drained afterwards (before the bucket is deleted)."""
+    """The slow gateway; the test's bucket is drained afterwards (before the bucket is deleted), its drain
+    resumed first if the test paused it."""
     yield slow_gateway
+    slow_gateway.gw.drain_paused(False)
     slow_gateway.gw.flush(bucket)
 
 
@@ -788,7 +790,7 @@ def test_copy_object_from_a_spooled_source_with_copy_and_replace_metadata(
     slow: PlainGateway, backend: Any, bucket: str
 ) -> None:
     s3 = slow.gw.client()
-    hold_drain(s3, bucket, hold_s=1.0)
+    slow.gw.drain_paused(True)  # whatever the machine's load, the sources stay in the spool meanwhile
     data = os.urandom(300 * KiB + 1)
     s3.put_object(
         Bucket=bucket, Key="src/obj", Body=data, ContentType="text/x-source", Metadata={"origin": "src"}
@@ -816,7 +818,7 @@ def test_copy_object_from_a_spooled_source_with_copy_and_replace_metadata(
         Metadata={"origin": "src", "edited": "1"},
     )
     assert source(in_place) == "spool"
-    assert not object_exists(backend, bucket, "src/obj"), "the drain outran the test"
+    assert not object_exists(backend, bucket, "src/obj"), "the drain ran while paused"
 
     expected = {
         "dst/copy": ("text/x-source", {"origin": "src"}),
@@ -832,6 +834,7 @@ def test_copy_object_from_a_spooled_source_with_copy_and_replace_metadata(
             assert (got["ContentType"], got["Metadata"]) == (content_type, meta), key
 
     check(s3)
+    slow.gw.drain_paused(False)
     slow.gw.flush(bucket)
     check(backend)
     check(s3)
@@ -841,7 +844,7 @@ def test_upload_part_copy_from_a_spooled_source_into_a_spooled_multipart_upload(
     slow: PlainGateway, backend: Any, bucket: str
 ) -> None:
     s3 = slow.gw.client()
-    hold_drain(s3, bucket, hold_s=1.0)
+    slow.gw.drain_paused(True)  # whatever the machine's load, the sources stay in the spool meanwhile
     big = os.urandom(5 * MiB + 100)
     small = os.urandom(64 * KiB)
     s3.put_object(Bucket=bucket, Key="src/big", Body=big)
@@ -865,7 +868,7 @@ def test_upload_part_copy_from_a_spooled_source_into_a_spooled_multipart_upload(
         CopySource={"Bucket": bucket, "Key": "src/small"},
     )
     for key in ("src/big", "src/small"):
-        assert not object_exists(backend, bucket, key), "the drain outran the test"
+        assert not object_exists(backend, bucket, key), "the drain ran while paused"
     pieces = [big[: 5 * MiB], small]
     assert part1["CopyPartResult"]["ETag"] == md5_etag(pieces[0])
     assert part2["CopyPartResult"]["ETag"] == md5_etag(pieces[1])
@@ -881,6 +884,7 @@ def test_upload_part_copy_from_a_spooled_source_into_a_spooled_multipart_upload(
     assert got["Body"].read() == b"".join(pieces)
     assert got["ContentType"] == "application/x-mpu"
 
+    slow.gw.drain_paused(False)
     slow.gw.flush(bucket)
     stored = backend.get_object(Bucket=bucket, Key="dst/assembled")
     assert stored["Body"].read() == b"".join(pieces)
@@ -1319,7 +1323,7 @@ def test_hostile_keys_round_trip_byte_exact_and_spool_files_have_random_names(
     assert len(accepted) >= 6, accepted  # %00, dots inside names, 1 KiB of unicode, control characters...
     try:
         s3 = slow.gw.client()
-        hold_drain(s3, bucket, hold_s=1.0)
+        slow.gw.drain_paused(True)  # whatever the machine's load, the keys stay in the spool meanwhile
         before = files_under(slow.tmp)
         for key in accepted:
             put = s3.put_object(Bucket=bucket, Key=key, Body=body_for(key))
@@ -1330,8 +1334,9 @@ def test_hostile_keys_round_trip_byte_exact_and_spool_files_have_random_names(
             got = s3.get_object(Bucket=bucket, Key=key)
             assert (source(got), got["Body"].read()) == ("spool", body_for(key)), key
         assert listed_v2(s3, bucket, 3, Prefix="keys/") == (utf8_sorted(set(accepted)), [])
-        assert all_keys(backend, bucket, "keys/") == [], "the drain outran the test"
+        assert all_keys(backend, bucket, "keys/") == [], "the drain ran while paused"
 
+        slow.gw.drain_paused(False)
         slow.gw.flush(bucket)
         for key in accepted:
             assert backend.get_object(Bucket=bucket, Key=key)["Body"].read() == body_for(key), key
@@ -1340,6 +1345,7 @@ def test_hostile_keys_round_trip_byte_exact_and_spool_files_have_random_names(
         # while it has spooled keys; afterwards it passes the listing through).
         assert listed_v2(s3, bucket, None, Prefix="keys/") == (utf8_sorted(set(accepted)), [])
     finally:
+        slow.gw.drain_paused(False)  # the gateway is the module's: leave its drain running
         delete_one_by_one(slow.gw, backend, bucket, accepted)
 
 

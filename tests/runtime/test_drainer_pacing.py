@@ -253,6 +253,64 @@ async def test_a_file_body_reaches_the_connection_exactly_and_never_ahead_of_its
         await spool.close()
 
 
+async def test_sendfile_bytes_are_counted_when_the_answer_cancels_the_writer_after_the_last_call(
+    tmp_path: Path,
+) -> None:
+    """The HTTP client cancels a request's body writer as soon as the store's answer is in, which may come
+    while the writer waits for the thread of its last ``sendfile`` call. Those bytes went out (the store
+    answered because it had them all): the counters say so, and the file is closed as wholly sent."""
+    spool = await opened(tmp_path)
+    dispatcher = make_dispatcher(SystemClock(), capacity_bps=1e9, burst_bytes=256 * KiB)
+    data = os.urandom(MiB + 777)
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    received = bytearray()
+    try:
+        await put(spool, "k", data)
+        entry = spool.state.lookup("b", "k")
+        assert entry is not None
+        drainer = _drainer(spool, dispatcher, 256 * KiB, zero_copy=True)
+        real_run_read_io = spool.run_read_io
+        writer: asyncio.Task[None] | None = None
+
+        loop = asyncio.get_running_loop()
+
+        def sendfile_then_the_answer(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+            sent = os.sendfile(out_fd, in_fd, offset, count)
+            if offset + sent >= len(data):  # all out: the answer is in before the writer resumes
+                assert writer is not None
+                loop.call_soon_threadsafe(writer.cancel)
+            return sent
+
+        async def answer_arrives_during_the_last_call(fn: object, *args: object) -> object:
+            if fn is os.sendfile:
+                fn = sendfile_then_the_answer
+            return await real_run_read_io(fn, *args)  # type: ignore[arg-type]
+
+        spool.run_read_io = answer_arrives_during_the_last_call  # type: ignore[assignment,method-assign]
+
+        def read_all() -> None:
+            while len(received) < len(data) and (chunk := theirs.recv(MiB)):
+                received.extend(chunk)
+
+        reader = asyncio.ensure_future(asyncio.to_thread(read_all))
+        writer = asyncio.ensure_future(
+            drainer._send_file_body(ours.fileno(), entry, entry.files[0], entry.size, False)
+        )
+        with pytest.raises(asyncio.CancelledError):
+            await writer
+        await asyncio.wait_for(reader, 10)
+        assert bytes(received) == data
+        metrics = drainer._metrics
+        assert metrics.zero_copy_bytes.labels("checkpoint")._value.get() == len(data)
+        assert metrics.bytes.labels("checkpoint", "up")._value.get() == len(data)
+    finally:
+        ours.close()
+        theirs.close()
+        dispatcher.close()
+        await spool.close()
+
+
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["sendfile", "copied"])
 async def test_a_superseded_put_whose_last_piece_is_granted_as_it_is_cancelled_never_completes(
     tmp_path: Path, zero_copy: bool
