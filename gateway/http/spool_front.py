@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 
-from aiohttp import web
+from aiohttp import ClientResponse, web
 
 from gateway.clock import Clock
 from gateway.config import Config, Credential
@@ -276,7 +276,7 @@ class SpoolFront:
         delete). But a key drained before its delete was acknowledged is still on the store until that
         delete drains, and the store would answer BucketNotEmpty for a bucket the client has emptied: on
         that answer the spooled deletes are drained first and the store asked again (None: proxied)."""
-        resp = await self._backend_call(ctx, decision.lane, "DELETE", bucket, None, ctx.view.raw_query)
+        resp = await self._c.backend_call(ctx, decision.lane, "DELETE", bucket, None, ctx.view.raw_query)
         try:
             data = await resp.read()
         finally:
@@ -287,9 +287,7 @@ class SpoolFront:
         return self._relayed(resp, data, ctx, decision)
 
     @staticmethod
-    def _relayed(
-        resp: aiohttp.ClientResponse, data: bytes, ctx: RequestContext, decision: Decision
-    ) -> web.Response:
+    def _relayed(resp: ClientResponse, data: bytes, ctx: RequestContext, decision: Decision) -> web.Response:
         """The store's answer (read whole) as this request's, with the gateway's request id."""
         out = web.Response(status=resp.status, body=with_request_id(data, ctx.request_id) if data else None)
         for name in ("Content-Type", "x-amz-request-id"):
