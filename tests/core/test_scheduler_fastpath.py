@@ -156,3 +156,14 @@ def test_submit_fast_grants_exactly_what_submit_and_pull_grant(
         waiting = [t for t in waiting if t not in g1]
         granted += g1
         assert state(slow) == state(fast)
+
+
+def test_a_paced_lane_over_its_window_share_while_reads_are_active_is_queued() -> None:
+    s = Scheduler(cfg(inflight_bytes_max=4 * MiB), T0)
+    _, granted = s.submit_fast("dataset", 2 * MiB, T0)  # reads become active; this one stays in flight
+    assert granted and s.snapshot(T0).reads_active
+    _, granted = s.submit_fast("checkpoint", MiB, T0)  # its first: within the window share (0.3 x 4 MiB)
+    assert granted
+    _, granted = s.submit_fast("checkpoint", 512 * 1024, T0)  # would hold more than its share: waits
+    assert not granted
+    assert not isinstance(s.pull(T0), Grant)
