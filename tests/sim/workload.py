@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 from gateway.core.scheduler import Grant, Idle, WaitUntil
 from tests.sim.backend_model import Backend, Meter, _Op
@@ -52,8 +52,9 @@ class SimShell:
         self._timer_at = 0.0
 
     def acquire(self, lane: str, cost_bytes: int, on_grant: Callable[[int], None]) -> int:
-        submit_fast: Callable[[str, int, float], tuple[int, bool]] | None
-        submit_fast = getattr(self.sched, "submit_fast", None)
+        submit_fast = cast(
+            "Callable[[str, int, float], tuple[int, bool]] | None", getattr(self.sched, "submit_fast", None)
+        )
         if submit_fast is None:  # a baseline scheduler without the fast path
             ticket = self.sched.submit(lane, cost_bytes, self.sim.now)
         else:
