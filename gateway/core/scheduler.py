@@ -527,6 +527,53 @@ class Scheduler:
             self._note_read_demand(cost_bytes, now)
         return t.id
 
+    def submit_fast(self, lane: str, cost_bytes: int, now: float) -> tuple[int, bool]:
+        """:meth:`submit`, and the grant an uncontended scheduler's next :meth:`pull` would make, in one
+        step: returns ``(ticket, True)`` when the ticket is granted already, ``(ticket, False)`` when it is
+        queued as submit() leaves it (the caller pulls as usual; nothing else has changed).
+
+        The fast path is taken only when this ticket is the only one queued in any lane (it overtakes
+        nobody) and its lane passes every gate pull() applies to a lone candidate: concurrency and window
+        share, ceiling bucket, reservation bucket or else the capacity bucket, in-flight window. The grant is
+        the one pull() would make (same tags, same bucket charges), so the lanes' guarantees are those of
+        the slow path; what is saved is the second call, the candidate lists and, in the shell, a future.
+
+        Raises ``KeyError`` for an unknown lane, ``ValueError`` for a negative cost."""
+        ticket = self.submit(lane, cost_bytes, now)
+        if self._queued_total != 1:
+            return ticket, False
+        now = self._now  # submit() advanced to it
+        t = self._tickets[ticket]
+        ln = t.lane
+        mc = self._max_concurrency(ln)
+        if mc is not None and ln.inflight_tickets >= mc:
+            return ticket, False
+        if ln.inflight_tickets > 0:
+            share_max = self._window_share_bytes(ln)
+            if share_max is not None and ln.inflight_bytes + cost_bytes > share_max:
+                return ticket, False
+        if ln.limit_bucket.ready_at(0.0, now) > now + EPSILON_S:
+            return ticket, False
+        res = ln.res_bucket
+        reserved = res.rate_bps > 0 and (
+            res.ready_at(min(float(cost_bytes), res.depth_bytes), now) <= now + EPSILON_S
+        )
+        if not reserved:
+            need = -self._server.depth_bytes if ln.spec.read_protected else 0.0
+            if self._server.ready_at(need, now) > now + EPSILON_S:
+                return ticket, False
+        if self._inflight_tickets > 0:
+            win_bytes = self._window_bytes()
+            win_reqs = self._cfg.inflight_requests_max
+            if (win_bytes is not None and self._inflight_bytes + cost_bytes > win_bytes) or (
+                win_reqs is not None and self._inflight_tickets >= win_reqs
+            ):
+                return ticket, False
+        self._blocked_window = self._blocked_server = False
+        self._head(ln)  # drops tickets cancelled while waiting from the front of the lane's queue
+        self._dispatch(ln, t, now, reserved=reserved)
+        return ticket, True
+
     def pull(self, now: float) -> Grant | WaitUntil | Idle:
         """At most one grant per call; call again until the answer is not a :class:`Grant`."""
         now = self._advance(now)

@@ -300,6 +300,7 @@ def _parse_query_auth(params: list[tuple[str, str]], headers: Mapping[str, str])
     )
 
 
+@functools.lru_cache(maxsize=256)  # one text per key, day and region: requests of a day share it
 def _parse_credential(text: str) -> tuple[str, str, str, str] | None:
     """``AKID/YYYYMMDD/region/service/aws4_request`` -> its parts; ``None`` if malformed."""
     parts = text.rsplit("/", 4)
@@ -313,6 +314,7 @@ def _parse_credential(text: str) -> tuple[str, str, str, str] | None:
     return access_key, scope_date, region, service
 
 
+@functools.lru_cache(maxsize=256)  # a client signs the same few header sets over and over
 def _parse_signed_headers(text: str) -> tuple[str, ...] | None:
     names = tuple(text.split(";"))
     if not all(_HEADER_NAME.fullmatch(name) for name in names):
@@ -493,9 +495,9 @@ def _signed_towards_backend(name: str) -> bool:
 @functools.lru_cache(maxsize=64)  # one derivation per key, day and region: halves SigV4 cost per request
 def signing_key(secret_key: str, scope_date: str, region: str, service: str) -> bytes:
     """The SigV4 signing key: HMAC chain over date, region, service and ``aws4_request``."""
-    key = hmac.new(_utf8("AWS4" + secret_key), _utf8(scope_date), hashlib.sha256).digest()
+    key = hmac.digest(_utf8("AWS4" + secret_key), _utf8(scope_date), "sha256")
     for part in (region, service, "aws4_request"):
-        key = hmac.new(key, _utf8(part), hashlib.sha256).digest()
+        key = hmac.digest(key, _utf8(part), "sha256")
     return key
 
 
@@ -615,6 +617,8 @@ def canonical_query(raw_query: str, *, exclude: Iterable[str] = ()) -> str:
     A pair without ``=`` has an empty value; empty pairs (``a=1&&b=2``) are dropped; names in
     ``exclude`` (compared decoded, e.g. ``X-Amz-Signature``) are left out.
     """
+    if not raw_query:  # a plain GET or HEAD of an object
+        return ""
     skip = frozenset(exclude)
     pairs: list[tuple[str, str]] = []
     for part in raw_query.split("&"):
@@ -672,6 +676,8 @@ def _reencode(component: str) -> str:
 def _query_params(raw_query: str) -> list[tuple[str, str]]:
     """Decoded (name, value) pairs, for reading the X-Amz-* parameters. ``+`` stays ``+``."""
     params: list[tuple[str, str]] = []
+    if not raw_query:
+        return params
     for part in raw_query.split("&"):
         if part:
             name, _, value = part.partition("=")
@@ -700,7 +706,7 @@ def _unique(items: list[str]) -> list[str]:
 
 
 def _hmac_hex(key: bytes, message: str) -> str:
-    return hmac.new(key, _utf8(message), hashlib.sha256).hexdigest()
+    return hmac.digest(key, _utf8(message), "sha256").hex()  # one-shot: no HMAC object built
 
 
 def _spaced_hex(text: str) -> str:

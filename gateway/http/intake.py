@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +144,28 @@ else:  # pragma: no cover - older aiohttp
 
 def new_request_id() -> str:
     return secrets.token_hex(8).upper()
+
+
+def relayed_headers(backend: Mapping[str, str], request_id: str) -> list[tuple[str, str]]:
+    """The store's response headers as the gateway answers with them, in one pass and one list (for one
+    ``extend`` of the answer's headers): hop-by-hop headers and the length dropped, the store's request id
+    kept as :data:`BACKEND_REQUEST_ID_HEADER`, the gateway's own last (what :func:`echo_request_id` does to
+    headers already in an answer)."""
+    pairs: list[tuple[str, str]] = []
+    backend_id: str | None = None
+    for name, value in backend.items():
+        low = name.lower()
+        if low in DROP_RESPONSE:
+            continue
+        if low == "x-amz-request-id":
+            if backend_id is None:
+                backend_id = value
+            continue
+        pairs.append((name, value))
+    if backend_id is not None:
+        pairs.append((BACKEND_REQUEST_ID_HEADER, backend_id))
+    pairs.append(("x-amz-request-id", request_id))
+    return pairs
 
 
 def echo_request_id(out: web.StreamResponse, request_id: str) -> None:

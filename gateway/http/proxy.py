@@ -26,13 +26,12 @@ from gateway.core.routing import rename_copy_source, split_copy_source
 from gateway.core.s3docs import MAX_XML_BODY_BYTES, complete_multipart_parts, delete_objects_keys
 from gateway.core.sigv4 import UNSIGNED_PAYLOAD
 from gateway.errors import IncompleteBody, MalformedXML, S3Error
-from gateway.http.intake import DROP_RESPONSE as _DROP_RESPONSE
 from gateway.http.intake import (
     SMALL_BODY_BYTES,
     RequestContext,
-    echo_request_id,
     lane_headers,
     read_small_body,
+    relayed_headers,
     request_headers,
     upload_body,
 )
@@ -225,10 +224,7 @@ class S3Proxy:
         plain-HTTP GET body is spliced from socket to socket (:mod:`gateway.http.zerocopy`)."""
         lane = decision.lane
         out = web.StreamResponse(status=resp.status, reason=resp.reason)
-        for name, value in resp.headers.items():
-            if name.lower() not in _DROP_RESPONSE:
-                out.headers.add(name, value)
-        echo_request_id(out, ctx.request_id)
+        out.headers.extend(relayed_headers(resp.headers, ctx.request_id))
         if resp.status == 503 and "Retry-After" not in resp.headers:
             # The store's SlowDown/ServiceUnavailable: say when to come back, as the gateway's own 503s do.
             out.headers["Retry-After"] = "1"

@@ -2,11 +2,12 @@
 
 Theory of operation: :class:`~gateway.core.scheduler.Scheduler` decides, this class carries out. A request
 asks for budget with :meth:`LaneDispatcher.acquire` (a *ticket* for ``cost_bytes`` on its lane). The ticket is
-submitted to the scheduler and the scheduler is pulled at once; when it grants right away (the common case
-when the backend has room) the caller does not even suspend. Otherwise the caller waits on a future that a
-later pull resolves. Pulls happen after every submit/complete/cancel and when the single timer fires: the
-scheduler answers ``WaitUntil(t)`` and the dispatcher arms one ``clock.call_at`` for the earliest such time
-(never one timer per waiter: aiolimiter #73's thundering herd).
+submitted to the scheduler, which grants it in the same call when nothing is queued anywhere and the lane has
+budget (:meth:`~gateway.core.scheduler.Scheduler.submit_fast`, the common case when the backend has room): the
+caller then neither suspends nor gets a future. Otherwise the scheduler is pulled at once, and the caller
+waits on a future that a later pull resolves. Pulls happen after every submit/complete/cancel and when the
+single timer fires: the scheduler answers ``WaitUntil(t)`` and the dispatcher arms one ``clock.call_at`` for
+the earliest such time (never one timer per waiter: aiolimiter #73's thundering herd).
 
 A waiter that is cancelled (timeout, shutdown) or whose client went away (the ``gone`` check: aiohttp does
 not cancel a handler whose client disconnects, and the gateway does not ask it to, since a cancellation
@@ -39,6 +40,7 @@ class LaneDispatcher:
         self._granted: set[int] = set()
         self._timer: Timer | None = None
         self._timer_at: float | None = None
+        self.fast_grants = 0  # tickets granted without a waiter (Scheduler.submit_fast)
 
     # -- budget -------------------------------------------------------------------------------------------
 
@@ -49,7 +51,12 @@ class LaneDispatcher:
         away, the ticket leaves the queue at once and :class:`ConnectionResetError` is raised (a request
         nobody waits for must not hold its place in the lane, nor be granted budget later)."""
         now = self._clock.monotonic()
-        ticket = self.scheduler.submit(lane, cost_bytes, now)
+        ticket, granted = self.scheduler.submit_fast(lane, cost_bytes, now)
+        if granted:
+            # The fast path of an uncontended lane: nothing queued anywhere, budget at hand.
+            self.fast_grants += 1
+            self._granted.add(ticket)
+            return ticket
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = fut
         self._pump()

@@ -111,6 +111,26 @@ async def test_acquire_is_granted_without_suspending_while_budget_lasts() -> Non
     assert_all_clear(d)
 
 
+async def test_an_uncontended_acquire_takes_the_fast_path_and_one_behind_a_queued_lane_does_not() -> None:
+    d = make_dispatcher(FakeClock())  # time moves only by hand
+    blockers = exhaust(d)
+    assert d.fast_grants == 2 and d._waiters == {}  # granted in the submitting call, no future made
+    queued = asyncio.create_task(d.acquire("metadata", 64 * KiB))
+    await settle()
+    assert d.waiting == 1
+    # A read-protected lane may borrow a bucket depth, so it would have budget; with a lane queued it still
+    # goes through pull() (and a future), not the fast path.
+    t = acquire_now(d, "dataset", 4 * KiB)
+    assert d.fast_grants == 2
+    d.release(t)
+    clock_of(d).advance(1.0)
+    for x in [*blockers, await queued]:
+        d.release(x)
+    assert_all_clear(d)
+    d.release(acquire_now(d, "metadata", 4 * KiB))
+    assert d.fast_grants == 3
+
+
 async def test_waiters_of_a_lane_are_granted_in_submission_order() -> None:
     d = make_dispatcher()
     blockers = exhaust(d)

@@ -1,20 +1,20 @@
 """Clients of the simulated gateway, driving the scheduler exactly as the async shell does.
 
-:class:`SimShell` mirrors ``gateway.runtime.dispatcher.LaneDispatcher``: submit a ticket, pull until the
-answer is not a grant, wake the granted waiters (one event later, as a resolved future resumes its coroutine
-on a later loop iteration), keep a single timer for ``WaitUntil``. A :class:`Stream` is one request: it
-asks for ~1 MiB of budget at a time (the first ticket also carries the per-request cost), moves that chunk
-through the backend model, completes the ticket, and reports what the shell would report (``observe_read``
-for a read's first byte, ``observe_delivered``, ``observe_backend`` for errors). Streams can be cancelled
-mid-flight, as a client disconnect would: a waiting ticket is cancelled, an in-flight chunk is aborted at
-the backend and its ticket completed with the bytes it had moved.
-"""
+:class:`SimShell` mirrors ``gateway.runtime.dispatcher.LaneDispatcher``: submit a ticket (granted in the same
+call on an uncontended scheduler, ``Scheduler.submit_fast``), else pull until the answer is not a grant, wake
+the granted waiters (one event later, as a resolved future resumes its coroutine on a later loop iteration),
+keep a single timer for ``WaitUntil``. A :class:`Stream` is one request: it asks for ~1 MiB of budget at a
+time (the first ticket also carries the per-request cost), moves that chunk through the backend model,
+completes the ticket, and reports what the shell would report (``observe_read`` for a read's first byte,
+``observe_delivered``, ``observe_backend`` for errors). Streams can be cancelled mid-flight, as a client
+disconnect would: a waiting ticket is cancelled, an in-flight chunk is aborted at the backend and its ticket
+completed with the bytes it had moved."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
 from gateway.core.scheduler import Grant, Idle, WaitUntil
 from tests.sim.backend_model import Backend, Meter, _Op
@@ -45,13 +45,24 @@ class SimShell:
         self.refunded: dict[str, int] = {}  # the rest of what was granted, given back
         self._granted: dict[int, tuple[str, int]] = {}
         self.pulls = 0
+        self.fast_grants = 0  # granted by Scheduler.submit_fast, as the dispatcher's fast path
         self.timer_wakeups = 0
         self._waiters: dict[int, Callable[[int], None]] = {}
         self._timer: Timer | None = None
         self._timer_at = 0.0
 
     def acquire(self, lane: str, cost_bytes: int, on_grant: Callable[[int], None]) -> int:
-        ticket = self.sched.submit(lane, cost_bytes, self.sim.now)
+        submit_fast = cast(
+            "Callable[[str, int, float], tuple[int, bool]] | None", getattr(self.sched, "submit_fast", None)
+        )
+        if submit_fast is None:  # a baseline scheduler without the fast path
+            ticket = self.sched.submit(lane, cost_bytes, self.sim.now)
+        else:
+            ticket, granted = submit_fast(lane, cost_bytes, self.sim.now)
+            if granted:
+                self.fast_grants += 1
+                self._record_grant(ticket, lane, cost_bytes, on_grant)
+                return ticket
         self._waiters[ticket] = on_grant
         self.pump()
         return ticket
@@ -93,11 +104,7 @@ class SimShell:
                 if cb is None:
                     self.sched.cancel(d.ticket, now)
                     continue
-                self.granted.add_at(d.lane, now, d.cost_bytes)
-                self.granted_cost[d.lane] = self.granted_cost.get(d.lane, 0) + d.cost_bytes
-                self._granted[d.ticket] = (d.lane, d.cost_bytes)
-                self.sim.trace("grant", d.ticket, d.lane, d.cost_bytes)
-                self.sim.after(0.0, cb, d.ticket)
+                self._record_grant(d.ticket, d.lane, d.cost_bytes, cb)
                 continue
             if isinstance(d, WaitUntil):
                 assert d.at > now, f"WaitUntil({d.at}) is not in the future of {now}"
@@ -110,6 +117,14 @@ class SimShell:
                 self._timer.cancel()
                 self._timer = None
             return
+
+    def _record_grant(self, ticket: int, lane: str, cost_bytes: int, cb: Callable[[int], None]) -> None:
+        now = self.sim.now
+        self.granted.add_at(lane, now, cost_bytes)
+        self.granted_cost[lane] = self.granted_cost.get(lane, 0) + cost_bytes
+        self._granted[ticket] = (lane, cost_bytes)
+        self.sim.trace("grant", ticket, lane, cost_bytes)
+        self.sim.after(0.0, cb, ticket)
 
     def _on_timer(self) -> None:
         self._timer = None
