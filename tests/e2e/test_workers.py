@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import threading
 import time
 import urllib.request
@@ -252,8 +253,14 @@ def test_the_write_cap_holds_for_the_node_not_per_worker(tmp_path: Path, seaweed
     assert down > 0.2 * BANDWIDTH_BPS, report  # reads were active throughout
     assert 0.1 * BANDWIDTH_BPS < up <= 0.30 * BANDWIDTH_BPS * 1.15, report
     # The node's bandwidth holds for both workers together (each paces to its part of it, split by
-    # demand), and so does the 70/30 split: each worker alone would allow itself the whole 40 MB/s.
-    assert up + down <= 1.1 * BANDWIDTH_BPS, report
-    assert 0.65 <= down / (up + down) <= 0.75, report
+    # demand), and so does the 70/30 split: each worker alone would allow itself the whole 40 MB/s. Per
+    # window, medians: a window in which the board's split was still settling (a loaded machine delays
+    # the reports) does not decide it.
+    total = statistics.median((u + d) / relay.window_s for u, d in windows)
+    share = statistics.median(d / (u + d) for u, d in windows if u + d > 0)
+    assert total <= 1.1 * BANDWIDTH_BPS, report
+    # Writes are paced at their cap less its headroom ([scheduler] cap_headroom, 0.1: 27 % of the link), so
+    # reads carry about 73 %; without a node-wide split they carry 80 % or more of far more bytes.
+    assert 0.65 <= share <= 0.79, report
     assert code == 0
     assert "Traceback" not in log_path.read_text()
