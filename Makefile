@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# The torch and s3torch extras (clients.torch; AWS's s3torchconnector against the gateway) are for the tests and
+# The torch and s3torch extras (s3lanes_client.torch; AWS's s3torchconnector against the gateway) are for the tests and
 # the type check only: setup and run stay without them.
 TORCH_STAMP := $(VENV)/.installed-torch
 # `make run` needs the gateway alone (no test, dev or bench extra); a venv set up by `make setup` has it too.
@@ -49,9 +49,9 @@ test: $(TORCH_STAMP)
 PURE_TESTS := tests/core tests/sim
 CORE_COVERAGE_FLOOR := 100
 
-## The pure layers alone (no store, no gateway; property tests with a tenth of their examples) and the gateway/core coverage floor.
+## The pure layers alone (no store, no gateway; property tests with a tenth of their examples) and the gateway/s3lanes/core coverage floor.
 test-fast: $(STAMP)
-	S3LANES_TEST_FAST=1 $(BIN)/coverage run --data-file=.coverage.fast --source=gateway/core \
+	S3LANES_TEST_FAST=1 $(BIN)/coverage run --data-file=.coverage.fast --source=gateway/s3lanes/core \
 		-m pytest -q -p no:cacheprovider $(PURE_TESTS) $(PYTEST_ARGS)
 	$(BIN)/coverage report --data-file=.coverage.fast --fail-under=$(CORE_COVERAGE_FLOOR) --show-missing --skip-covered
 

@@ -19,8 +19,8 @@ import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from clients import ClientConfig, GatewayClient, Lane
-from clients.torch import S3StorageReader
+from s3lanes_client import ClientConfig, GatewayClient, Lane
+from s3lanes_client.torch import S3StorageReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_loop import make_model  # the same model definition as the writer

@@ -26,8 +26,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.utils.data import DataLoader
 
-from clients import ClientConfig, GatewayClient, Lane
-from clients.torch import S3IterableDataset, S3StorageWriter, Sample
+from s3lanes_client import ClientConfig, GatewayClient, Lane
+from s3lanes_client.torch import S3IterableDataset, S3StorageWriter, Sample
 
 FEATURES = 64
 CLASSES = 4

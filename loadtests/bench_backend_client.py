@@ -1,7 +1,7 @@
 """CPU per GET of the gateway's two backend paths, in one process: the aiohttp session and the lean client.
 
 Starts a SeaweedFS, uploads one object, then alternates rounds of ``--count`` GETs from ``--concurrency``
-tasks through :meth:`gateway.runtime.backend.Backend.read` with ``[backend] raw_reads`` on and off (the
+tasks through :meth:`s3lanes.runtime.backend.Backend.read` with ``[backend] raw_reads`` on and off (the
 same signing, the same body streaming with ``iter_chunks``, on uvloop as the gateway runs), and prints the
 process CPU (user+sys) per GET of each round and the best and median per path. In-process and interleaved,
 so the machine's load touches both paths alike; the store's CPU is not counted (another process).
@@ -23,11 +23,11 @@ from pathlib import Path
 import boto3
 import uvloop
 
-from gateway.clock import SystemClock
-from gateway.config import BackendConfig, Credential
-from gateway.runtime.backend import Backend
-from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.clock import SystemClock
+from s3lanes.config import BackendConfig, Credential
+from s3lanes.runtime.backend import Backend
+from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
+from s3lanes.seaweed.process import SeaweedProcess
 
 
 def cpu_s() -> float:

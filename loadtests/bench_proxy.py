@@ -27,7 +27,7 @@ The client is deliberately lean (:class:`RawHttp`: one ``asyncio.BufferedProtoco
 parses the response head and counts body bytes into one reused buffer), because on a small machine a heavy
 client competes with the gateway for the same cores. ``--client aiohttp`` runs the same phases with an
 aiohttp client instead, as a cross-check. Requests are signed with the project's own
-:func:`gateway.core.sigv4.sign_headers` (no botocore on the hot path).
+:func:`s3lanes.core.sigv4.sign_headers` (no botocore on the hot path).
 
 Everything is bounded: each phase has a request count and a time limit (``--phase-timeout-s``), and the
 processes are stopped (SIGTERM, then SIGKILL) and the state directory removed on success, failure and Ctrl-C.
@@ -55,8 +55,8 @@ from typing import Any
 
 import uvloop
 
-from gateway.core.sigv4 import UNSIGNED_PAYLOAD
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD
+from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
@@ -169,7 +169,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a = p.parse_args(argv)
     q = a.quick
     if a.compare_tree is not None and not (a.compare_tree / "gateway" / "__main__.py").is_file():
-        p.error(f"--compare-tree: {a.compare_tree} holds no gateway/__main__.py")
+        p.error(f"--compare-tree: {a.compare_tree} holds no s3lanes/__main__.py")
     phases = frozenset(x.strip() for x in a.phases.split(",") if x.strip())
     if not phases or not phases <= set(PHASES):
         p.error(f"--phases: some of {','.join(PHASES)}, not {a.phases!r}")

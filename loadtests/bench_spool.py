@@ -78,9 +78,9 @@ from urllib.parse import quote
 
 import uvloop
 
-from gateway.config import parse_rate
-from gateway.core.sigv4 import UNSIGNED_PAYLOAD
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.config import parse_rate
+from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD
+from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (

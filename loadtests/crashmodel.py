@@ -753,7 +753,7 @@ class GatewayProcess:
                 [
                     sys.executable,
                     "-m",
-                    "gateway",
+                    "s3lanes",
                     "serve",
                     "--config",
                     str(self.config_path),

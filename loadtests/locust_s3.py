@@ -7,7 +7,7 @@ printed before any locustfile is imported): docs/loadtests.md has the table. The
 Theory of operation
 -------------------
 *Signing.* Every request is signed by :class:`S3Signer` with the project's own
-:func:`gateway.core.sigv4.sign_headers` (what the gateway itself uses towards its backend): the path and
+:func:`s3lanes.core.sigv4.sign_headers` (what the gateway itself uses towards its backend): the path and
 query are percent-encoded once, the S3 way, and sent exactly as signed (geventhttpclient's re-quoting
 leaves such a URI unchanged), with the ``Host`` header set explicitly. Object bodies travel as
 ``UNSIGNED-PAYLOAD`` (as the AWS SDKs do over TLS); small XML bodies are signed with their SHA-256. A wrong
@@ -58,9 +58,9 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 from locust.user.wait_time import constant_throughput
 
-from gateway.config import parse_size
-from gateway.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
-from gateway.core.uri import s3_quote
+from s3lanes.config import parse_size
+from s3lanes.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
+from s3lanes.core.uri import s3_quote
 from loadtests import locust_phases
 from loadtests.dataprep import DEFAULT_OBJECT_SIZE, DEFAULT_OBJECTS, DEFAULT_PREFIX, dataset_key
 from loadtests.locust_phases import BURST_REQUEST_TYPE, BurstSchedule, current_tracker, listener

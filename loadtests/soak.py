@@ -89,10 +89,10 @@ from types import FrameType
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
 
-from clients import ClientConfig, GatewayClient
-from gateway.config import parse_size
-from gateway.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes_client import ClientConfig, GatewayClient
+from s3lanes.config import parse_size
+from s3lanes.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
+from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.dataprep import prepare
 from loadtests.harness.gateway import server_toml, tail
 from loadtests.harness.gateway import start_gateway as harness_start_gateway
@@ -515,7 +515,7 @@ def start_gateway(root: Path, backend_url: str) -> Gateway:
     d.mkdir()
     spool_dir = d / "spool"
     text = gateway_toml(d, backend_url, spool_dir)
-    # cwd=ROOT: `-m gateway` runs this working tree's code
+    # cwd=ROOT: `-m s3lanes` runs this working tree's code
     gw = harness_start_gateway(
         d, text, source=ROOT, timeout_s=GATEWAY_START_TIMEOUT_S, error=SoakError, spool_dir=spool_dir
     )

@@ -17,7 +17,7 @@ put the newest state back before flush answers durable (see :mod:`loadtests.cras
 kill the workload pauses, the bucket is flushed and the store, read directly, must hold an acceptable state
 of every key and no drain upload (a state put back late would otherwise be hidden by later writes).
 
-``--gateway-source DIR`` runs ``python -m gateway`` from another checkout (e.g. one with a fix applied)
+``--gateway-source DIR`` runs ``python -m s3lanes`` from another checkout (e.g. one with a fix applied)
 while the driver itself stays this one.
 """
 
@@ -40,14 +40,14 @@ import boto3
 import botocore.handlers
 from botocore.config import Config as BotoConfig
 
-import gateway
-from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
-from gateway.seaweed.process import SeaweedProcess
+import s3lanes
+from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
+from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.crashmodel import REGION, CrashConfig, run_crash
 
 BUCKET = "crash"
 ACCESS_KEY = "CRASHTESTACCESSKEY01"
-GATEWAY_SOURCE = Path(gateway.__file__).resolve().parent.parent
+GATEWAY_SOURCE = Path(s3lanes.__file__).resolve().parent.parent
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -82,7 +82,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--gateway-source",
         type=Path,
         default=GATEWAY_SOURCE,
-        help="directory to run `python -m gateway` from (default: this checkout)",
+        help="directory to run `python -m s3lanes` from (default: this checkout)",
     )
     args = p.parse_args(argv)
     if args.iterations < 0 or args.ops < 0 or args.workers < 1 or args.keys_per_worker < 2:

@@ -30,8 +30,8 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from hypothesis import HealthCheck, settings
 
-from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
+from s3lanes.seaweed.process import SeaweedProcess
 from tests.budget import FAST
 
 # make test-fast (tests/budget.py): few examples, the same ones every run.

@@ -1,11 +1,11 @@
-"""docs/configuration.md documents every setting declared in gateway.config.SETTINGS, and no other."""
+"""docs/configuration.md documents every setting declared in s3lanes.config.SETTINGS, and no other."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from gateway.config import SETTINGS
+from s3lanes.config import SETTINGS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 

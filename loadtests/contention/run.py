@@ -387,7 +387,7 @@ def spawn_gateway(tb: Testbed, work: Path, scenario: str, extra: str, opts: Opti
     cfg.write_text(text)
     ready = d / "ready.json"
     argv = tb.client_argv(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--ready-file", str(ready)]
+        [sys.executable, "-m", "s3lanes", "serve", "--config", str(cfg), "--ready-file", str(ready)]
     )
     child = spawn(f"gateway-{scenario}", argv, d / "gateway.log", cwd=GATEWAY_SOURCE)
     tb.children.append(child)  # the testbed's teardown stops it too, should we fail before we do

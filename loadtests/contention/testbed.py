@@ -40,7 +40,7 @@ rate, with a bounded depth in bytes (a full FIFO stops the relay reading, which 
 a model of the netns testbed, not a measurement of hardware: report its parameters with every result.
 
 SeaweedFS runs under a small agent process (``_weed`` below, inside the server namespace for netns) that
-uses the project's own supervisor (:class:`gateway.seaweed.SeaweedProcess`) and stops weed when it
+uses the project's own supervisor (:class:`s3lanes.seaweed.SeaweedProcess`) and stops weed when it
 is told to (SIGTERM) or dies; the agent reports weed's pid, which :meth:`Testbed.down` kills too if the
 agent could not.
 """
@@ -66,8 +66,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
+from s3lanes.seaweed.process import SeaweedProcess
 
 MIB = 1024 * 1024
 MB = 1_000_000

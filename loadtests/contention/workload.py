@@ -8,7 +8,7 @@ the orchestrator can lay the probe's samples over the trainer's checkpoint windo
 
 Theory of operation
 -------------------
-- **Requests** are SigV4-signed with the project's :func:`gateway.core.sigv4.sign_headers`
+- **Requests** are SigV4-signed with the project's :func:`s3lanes.core.sigv4.sign_headers`
   (``UNSIGNED-PAYLOAD`` over plain HTTP, as the benchmark harness does) and sent with aiohttp. Object data are
   views into one random 8 MiB block at seed-dependent offsets: nothing compressible, nothing on disk.
 - **The probe** is open loop: range GETs of ``range_bytes`` at ``rate_per_s``, each fired at its scheduled
@@ -64,7 +64,7 @@ import aiohttp
 import uvloop
 from yarl import URL
 
-from gateway.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
+from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 from loadtests.contention.testbed import ACCESS_KEY, REGION, SECRET_KEY, write_json_atomic
 
 MIB = 1024 * 1024

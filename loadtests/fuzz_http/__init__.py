@@ -12,7 +12,7 @@ and real credentials. Then it runs ``--cases`` cases, ``--concurrency`` at a tim
 sequence of exchanges on one keep-alive connection (a new one when the server closed it), written byte for
 byte with asyncio streams, never through an HTTP library, because broken framing needs raw bytes. Each case
 kind (:data:`KINDS`) mixes hostile requests with valid SigV4-signed ones (signed with
-``gateway.core.sigv4.sign_headers``): broken, missing and duplicated Authorization, bad and skewed dates,
+``s3lanes.core.sigv4.sign_headers``): broken, missing and duplicated Authorization, bad and skewed dates,
 wrong payload hashes and digests, truncated, oversized and mis-framed bodies, bad aws-chunked framing and
 trailers, invalid ranges and part numbers, odd keys (``..``, ``.``, ``//``, ``%00``, ``%2F``, raw non-UTF-8
 bytes, 1 KiB of unicode, control characters, keys over 1024 bytes), bad XML for CompleteMultipartUpload and

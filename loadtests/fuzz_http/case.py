@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from urllib.parse import quote
 
-from gateway.core.sigv4 import (
+from s3lanes.core.sigv4 import (
     UNSIGNED_PAYLOAD,
     canonical_query,
     canonical_uri,

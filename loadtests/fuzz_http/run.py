@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.fuzz_http.case import Case
 from loadtests.fuzz_http.endchecks import (
     EndReport,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.fuzz_http.options import (
     _SPOOL_LAYOUT_RE,
     ACCESS_KEY,
@@ -88,7 +88,7 @@ def start_gateway(stack: Stack) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3LANES_"))}
     env["TMPDIR"] = str(stack.gateway_tmp)
     env["PYTHONPATH"] = str(stack.gateway_source)
-    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--ready-file", str(ready)]
+    argv = [sys.executable, "-m", "s3lanes", "serve", "--config", str(cfg), "--ready-file", str(ready)]
     # In its own session: a Ctrl-C reaches this script only; it stops the gateway itself.
     stack.proc = spawn(argv, stack.log_path, cwd=stack.gateway_cwd, env=env)
     doc = wait_ready(

@@ -1,7 +1,7 @@
 """The gateway under test as a process of ours: started from a config, ready when its ready file says
 so, stopped by its pid (SIGTERM, then SIGKILL after a timeout).
 
-Every benchmark and load test starts ``python -m gateway serve --config CFG --ready-file READY`` the same
+Every benchmark and load test starts ``python -m s3lanes serve --config CFG --ready-file READY`` the same
 way: in its own session (a Ctrl-C reaches the harness only, which stops the gateway in order), its output
 in a log file, from the directory holding the ``gateway`` package to run (by default the code imported
 here; another tree to compare), and waits for the ready file the gateway writes once it listens.
@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import gateway
+import s3lanes
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.store import ACCESS_KEY, REGION, SECRET_KEY
 
 # The directory holding the gateway package under test (a checkout, or an exported tree run from its
 # directory with PYTHONPATH pointing at this one's loadtests/).
-GATEWAY_SOURCE = Path(gateway.__file__).resolve().parent.parent
+GATEWAY_SOURCE = Path(s3lanes.__file__).resolve().parent.parent
 GATEWAY_START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 READY_POLL_S = 0.02
@@ -121,7 +121,7 @@ def start_gateway(
     cfg.write_text(config_text)
     ready = directory / ready_name
     log = directory / log_name
-    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(cfg), "--ready-file", str(ready)]
+    argv = [sys.executable, "-m", "s3lanes", "serve", "--config", str(cfg), "--ready-file", str(ready)]
     popen = spawn(argv, log, cwd=source, env=env)
     try:
         what = "the gateway" if name == "gateway" else f"gateway {name}"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import aiohttp
 
-from gateway import __version__ as GATEWAY_VERSION
-from gateway.seaweed.command import find_weed_binary
+from s3lanes import __version__ as GATEWAY_VERSION
+from s3lanes.seaweed.command import find_weed_binary
 from loadtests.harness.gateway import GATEWAY_SOURCE
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -1,5 +1,5 @@
 """A lean signed HTTP/1.1 client (one ``asyncio.BufferedProtocol`` a connection) and an aiohttp one
-for cross-checks; requests signed with the project's own :func:`gateway.core.sigv4.sign_headers`."""
+for cross-checks; requests signed with the project's own :func:`s3lanes.core.sigv4.sign_headers`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Protocol, cast
 import aiohttp
 from yarl import URL
 
-from gateway.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
+from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.payload import payload_pieces, payload_sha256

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
+from s3lanes.seaweed.process import SeaweedProcess
 
 BUCKET = "bench"
 REGION = "us-east-1"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.access import Grant, TenantPolicy
-from gateway.core.lanes_config import parse_tenant_policies
-from gateway.errors import AccessDenied
+from s3lanes.core.access import Grant, TenantPolicy
+from s3lanes.core.lanes_config import parse_tenant_policies
+from s3lanes.errors import AccessDenied
 
 JOB = TenantPolicy(
     read=(Grant("datasets"), Grant("ckpt", "job-42/")),

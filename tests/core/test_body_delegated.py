@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from gateway.core.body import UploadBody
-from gateway.core.checksums import BodyVerifier
-from gateway.core.chunked import AwsChunkedDecoder
-from gateway.core.sigv4 import STREAMING_UNSIGNED_TRAILER, UNSIGNED_PAYLOAD
-from gateway.errors import BadDigest, IncompleteBody, XAmzContentSHA256Mismatch
+from s3lanes.core.body import UploadBody
+from s3lanes.core.checksums import BodyVerifier
+from s3lanes.core.chunked import AwsChunkedDecoder
+from s3lanes.core.sigv4 import STREAMING_UNSIGNED_TRAILER, UNSIGNED_PAYLOAD
+from s3lanes.errors import BadDigest, IncompleteBody, XAmzContentSHA256Mismatch
 
 BODY = bytes(range(256)) * 300
 

@@ -14,7 +14,7 @@ from awscrt import checksums as crt_checksums
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.checksums import (
+from s3lanes.core.checksums import (
     crc_combine,
     is_checksum_value_header,
     multipart_checksum,
@@ -22,10 +22,10 @@ from gateway.core.checksums import (
     upload_checksum,
     without_aws_chunked,
 )
-from gateway.core.journal_records import Complete
-from gateway.core.s3docs import complete_multipart_checksums
-from gateway.core.spool_state import MIN_PART_BYTES, SpoolState, object_checksum
-from gateway.errors import BadDigest, InvalidRequest
+from s3lanes.core.journal_records import Complete
+from s3lanes.core.s3docs import complete_multipart_checksums
+from s3lanes.core.spool_state import MIN_PART_BYTES, SpoolState, object_checksum
+from s3lanes.errors import BadDigest, InvalidRequest
 from tests.budget import examples
 
 WALL = 1_700_000_000.0

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.checksums import ALGORITHMS, BodyVerifier, check_content_md5, header_for, new_checksum
-from gateway.core.sigv4 import STREAMING_SIGNED, STREAMING_UNSIGNED_TRAILER, UNSIGNED_PAYLOAD
-from gateway.errors import (
+from s3lanes.core.checksums import ALGORITHMS, BodyVerifier, check_content_md5, header_for, new_checksum
+from s3lanes.core.sigv4 import STREAMING_SIGNED, STREAMING_UNSIGNED_TRAILER, UNSIGNED_PAYLOAD
+from s3lanes.errors import (
     BadDigest,
     InvalidArgument,
     InvalidDigest,

@@ -11,15 +11,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.core.checksums import BodyVerifier
-from gateway.core.chunked import (
+from s3lanes.core.checksums import BodyVerifier
+from s3lanes.core.chunked import (
     MAX_CHUNK_HEADER_BYTES,
     S3_MIN_CHUNK_BYTES,
     AwsChunkedDecoder,
     canonical_trailer,
     encode_aws_chunked,
 )
-from gateway.core.sigv4 import (
+from s3lanes.core.sigv4 import (
     STREAMING_SIGNED_TRAILER,
     AuthInfo,
     ChunkSignatureChain,
@@ -29,7 +29,7 @@ from gateway.core.sigv4 import (
     signing_key,
     verify,
 )
-from gateway.errors import (
+from s3lanes.errors import (
     IncompleteBody,
     InvalidChunkSizeError,
     MalformedTrailerError,

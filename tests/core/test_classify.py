@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core import s3request
-from gateway.core.classify import (
+from s3lanes.core import s3request
+from s3lanes.core.classify import (
     CHECKPOINT,
     DATASET,
     DEFAULT_LANES,

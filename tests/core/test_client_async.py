@@ -10,7 +10,7 @@ import pytest
 from aiobotocore.stub import AioStubber  # type: ignore[import-untyped]
 from botocore.exceptions import ClientError
 
-from clients import (
+from s3lanes_client import (
     AsyncGatewayClient,
     ClientConfig,
     NotDurableError,
@@ -18,8 +18,8 @@ from clients import (
     RetryEvent,
     RetryPolicy,
 )
-from clients.durability import Pending
-from clients.model import DurabilityStatus
+from s3lanes_client.durability import Pending
+from s3lanes_client.model import DurabilityStatus
 
 
 class FakeTime:

@@ -8,8 +8,8 @@ from typing import Any, cast
 
 import pytest
 
-from clients.model import ObjectInfo
-from clients.reader import ObjectReader
+from s3lanes_client.model import ObjectInfo
+from s3lanes_client.reader import ObjectReader
 
 BLOB = bytes(range(256)) * 40  # 10240 bytes
 

@@ -11,16 +11,16 @@ import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError, SSLError
 from botocore.stub import Stubber
 
-from clients import ClientConfig, GatewayClient, RetriesExhausted, RetryEvent, RetryPolicy
-from clients._failures import failure_from_exception
-from clients.durability import Pending, Transient, flush_url, interpret, poll_timeout_s
-from clients.errors import BucketNotFound, FlushUnsupported, InvalidS3URI, NotDurableError
-from clients.hints import LANE_HEADER, WRITE_THROUGH_HEADER, HintHooks, check_lane
-from clients.model import DurabilityStatus
-from clients.retry import Failure, GiveUp, Retry, RetryState, parse_retry_after
-from clients.sharding import epoch_order, shard_indices
-from clients.sync import range_header
-from clients.uri import S3URI, parse_s3_uri
+from s3lanes_client import ClientConfig, GatewayClient, RetriesExhausted, RetryEvent, RetryPolicy
+from s3lanes_client._failures import failure_from_exception
+from s3lanes_client.durability import Pending, Transient, flush_url, interpret, poll_timeout_s
+from s3lanes_client.errors import BucketNotFound, FlushUnsupported, InvalidS3URI, NotDurableError
+from s3lanes_client.hints import LANE_HEADER, WRITE_THROUGH_HEADER, HintHooks, check_lane
+from s3lanes_client.model import DurabilityStatus
+from s3lanes_client.retry import Failure, GiveUp, Retry, RetryState, parse_retry_after
+from s3lanes_client.sharding import epoch_order, shard_indices
+from s3lanes_client.sync import range_header
+from s3lanes_client.uri import S3URI, parse_s3_uri
 
 SLOWDOWN = Failure(code="SlowDown", status=503, retry_after_s=1.0)
 RESET = Failure(code="ConnectionClosedError")

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.cluster_budget import (
+from s3lanes.core.cluster_budget import (
     DEMAND_HEADROOM,
     SAFE_DECAY_INTERVALS,
     LaneReport,

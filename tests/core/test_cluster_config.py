@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_config
-from gateway.errors import ConfigError
+from s3lanes.config import load_config
+from s3lanes.errors import ConfigError
 
 
 def test_without_redis_url_the_gateway_runs_alone_with_sane_defaults() -> None:

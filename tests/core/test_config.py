@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import SECTION_CLASSES, SETTINGS, Listen, load_config, parse_listen
-from gateway.errors import ConfigError
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.config import SECTION_CLASSES, SETTINGS, Listen, load_config, parse_listen
+from s3lanes.errors import ConfigError
+from s3lanes.runtime.wiring import scheduler_config
 
 
 def write(tmp_path: Path, text: str) -> Path:

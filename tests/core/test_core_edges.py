@@ -12,21 +12,21 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.config import Config
-from gateway.core.access import Grant as AccessGrant
-from gateway.core.access import TenantPolicy
-from gateway.core.body import UploadBody
-from gateway.core.checksums import BodyVerifier
-from gateway.core.chunked import AwsChunkedDecoder, encode_aws_chunked
-from gateway.core.classify import CheckpointPrefixes, Classifier, Rule, rule_problems
-from gateway.core.cluster_budget import ReportError, decode_report
-from gateway.core.journal import Replay, encode_record, file_header, replay
-from gateway.core.lanes_config import parse_rules, parse_tenant_policies, parse_tenants
-from gateway.core.objectread import StoredObject, object_attributes_xml
-from gateway.core.routing import RouteTable, rename_in_xml, rename_location
-from gateway.core.s3request import parse_target, split_target
-from gateway.core.sched_alloc import LaneDemand, allocate
-from gateway.core.sched_control import (
+from s3lanes.config import Config
+from s3lanes.core.access import Grant as AccessGrant
+from s3lanes.core.access import TenantPolicy
+from s3lanes.core.body import UploadBody
+from s3lanes.core.checksums import BodyVerifier
+from s3lanes.core.chunked import AwsChunkedDecoder, encode_aws_chunked
+from s3lanes.core.classify import CheckpointPrefixes, Classifier, Rule, rule_problems
+from s3lanes.core.cluster_budget import ReportError, decode_report
+from s3lanes.core.journal import Replay, encode_record, file_header, replay
+from s3lanes.core.lanes_config import parse_rules, parse_tenant_policies, parse_tenants
+from s3lanes.core.objectread import StoredObject, object_attributes_xml
+from s3lanes.core.routing import RouteTable, rename_in_xml, rename_location
+from s3lanes.core.s3request import parse_target, split_target
+from s3lanes.core.sched_alloc import LaneDemand, allocate
+from s3lanes.core.sched_control import (
     _BASELINE_MAX_SAMPLES,
     BASELINE_HISTORY_S,
     GUARD_MIN_GOOD_SAMPLES,
@@ -34,8 +34,8 @@ from gateway.core.sched_control import (
     LatencyGuard,
     TokenBucket,
 )
-from gateway.core.scheduler import Grant, LaneSpec, Scheduler, WaitUntil
-from gateway.core.sigv4 import (
+from s3lanes.core.scheduler import Grant, LaneSpec, Scheduler, WaitUntil
+from s3lanes.core.sigv4 import (
     EMPTY_SHA256,
     UNSIGNED_PAYLOAD,
     ChunkSignatureChain,
@@ -44,17 +44,17 @@ from gateway.core.sigv4 import (
     signing_key,
     verify,
 )
-from gateway.core.sniff import detect_content_type
-from gateway.core.spool_deadline import CheckpointCadence
-from gateway.core.spool_state import SpoolState, checksum_of_meta
-from gateway.errors import (
+from s3lanes.core.sniff import detect_content_type
+from s3lanes.core.spool_deadline import CheckpointCadence
+from s3lanes.core.spool_state import SpoolState, checksum_of_meta
+from s3lanes.errors import (
     AccessDenied,
     InvalidArgument,
     InvalidRequest,
     MalformedTrailerError,
     S3Error,
 )
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.runtime.wiring import scheduler_config
 from tests.core.test_chunked import decode, make_verified, signer_for
 from tests.core.test_scheduler_progress import cut_guard
 from tests.core.test_sigv4 import GOOD_AUTH, PRESIGNED_QUERY, S3_HOST, S3_NOW, S3_SECRET, request

@@ -23,7 +23,7 @@ def _names(requirements: list[str]) -> set[str]:
 
 def test_the_lightning_checkpoint_io_has_an_extra_with_lightning_2_and_torch() -> None:
     # The module where the client package is imported from (the working tree, or the installed wheel when
-    # the tests run from a copy); found without importing clients.torch, which needs torch.
+    # the tests run from a copy); found without importing s3lanes_client.torch, which needs torch.
     spec = importlib.util.find_spec("clients")
     assert spec is not None and spec.origin is not None
     source = (Path(spec.origin).parent / "torch" / "lightning.py").read_text()
@@ -31,7 +31,7 @@ def test_the_lightning_checkpoint_io_has_an_extra_with_lightning_2_and_torch() -
     extras = _extras()
     assert "lightning" in extras
     assert "lightning>=2" in extras["lightning"]
-    # clients.torch.lightning imports torch: the extra brings what the torch extra brings.
+    # s3lanes_client.torch.lightning imports torch: the extra brings what the torch extra brings.
     assert _names(extras["torch"]) <= _names(extras["lightning"])
     assert [r for r in extras["lightning"] if r.startswith("torch")] == [
         r for r in extras["torch"] if r.startswith("torch")

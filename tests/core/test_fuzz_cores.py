@@ -2,24 +2,24 @@
 
 What each core must do with any input, whatever it is:
 
-* SigV4 (``gateway.core.sigv4``): a request signed by :func:`sign_headers` (random method, path, query and
+* SigV4 (``s3lanes.core.sigv4``): a request signed by :func:`sign_headers` (random method, path, query and
   header values, odd characters included) verifies, and so does a presigned URL built here independently;
   changing any one character the signature covers makes verification fail; canonical forms are
   deterministic and idempotent; the order and case of header names do not change a signature.
-* aws-chunked (``gateway.core.chunked``): any payload, cut into any chunks, encoded (signed or not, with or
+* aws-chunked (``s3lanes.core.chunked``): any payload, cut into any chunks, encoded (signed or not, with or
   without a trailer) and fed in any splits, decodes to exactly that payload and those trailers; any one
   changed byte in a signed body is refused, unless the change means the same thing (a hex digit's case).
-* Journal codec (``gateway.core.journal``): any record either refuses to encode (TypeError, ValueError,
+* Journal codec (``s3lanes.core.journal``): any record either refuses to encode (TypeError, ValueError,
   OverflowError) or replays to itself; any one changed, inserted or removed byte in a journal replays to a
   prefix of the records or raises JournalCorrupt, never to a different record.
-* Range and conditional headers (``gateway.core.objectread``): whatever the Range, partNumber and response
+* Range and conditional headers (``s3lanes.core.objectread``): whatever the Range, partNumber and response
   overrides, the plan lies within the object, its headers agree with it, and no header value carries CR,
   LF or NUL; otherwise an S3 error with status 400, 412 or 416.
-* XML (``gateway.http.s3xml``, ``gateway.core.listing``): the documents parse with ElementTree for arbitrary
+* XML (``s3lanes.http.s3xml``, ``s3lanes.core.listing``): the documents parse with ElementTree for arbitrary
   unicode (control characters, U+FFFE, lone surrogates from undecodable wire bytes) and give back the text
   that went in (what XML cannot carry replaced by U+FFFD in error documents; listings refuse it unless
   ``encoding-type=url``).
-* Targets and digests (``gateway.core.s3request``, ``gateway.core.checksums``): any path, query and header
+* Targets and digests (``s3lanes.core.s3request``, ``s3lanes.core.checksums``): any path, query and header
   values give a target or an S3 error; any digest headers give a verifier or an S3 error.
 
 Existing tests already cover some of this with narrower inputs (``test_sigv4.py``, ``test_chunked.py``,
@@ -48,13 +48,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument as HypothesisInvalidArgument
 
-from gateway.core.checksums import BodyVerifier
-from gateway.core.chunked import AwsChunkedDecoder, encode_aws_chunked
-from gateway.core.journal import JournalCorrupt, encode_batch, encode_record, file_header, replay
-from gateway.core.listing import ListEntry, ListPage, ListRequest, render_list_xml
-from gateway.core.objectread import StoredObject, plan_read
-from gateway.core.s3request import parse_target
-from gateway.core.sigv4 import (
+from s3lanes.core.checksums import BodyVerifier
+from s3lanes.core.chunked import AwsChunkedDecoder, encode_aws_chunked
+from s3lanes.core.journal import JournalCorrupt, encode_batch, encode_record, file_header, replay
+from s3lanes.core.listing import ListEntry, ListPage, ListRequest, render_list_xml
+from s3lanes.core.objectread import StoredObject, plan_read
+from s3lanes.core.s3request import parse_target
+from s3lanes.core.sigv4 import (
     PAYLOAD_LITERALS,
     STREAMING_SIGNED,
     STREAMING_SIGNED_TRAILER,
@@ -70,8 +70,8 @@ from gateway.core.sigv4 import (
     signing_key,
     verify,
 )
-from gateway.errors import AccessDenied, S3Error
-from gateway.http.s3xml import error_xml
+from s3lanes.errors import AccessDenied, S3Error
+from s3lanes.http.s3xml import error_xml
 from tests.budget import examples
 
 # --------------------------------------------------------------------------------------------------

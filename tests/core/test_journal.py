@@ -15,7 +15,7 @@ from awscrt import checksums
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.journal import (
+from s3lanes.core.journal import (
     FILE_MAGIC,
     FRAME_HEADER_BYTES,
     FRAME_MAGIC,
@@ -28,7 +28,7 @@ from gateway.core.journal import (
     file_header,
     replay,
 )
-from gateway.errors import GatewayError
+from s3lanes.errors import GatewayError
 from tests.budget import examples
 
 # ~20 records of varied shapes and sizes: empty, tiny, fixmap/map16 boundaries, str8/str16 and bin8/bin16

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gateway.core.journal import BATCH_KEY, encode_batch, file_header, replay
-from gateway.core.journal_records import Complete, Delete, Done, Put, decode
-from gateway.core.spool_state import EntryState, SpoolState
+from s3lanes.core.journal import BATCH_KEY, encode_batch, file_header, replay
+from s3lanes.core.journal_records import Complete, Delete, Done, Put, decode
+from s3lanes.core.spool_state import EntryState, SpoolState
 
 DATA = Path(__file__).parent / "data"
 MARKERS = (".metadata",)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.core.classify import (
+from s3lanes.core.classify import (
     CHECKPOINT,
     DATASET,
     DEFAULT_LANES,
@@ -19,13 +19,13 @@ from gateway.core.classify import (
     RequestFacts,
     Rule,
 )
-from gateway.core.lanes_config import (
+from s3lanes.core.lanes_config import (
     default_lanes,
     parse_lanes,
     parse_rules,
     parse_tenants,
 )
-from gateway.core.scheduler import LaneSpec
+from s3lanes.core.scheduler import LaneSpec
 
 SRC = "s3lanes.toml"
 LANES = frozenset(DEFAULT_LANES)

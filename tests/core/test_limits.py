@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.limits import MAX_HEADERS, MAX_SINGLE_UPLOAD_BYTES, check_limits
-from gateway.errors import S3Error
+from s3lanes.core.limits import MAX_HEADERS, MAX_SINGLE_UPLOAD_BYTES, check_limits
+from s3lanes.errors import S3Error
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.listing import (
+from s3lanes.core.listing import (
     MAX_KEYS_LIMIT,
     S3_XMLNS,
     BackendListing,
@@ -37,7 +37,7 @@ from gateway.core.listing import (
     prefixes_to_expand,
     render_list_xml,
 )
-from gateway.errors import InvalidArgument
+from s3lanes.errors import InvalidArgument
 from tests.budget import examples
 
 T0 = 1_790_000_000.0

@@ -1,10 +1,10 @@
-"""ListObjectVersions merged with the spool (gateway.core.listing): a spooled key is one version, "null"."""
+"""ListObjectVersions merged with the spool (s3lanes.core.listing): a spooled key is one version, "null"."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.core.listing import (
+from s3lanes.core.listing import (
     NULL_VERSION,
     ListEntry,
     PartsPage,
@@ -30,7 +30,7 @@ from gateway.core.listing import (
     shows_owner,
     versions_prefixes_to_expand,
 )
-from gateway.errors import InvalidArgument
+from s3lanes.errors import InvalidArgument
 
 T0 = 1_790_000_000.0
 

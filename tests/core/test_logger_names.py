@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import gateway
-from gateway.logsetup import configure_logging
+import s3lanes
+from s3lanes.logsetup import configure_logging
 
-GATEWAY = Path(gateway.__file__).parent
+GATEWAY = Path(s3lanes.__file__).parent
 # logsetup configures the root logger and third-party ones (aiohttp); it is the one place allowed to.
 EXEMPT = {GATEWAY / "logsetup.py"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.core.metrics_merge import merge_expositions, with_worker_label
+from s3lanes.core.metrics_merge import merge_expositions, with_worker_label
 
 
 def test_the_worker_label_goes_first_in_the_braces_or_makes_them() -> None:

@@ -7,16 +7,16 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.config import Config
-from gateway.core.cluster_budget import (
+from s3lanes.config import Config
+from s3lanes.core.cluster_budget import (
     NODE_SHARE_FLOOR,
     NodeReport,
     decode_report,
     encode_report,
     node_shares,
 )
-from gateway.core.scheduler import Scheduler
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.core.scheduler import Scheduler
+from s3lanes.runtime.wiring import scheduler_config
 from tests.core.test_scheduler_external_limit import rate_of
 
 C = 100_000_000.0

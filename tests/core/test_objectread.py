@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.core.objectread import (
+from s3lanes.core.objectread import (
     DEFAULT_CONTENT_TYPE,
     InvalidPartNumber,
     ReadPlan,
@@ -20,7 +20,7 @@ from gateway.core.objectread import (
     object_attributes_xml,
     plan_read,
 )
-from gateway.errors import InvalidArgument, InvalidRange, InvalidRequest, PreconditionFailed, S3Error
+from s3lanes.errors import InvalidArgument, InvalidRange, InvalidRequest, PreconditionFailed, S3Error
 from tests.budget import examples
 
 LAST_MODIFIED = 1_700_000_000.75  # a fraction of a second: HTTP dates (and comparisons) use whole seconds

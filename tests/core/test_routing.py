@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.config import load_config
-from gateway.core.routing import (
+from s3lanes.config import load_config
+from s3lanes.core.routing import (
     DEFAULT_BACKEND,
     Route,
     RouteTable,
@@ -20,7 +20,7 @@ from gateway.core.routing import (
     rename_location,
     split_copy_source,
 )
-from gateway.errors import ConfigError
+from s3lanes.errors import ConfigError
 
 TABLE = RouteTable(
     [

@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.core.s3docs import (
+from s3lanes.core.s3docs import (
     MAX_COMPLETE_PARTS,
     MAX_DELETE_OBJECTS,
     complete_multipart_parts,
     delete_objects_keys,
     delete_objects_targets,
 )
-from gateway.errors import MalformedXML
+from s3lanes.errors import MalformedXML
 
 NS = 'xmlns="http://s3.amazonaws.com/doc/2006-03-01/"'
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.s3request import bucket_from_host, parse_target, query_names
-from gateway.errors import InvalidBucketName
+from s3lanes.core.s3request import bucket_from_host, parse_target, query_names
+from s3lanes.errors import InvalidBucketName
 
 DOMAINS = ("s3.example.com", "localhost")
 

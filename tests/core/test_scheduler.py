@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import Config
-from gateway.core.lanes_config import default_lanes
-from gateway.core.sched_alloc import LaneDemand, allocate
-from gateway.core.sched_control import (
+from s3lanes.config import Config
+from s3lanes.core.lanes_config import default_lanes
+from s3lanes.core.sched_alloc import LaneDemand, allocate
+from s3lanes.core.sched_control import (
     ESTIMATOR_MIN_BPS,
     GUARD_M_MIN,
     CapacityEstimator,
@@ -23,7 +23,7 @@ from gateway.core.sched_control import (
     LatencyGuard,
     TokenBucket,
 )
-from gateway.core.scheduler import (
+from s3lanes.core.scheduler import (
     CEILING_DEPTH_S,
     DEFAULT_CAP_HEADROOM,
     SHARE_WINDOW_S,
@@ -34,7 +34,7 @@ from gateway.core.scheduler import (
     SchedulerConfig,
     WaitUntil,
 )
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.runtime.wiring import scheduler_config
 from tests.budget import examples
 
 MiB = 1024 * 1024

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.config import Config
-from gateway.core.scheduler import DEFAULT_CAP_HEADROOM, Grant, Scheduler, WaitUntil
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.config import Config
+from s3lanes.core.scheduler import DEFAULT_CAP_HEADROOM, Grant, Scheduler, WaitUntil
+from s3lanes.runtime.wiring import scheduler_config
 
 MiB = 1024 * 1024
 C = 100_000_000.0

@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import Config
-from gateway.core.scheduler import Grant, Scheduler, SchedulerConfig, _Ticket
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.config import Config
+from s3lanes.core.scheduler import Grant, Scheduler, SchedulerConfig, _Ticket
+from s3lanes.runtime.wiring import scheduler_config
 from tests.budget import examples
 
 MiB = 1024 * 1024

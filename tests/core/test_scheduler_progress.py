@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.config import Config
-from gateway.core.scheduler import (
+from s3lanes.config import Config
+from s3lanes.core.scheduler import (
     DEFAULT_CAP_HEADROOM,
     PROGRESS_HEADROOM,
     Grant,
@@ -22,7 +22,7 @@ from gateway.core.scheduler import (
     WaitUntil,
     saturation_scale,
 )
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.runtime.wiring import scheduler_config
 
 KiB = 1024
 MiB = 1024 * 1024

@@ -1,4 +1,4 @@
-"""The pure parts of gateway.seaweed: command line, s3.json, option checks, port choice, signing.
+"""The pure parts of s3lanes.seaweed: command line, s3.json, option checks, port choice, signing.
 
 No weed runs here (see tests/e2e/test_seaweed_process.py for that).
 """
@@ -20,9 +20,9 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from gateway.seaweed import command as seaweed_command
-from gateway.seaweed import process as seaweed_process
-from gateway.seaweed.command import (
+from s3lanes.seaweed import command as seaweed_command
+from s3lanes.seaweed import process as seaweed_process
+from s3lanes.seaweed.command import (
     SeaweedPorts,
     bucket_head_headers,
     build_command,
@@ -30,14 +30,14 @@ from gateway.seaweed.command import (
     find_weed_binary,
     weed_environment,
 )
-from gateway.seaweed.options import (
+from s3lanes.seaweed.options import (
     SeaweedError,
     SeaweedIdentity,
     SeaweedOptions,
     WeedNotFoundError,
     s3_config,
 )
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.seaweed.process import SeaweedProcess
 
 ADMIN = SeaweedIdentity("admin", "AKADMIN", "admin-secret")
 READER = SeaweedIdentity("reader", "AKREADER", "reader-secret", actions=("Read", "List"))

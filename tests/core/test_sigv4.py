@@ -37,7 +37,7 @@ from botocore.config import Config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.core.sigv4 import (
+from s3lanes.core.sigv4 import (
     EMPTY_SHA256,
     STREAMING_SIGNED,
     UNSIGNED_PAYLOAD,
@@ -52,7 +52,7 @@ from gateway.core.sigv4 import (
     sign_headers,
     verify,
 )
-from gateway.errors import (
+from s3lanes.errors import (
     AccessDenied,
     AuthorizationHeaderMalformed,
     AuthorizationQueryParametersError,

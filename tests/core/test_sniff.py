@@ -1,10 +1,10 @@
-"""The default Content-Type of an object written without one (gateway.core.sniff)."""
+"""The default Content-Type of an object written without one (s3lanes.core.sniff)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.core.sniff import (
+from s3lanes.core.sniff import (
     SNIFF,
     SNIFF_BYTES,
     Written,

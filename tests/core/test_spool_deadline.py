@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.core.spool_deadline import (
+from s3lanes.core.spool_deadline import (
     BURST_WINDOW,
     DEADLINE_AIM,
     DEFAULT_MAX_AGE_S,

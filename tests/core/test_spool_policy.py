@@ -1,11 +1,11 @@
-"""The write spool's pure policy (gateway.core.spool_policy): which writes go to the store instead of the
+"""The write spool's pure policy (s3lanes.core.spool_policy): which writes go to the store instead of the
 spool, judged by the key and headers alone, and what a spooled object keeps of its request's headers."""
 
 from __future__ import annotations
 
 import pytest
 
-from gateway.core.spool_policy import (
+from s3lanes.core.spool_policy import (
     WRITE_THROUGH_HEADER,
     copy_conditions,
     not_checksum_meta,
@@ -17,8 +17,8 @@ from gateway.core.spool_policy import (
     writes_key,
     xml_document,
 )
-from gateway.core.spool_state import Entry
-from gateway.errors import InvalidArgument
+from s3lanes.core.spool_state import Entry
+from s3lanes.errors import InvalidArgument
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,8 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from gateway.core.journal_records import Done, Record, Unwire, Wire
-from gateway.core.spool_state import (
+from s3lanes.core.journal_records import Done, Record, Unwire, Wire
+from s3lanes.core.spool_state import (
     MIN_PART_BYTES,
     Admission,
     Applied,
@@ -33,7 +33,7 @@ from gateway.core.spool_state import (
     Upload,
     multipart_etag,
 )
-from gateway.errors import EntityTooSmall, InvalidPart, InvalidPartOrder, MalformedXML, S3Error
+from s3lanes.errors import EntityTooSmall, InvalidPart, InvalidPartOrder, MalformedXML, S3Error
 from tests.budget import examples
 
 MARKERS = (".metadata", "COMMIT")

@@ -8,10 +8,10 @@ import zlib
 
 import pytest
 
-from gateway.core.body import UploadBody
-from gateway.core.checksums import BodyVerifier
-from gateway.errors import BadDigest, IncompleteBody
-from gateway.http.s3xml import with_request_id
+from s3lanes.core.body import UploadBody
+from s3lanes.core.checksums import BodyVerifier
+from s3lanes.errors import BadDigest, IncompleteBody
+from s3lanes.http.s3xml import with_request_id
 
 
 def crc32_b64(data: bytes) -> str:

@@ -323,7 +323,7 @@ GATEWAY_START_TIMEOUT_S = 60.0
 def start_gateway(
     tmp: Path, config_path: Path, env: Mapping[str, str]
 ) -> tuple[subprocess.Popen[bytes], str, Path]:
-    """``python -m gateway serve --config FILE`` as users run it (cf. tests/e2e/conftest.py), with extra
+    """``python -m s3lanes serve --config FILE`` as users run it (cf. tests/e2e/conftest.py), with extra
     environment overrides. Returns the process, its HTTP endpoint and its log file."""
     ready = tmp / "ready.json"
     log_path = tmp / "gateway.log"
@@ -332,7 +332,7 @@ def start_gateway(
     argv = [
         sys.executable,
         "-m",
-        "gateway",
+        "s3lanes",
         "serve",
         "--config",
         str(config_path),

@@ -31,8 +31,8 @@ import pytest
 import yaml
 from botocore.config import Config as BotoConfig
 
-from gateway.config import Config, load_config
-from gateway.http.admin import ADMIN_METRICS_PATH, HEALTH_PATH, READY_PATH
+from s3lanes.config import Config, load_config
+from s3lanes.http.admin import ADMIN_METRICS_PATH, HEALTH_PATH, READY_PATH
 from tests.deploy.support import (
     DEPLOY,
     K8S,
@@ -928,7 +928,7 @@ def test_live_gateway_serves_the_probes_and_every_metric_the_dashboard_and_alert
                 [
                     sys.executable,
                     "-m",
-                    "gateway",
+                    "s3lanes",
                     "flush",
                     "--url",
                     url,

@@ -119,7 +119,7 @@ def start_gateway(
     ready = tmp / "ready.json"
     ready.unlink(missing_ok=True)  # a previous gateway's, in a reused directory
     log_path = tmp / "gateway.log"
-    argv = [sys.executable, "-m", "gateway", "serve", "--config", str(cfg_path), "--ready-file", str(ready)]
+    argv = [sys.executable, "-m", "s3lanes", "serve", "--config", str(cfg_path), "--ready-file", str(ready)]
     proc = spawn([*argv, *extra_args], log_path, cwd=None, new_session=False)
     try:
         doc = wait_ready(

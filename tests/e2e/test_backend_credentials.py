@@ -185,7 +185,7 @@ secret_key = "client-secret"
 """
     )
     out = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(cfg)],
+        [sys.executable, "-m", "s3lanes", "serve", "--config", str(cfg)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -30,7 +30,7 @@ from botocore.exceptions import ClientError
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from clients import (
+from s3lanes_client import (
     AsyncGatewayClient,
     ClientConfig,
     GatewayClient,
@@ -40,7 +40,7 @@ from clients import (
     RetryEvent,
     RetryPolicy,
 )
-from clients.torch import S3StorageReader, S3StorageWriter
+from s3lanes_client.torch import S3StorageReader, S3StorageWriter
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
 from tests.e2e.test_client_sync import plain_s3_config
 

@@ -10,9 +10,9 @@ from typing import IO, Any, cast
 import pytest
 import torch
 
-from clients import ClientConfig, GatewayClient
-from clients.torch import S3Checkpoint
-from clients.torch.lightning import LIGHTNING_AVAILABLE, S3LightningCheckpoint
+from s3lanes_client import ClientConfig, GatewayClient
+from s3lanes_client.torch import S3Checkpoint
+from s3lanes_client.torch.lightning import LIGHTNING_AVAILABLE, S3LightningCheckpoint
 from tests.e2e.conftest import Gateway
 from tests.e2e.test_client_sync import gateway_config
 

@@ -13,8 +13,8 @@ from typing import IO, Any, cast
 import pytest
 from torch.utils.data import DataLoader
 
-from clients import ClientConfig, GatewayClient, ObjectReader
-from clients.torch import S3IterableDataset, S3MapDataset
+from s3lanes_client import ClientConfig, GatewayClient, ObjectReader
+from s3lanes_client.torch import S3IterableDataset, S3MapDataset
 from tests.e2e.conftest import Gateway
 from tests.e2e.test_client_sync import gateway_config
 from tests.e2e.test_client_torch import upload

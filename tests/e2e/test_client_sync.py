@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from clients import (
+from s3lanes_client import (
     AsyncGatewayClient,
     BucketNotFound,
     ClientConfig,

@@ -22,8 +22,8 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.utils.data import DataLoader
 
-from clients import ClientConfig, GatewayClient, Lane
-from clients.torch import (
+from s3lanes_client import ClientConfig, GatewayClient, Lane
+from s3lanes_client.torch import (
     S3Item,
     S3IterableDataset,
     S3MapDataset,

@@ -31,12 +31,12 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.clock import SystemClock
-from gateway.config import ClusterConfig, Config
-from gateway.core.cluster_budget import Mode
-from gateway.core.scheduler import Scheduler
-from gateway.runtime.cluster import ClusterMember
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.clock import SystemClock
+from s3lanes.config import ClusterConfig, Config
+from s3lanes.core.cluster_budget import Mode
+from s3lanes.core.scheduler import Scheduler
+from s3lanes.runtime.cluster import ClusterMember
+from s3lanes.runtime.wiring import scheduler_config
 from tests.conftest import s3_client
 from tests.e2e.conftest import Gateway, start_gateway, stop_gateway
 from tests.e2e.relay import CountingRelay

@@ -751,7 +751,7 @@ def test_damaged_journal_exits_3_and_a_torn_tail_is_truncated_and_drained(
     cfg = (tmp_path / "s3lanes.toml").read_text().replace(str(tmp_path / "state"), str(damaged_tmp / "state"))
     (damaged_tmp / "s3lanes.toml").write_text(cfg)
     out = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--config", str(damaged_tmp / "s3lanes.toml")],
+        [sys.executable, "-m", "s3lanes", "serve", "--config", str(damaged_tmp / "s3lanes.toml")],
         capture_output=True,
         text=True,
         timeout=60,

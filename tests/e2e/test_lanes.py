@@ -301,7 +301,7 @@ def test_status_command_prints_every_lane(gateway: Gateway) -> None:
     import sys
 
     out = subprocess.run(
-        [sys.executable, "-m", "gateway", "status", "--url", gateway.http_url],
+        [sys.executable, "-m", "s3lanes", "status", "--url", gateway.http_url],
         capture_output=True,
         text=True,
         timeout=30,
@@ -318,7 +318,7 @@ def test_status_command_fails_clearly_when_nothing_listens() -> None:
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "gateway", "status", "--url", "http://127.0.0.1:9"],
+        [sys.executable, "-m", "s3lanes", "status", "--url", "http://127.0.0.1:9"],
         capture_output=True,
         text=True,
         timeout=30,

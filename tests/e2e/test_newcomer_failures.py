@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import trustme
 
-from gateway.__main__ import _banner
-from gateway.config import Config, Credential
+from s3lanes.__main__ import _banner
+from s3lanes.config import Config, Credential
 from tests.e2e.conftest import Gateway, start_gateway, start_plain_gateway, stop_and_check, stop_gateway
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +45,7 @@ def serve(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subproces
         **(env or {}),
     )
     return subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", *args],
+        [sys.executable, "-m", "s3lanes", "serve", *args],
         env=full_env,
         capture_output=True,
         text=True,
@@ -209,7 +209,7 @@ class FakeStatus:
 def test_status_passes_the_admin_token_and_shows_the_403_text() -> None:
     fake = FakeStatus("t" * 20)
     try:
-        base = [sys.executable, "-m", "gateway", "status", "--url", fake.url, "--json"]
+        base = [sys.executable, "-m", "s3lanes", "status", "--url", fake.url, "--json"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("S3LANES_")}
         ok = subprocess.run([*base, "--token", "t" * 20], env=env, capture_output=True, text=True, timeout=60)
         assert ok.returncode == 0 and json.loads(ok.stdout)["state"] == "ready", ok.stderr
@@ -240,7 +240,7 @@ def spool_gateway(seaweed: Any, tmp_path: Path) -> Iterator[Gateway]:
 def test_flush_of_a_bucket_that_does_not_exist_does_not_say_durable(
     spool_gateway: Gateway, unique_bucket: str
 ) -> None:
-    base = [sys.executable, "-m", "gateway", "flush", "--url", spool_gateway.http_url, "--timeout", "5"]
+    base = [sys.executable, "-m", "s3lanes", "flush", "--url", spool_gateway.http_url, "--timeout", "5"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("S3LANES_", "AWS_"))}
     missing = subprocess.run(
         [*base, "--bucket", "no-such-bucket-here"], env=env, capture_output=True, text=True, timeout=60

@@ -26,8 +26,8 @@ import pytest
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
 
-from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
+from s3lanes.seaweed.process import SeaweedProcess
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_and_check
 from tests.e2e.relay import CountingRelay
 

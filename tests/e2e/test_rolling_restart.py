@@ -212,7 +212,7 @@ def test_restart_under_load_is_invisible_to_clients_with_the_retry_budget(
             *(
                 sys.executable,
                 "-m",
-                "gateway",
+                "s3lanes",
                 "flush",
                 "--url",
                 url,

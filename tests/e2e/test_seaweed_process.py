@@ -25,11 +25,11 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from gateway.seaweed import command as seaweed_command
-from gateway.seaweed import process as seaweed_process
-from gateway.seaweed.command import SeaweedPorts
-from gateway.seaweed.options import SeaweedError, SeaweedIdentity, SeaweedOptions, SeaweedStartError
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.seaweed import command as seaweed_command
+from s3lanes.seaweed import process as seaweed_process
+from s3lanes.seaweed.command import SeaweedPorts
+from s3lanes.seaweed.options import SeaweedError, SeaweedIdentity, SeaweedOptions, SeaweedStartError
+from s3lanes.seaweed.process import SeaweedProcess
 from tests.conftest import Backend, s3_client
 
 pytestmark = pytest.mark.e2e

@@ -29,7 +29,7 @@ import pytest
 from awscrt import checksums as crt_checksums
 from botocore.exceptions import ClientError
 
-from gateway.core.checksums import crc_combine
+from s3lanes.core.checksums import crc_combine
 from tests.conftest import s3_client
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
 from tests.e2e.relay import CountingRelay

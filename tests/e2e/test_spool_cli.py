@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gateway.core.journal import encode_batch, file_header
+from s3lanes.core.journal import encode_batch, file_header
 from tests.e2e.conftest import Gateway, start_gateway
 
 pytestmark = pytest.mark.e2e
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.e2e
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gateway", *args], capture_output=True, text=True, timeout=120, env=env
+        [sys.executable, "-m", "s3lanes", *args], capture_output=True, text=True, timeout=120, env=env
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gateway.__main__ import render_status
+from s3lanes.__main__ import render_status
 from tests.e2e.conftest import Gateway, slow_spool_toml, start_plain_gateway, stop_and_check
 
 pytestmark = pytest.mark.e2e

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from gateway.seaweed.options import SeaweedIdentity, SeaweedOptions
-from gateway.seaweed.process import SeaweedProcess
+from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
+from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.crashmodel import CrashConfig, run_crash
 from tests.conftest import Backend, s3_client
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway

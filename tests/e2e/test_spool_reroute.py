@@ -26,12 +26,12 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from gateway.clock import SystemClock
-from gateway.config import load_config
-from gateway.core.spool_state import Entry
-from gateway.http.app import FRONT_KEY, SPOOL_KEY, build_app
-from gateway.runtime.backend import Backend
-from gateway.runtime.spool import Spool
+from s3lanes.clock import SystemClock
+from s3lanes.config import load_config
+from s3lanes.core.spool_state import Entry
+from s3lanes.http.app import FRONT_KEY, SPOOL_KEY, build_app
+from s3lanes.runtime.backend import Backend
+from s3lanes.runtime.spool import Spool
 from tests.e2e.s3raw import sign
 
 pytestmark = pytest.mark.e2e

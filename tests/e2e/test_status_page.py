@@ -27,10 +27,10 @@ from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, Response, sync_playwright
 
-from gateway.clock import SystemClock
-from gateway.config import load_config
-from gateway.http.app import build_app
-from gateway.runtime.backend import Backend
+from s3lanes.clock import SystemClock
+from s3lanes.config import load_config
+from s3lanes.http.app import build_app
+from s3lanes.runtime.backend import Backend
 from tests.e2e.conftest import Gateway, slow_spool_toml, start_plain_gateway, stop_and_check, stop_gateway
 
 pytestmark = pytest.mark.e2e
@@ -374,7 +374,7 @@ def _with_figures(doc: dict[str, Any]) -> dict[str, Any]:
 def test_cli_status_and_the_page_show_the_same_figures_for_one_document(
     spool_gateway: Gateway, browser: Browser
 ) -> None:
-    from gateway.__main__ import LANE_COLUMNS, render_status
+    from s3lanes.__main__ import LANE_COLUMNS, render_status
 
     doc = _with_figures(spool_gateway.status())
     assert doc["spool"]["enabled"] and doc["spool"].get("drain") is not None

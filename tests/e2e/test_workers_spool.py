@@ -1,5 +1,5 @@
 """``[server] workers = 2`` with the spool on: worker 0 owns the spool and its drain, worker 1 forwards what
-may touch the spool to it (gateway.http.forward) and reads locally what the spool holds nothing of. A
+may touch the spool to it (s3lanes.http.forward) and reads locally what the spool holds nothing of. A
 connection is pinned to a worker by stopping the other one (SIGSTOP) until a first answer has come back on it,
 as in test_workers.py; the other is then resumed, since worker 1 needs worker 0 to answer what it forwards."""
 

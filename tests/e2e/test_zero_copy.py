@@ -1,4 +1,4 @@
-"""The zero-copy GET relay (``[server] zero_copy_min_bytes``, :mod:`gateway.http.zerocopy`), end to end.
+"""The zero-copy GET relay (``[server] zero_copy_min_bytes``, :mod:`s3lanes.http.zerocopy`), end to end.
 
 A plain-HTTP GET whose body from the store is at least the threshold is spliced from the store's socket to
 the client's. These tests hold it to what the copying relay guarantees: the bytes are exact (whole objects,

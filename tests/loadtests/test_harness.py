@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_config
+from s3lanes.config import load_config
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
     server_toml,

@@ -1,7 +1,7 @@
 """Fixtures of the shell tests.
 
 ``no_clock_left_running`` (autouse): a test that leaves a timer armed on an autojumping
-:class:`~gateway.clock.FakeClock` (a periodic task it did not stop) fails, since the clock's helper would
+:class:`~s3lanes.clock.FakeClock` (a periodic task it did not stop) fails, since the clock's helper would
 otherwise keep jumping it, and keep the shared event loop busy, for the rest of the run.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway import clock as clock_module
+from s3lanes import clock as clock_module
 
 
 @pytest.fixture(autouse=True)

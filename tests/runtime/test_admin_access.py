@@ -12,13 +12,13 @@ from unittest import mock
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from gateway.clock import FakeClock
-from gateway.config import Config
-from gateway.core.scheduler import Scheduler
-from gateway.http.admin import Admin
-from gateway.metrics import Metrics
-from gateway.runtime.dispatcher import LaneDispatcher
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.clock import FakeClock
+from s3lanes.config import Config
+from s3lanes.core.scheduler import Scheduler
+from s3lanes.http.admin import Admin
+from s3lanes.metrics import Metrics
+from s3lanes.runtime.dispatcher import LaneDispatcher
+from s3lanes.runtime.wiring import scheduler_config
 
 TOKEN = "0123456789abcdef-admin-token"
 
@@ -85,8 +85,8 @@ def test_flush_signed_by_a_restricted_tenant_needs_a_grant_on_the_prefix() -> No
     import botocore.awsrequest
     import botocore.credentials
 
-    from gateway.clock import SystemClock
-    from gateway.core.access import Grant, TenantPolicy
+    from s3lanes.clock import SystemClock
+    from s3lanes.core.access import Grant, TenantPolicy
 
     clock = SystemClock()
     scheduler = Scheduler(scheduler_config(Config(), 1e9), clock.monotonic())

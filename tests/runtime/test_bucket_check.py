@@ -1,4 +1,4 @@
-"""The write spool's bucket check before an ack (gateway.runtime.bucket_check): cached for
+"""The write spool's bucket check before an ack (s3lanes.runtime.bucket_check): cached for
 BUCKET_CHECK_TTL_S, and shared by the requests that arrive while one is on its way (four writers starting a
 checkpoint make one HEAD, not four).
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import FakeClock
-from gateway.errors import NoSuchBucket, ServiceUnavailable
-from gateway.runtime.bucket_check import BUCKET_CHECK_TTL_S, BucketCheck
+from s3lanes.clock import FakeClock
+from s3lanes.errors import NoSuchBucket, ServiceUnavailable
+from s3lanes.runtime.bucket_check import BUCKET_CHECK_TTL_S, BucketCheck
 
 
 class HeldHead:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import FakeClock
-from gateway.runtime import splice
-from gateway.runtime.dispatcher import ABANDON_POLL_S, StreamBudget
+from s3lanes.clock import FakeClock
+from s3lanes.runtime import splice
+from s3lanes.runtime.dispatcher import ABANDON_POLL_S, StreamBudget
 from tests.runtime.test_dispatcher import (
     CHUNK,
     LANES,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gateway.clock import FakeClock, SystemClock
+from s3lanes.clock import FakeClock, SystemClock
 
 
 async def test_timers_fire_in_order_with_the_clock_at_their_time_when_advanced() -> None:

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.clock import FakeClock
-from gateway.config import ClusterConfig, Config
-from gateway.core.cluster_budget import Mode
-from gateway.core.scheduler import Scheduler
-from gateway.metrics import Metrics
-from gateway.runtime.cluster import ClusterMember, MemoryBoard
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.clock import FakeClock
+from s3lanes.config import ClusterConfig, Config
+from s3lanes.core.cluster_budget import Mode
+from s3lanes.core.scheduler import Scheduler
+from s3lanes.metrics import Metrics
+from s3lanes.runtime.cluster import ClusterMember, MemoryBoard
+from s3lanes.runtime.wiring import scheduler_config
 
 C = 40_000_000.0
 MiB = 1024 * 1024

@@ -1,4 +1,4 @@
-"""The backend identity from the AWS credential chain (gateway/runtime/credentials.py), in the shell: what a
+"""The backend identity from the AWS credential chain (s3lanes/runtime/credentials.py), in the shell: what a
 request towards the store carries when the chain hands out temporary credentials with a session token.
 
 The store here is a small aiohttp server that records the request and checks its signature with the
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from gateway.clock import SystemClock
-from gateway.config import BackendConfig, Credential
-from gateway.core.sigv4 import RequestView, parse_auth, verify
-from gateway.errors import StartupError
-from gateway.runtime.backend import Backend
-from gateway.runtime.credentials import (
+from s3lanes.clock import SystemClock
+from s3lanes.config import BackendConfig, Credential
+from s3lanes.core.sigv4 import RequestView, parse_auth, verify
+from s3lanes.errors import StartupError
+from s3lanes.runtime.backend import Backend
+from s3lanes.runtime.credentials import (
     REFRESH_MAX_INTERVAL_S,
     REFRESH_MIN_INTERVAL_S,
     ChainCredentials,

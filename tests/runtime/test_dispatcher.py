@@ -1,6 +1,6 @@
 """The dispatcher shell on a real event loop, over a real scheduler with a small configured capacity.
 
-The dispatcher runs on virtual time: a :class:`~gateway.clock.FakeClock` that jumps to the dispatcher's timer
+The dispatcher runs on virtual time: a :class:`~s3lanes.clock.FakeClock` that jumps to the dispatcher's timer
 once every task waits on it, so a refill is waited for without sleeping on the wall clock, and the times the
 tests check are exact. Capacity is 10 MB/s with a 1 MiB bucket: budget runs out after about two MiB and
 refills at one MiB per ~105 ms. Every test ends by checking that nothing is left behind: no ticket queued or
@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import Clock, FakeClock, Timer
-from gateway.config import Config
-from gateway.core.scheduler import LaneSnapshot, Scheduler
-from gateway.runtime.dispatcher import (
+from s3lanes.clock import Clock, FakeClock, Timer
+from s3lanes.config import Config
+from s3lanes.core.scheduler import LaneSnapshot, Scheduler
+from s3lanes.runtime.dispatcher import (
     PACED_RECEIVE_BUFFER_PIECES,
     RESTORED_RECEIVE_BUFFER_BYTES,
     LaneDispatcher,
     StreamBudget,
 )
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.runtime.wiring import scheduler_config
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -2,10 +2,10 @@
 
 A paced lane's burst at the backend's bottleneck is what one piece puts into the socket at once, so a
 ``[scheduler] chunk_bytes`` of 256 KiB must give 256 KiB pieces, each granted before it is read. The spool
-and the lane dispatcher here are real (a :class:`~gateway.runtime.spool.Spool` on ``tmp_path`` and a
-:class:`~gateway.runtime.dispatcher.LaneDispatcher` over a real scheduler); only the pool lookup is a stand-in
+and the lane dispatcher here are real (a :class:`~s3lanes.runtime.spool.Spool` on ``tmp_path`` and a
+:class:`~s3lanes.runtime.dispatcher.LaneDispatcher` over a real scheduler); only the pool lookup is a stand-in
 that returns that dispatcher, since no backend request is made. The drainer and the dispatcher share one
-virtual clock (:class:`~gateway.clock.FakeClock`): the tests of a race move it by hand, so that no grant comes
+virtual clock (:class:`~s3lanes.clock.FakeClock`): the tests of a race move it by hand, so that no grant comes
 while a socket is still being read; waits for sockets and threads are on the wall clock.
 """
 
@@ -22,12 +22,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.clock import FakeClock, SystemClock
-from gateway.config import SpoolConfig
-from gateway.core.spool_state import Entry
-from gateway.metrics import Metrics
-from gateway.runtime.dispatcher import LaneDispatcher
-from gateway.runtime.drainer import (
+from s3lanes.clock import FakeClock, SystemClock
+from s3lanes.config import SpoolConfig
+from s3lanes.core.spool_state import Entry
+from s3lanes.metrics import Metrics
+from s3lanes.runtime.dispatcher import LaneDispatcher
+from s3lanes.runtime.drainer import (
     READ_CHUNK_BYTES,
     Drainer,
     DrainError,
@@ -35,7 +35,7 @@ from gateway.runtime.drainer import (
     Superseded,
     close_body,
 )
-from gateway.runtime.spool import Spool
+from s3lanes.runtime.spool import Spool
 from tests.runtime.test_dispatcher import LANES, make_dispatcher
 from tests.runtime.test_spool_shell import opened, put
 
@@ -44,7 +44,7 @@ MiB = 1024 * KiB
 
 
 class OnePool:
-    """What the drainer asks of :class:`~gateway.runtime.pools.Pools` when it only reads a file body."""
+    """What the drainer asks of :class:`~s3lanes.runtime.pools.Pools` when it only reads a file body."""
 
     def __init__(self, dispatcher: LaneDispatcher) -> None:
         self._dispatcher = dispatcher

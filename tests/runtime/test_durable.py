@@ -1,4 +1,4 @@
-"""The one durable-write recipe (gateway.durable) on a real directory: a failed replace leaves the old
+"""The one durable-write recipe (s3lanes.durable) on a real directory: a failed replace leaves the old
 file and no temporary file; the new file gets its mode even where it existed; append writes every byte."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway import durable
+from s3lanes import durable
 
 
 def test_replace_file_writes_the_new_bytes_with_its_mode(tmp_path: Path) -> None:

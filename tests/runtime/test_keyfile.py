@@ -1,4 +1,4 @@
-"""Client keys that change while the gateway runs (gateway/runtime/keyfile.py): the shared tables and the
+"""Client keys that change while the gateway runs (s3lanes/runtime/keyfile.py): the shared tables and the
 watcher's handling of a rotated, a broken and an unchanged file."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import Credential
-from gateway.runtime.keyfile import CredentialsFileWatcher, KeyTables
+from s3lanes.config import Credential
+from s3lanes.runtime.keyfile import CredentialsFileWatcher, KeyTables
 
 FIXED = Credential("FIXED", "fixed-secret", "FIXED", "fixed-secret")
 

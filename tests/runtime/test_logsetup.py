@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.logsetup import REQUEST_ID, configure_logging
+from s3lanes.logsetup import REQUEST_ID, configure_logging
 
 
 @pytest.fixture

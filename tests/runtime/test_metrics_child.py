@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gateway.metrics import Metrics
+from s3lanes.metrics import Metrics
 
 
 def test_child_is_the_labelled_child_and_is_looked_up_once() -> None:

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import FakeClock
-from gateway.config import Config, Credential
-from gateway.core.routing import RouteTable
-from gateway.core.scheduler import Scheduler
-from gateway.errors import ServiceUnavailable
-from gateway.runtime.dispatcher import LaneDispatcher
-from gateway.runtime.pools import Pools
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.clock import FakeClock
+from s3lanes.config import Config, Credential
+from s3lanes.core.routing import RouteTable
+from s3lanes.core.scheduler import Scheduler
+from s3lanes.errors import ServiceUnavailable
+from s3lanes.runtime.dispatcher import LaneDispatcher
+from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.wiring import scheduler_config
 
 CRED = Credential("client", "secret", "backend", "backend-secret")
 

@@ -1,4 +1,4 @@
-"""The lean GET/HEAD client (gateway.runtime.rawclient) behind Backend.read, against the real SeaweedFS.
+"""The lean GET/HEAD client (s3lanes.runtime.rawclient) behind Backend.read, against the real SeaweedFS.
 
 Answers SeaweedFS never gives (a chunked body, a store that stalls, one that closes idle connections) come
 from small TCP servers on loopback that speak HTTP/1.1 the way such a store would: real sockets, no mocks.
@@ -13,11 +13,11 @@ from dataclasses import replace
 import aiohttp
 import pytest
 
-from gateway.clock import SystemClock
-from gateway.config import BackendConfig, Credential
-from gateway.errors import GatewayTimeout, ServiceUnavailable
-from gateway.runtime.backend import Backend
-from gateway.runtime.rawclient import RawResponse
+from s3lanes.clock import SystemClock
+from s3lanes.config import BackendConfig, Credential
+from s3lanes.errors import GatewayTimeout, ServiceUnavailable
+from s3lanes.runtime.backend import Backend
+from s3lanes.runtime.rawclient import RawResponse
 from tests.conftest import Backend as Seaweed
 from tests.conftest import s3_client
 

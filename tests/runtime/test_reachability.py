@@ -1,4 +1,4 @@
-"""The start-up probe (gateway/runtime/reachability.py) against a store that answers garbage: whatever a
+"""The start-up probe (s3lanes/runtime/reachability.py) against a store that answers garbage: whatever a
 probe round fails on counts as "not answered yet", is logged once, and the probe keeps probing; it never
 dies (a dead ``backend-probe`` task takes the gateway down at start).
 
@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.clock import SystemClock
-from gateway.config import BackendConfig
-from gateway.runtime.backend import Backend
-from gateway.runtime.reachability import ReachabilityProbe
+from s3lanes.clock import SystemClock
+from s3lanes.config import BackendConfig
+from s3lanes.runtime.backend import Backend
+from s3lanes.runtime.reachability import ReachabilityProbe
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """SpliceRelay and send_file on real loopback TCP sockets: exact byte counts, no over-read, every way a side
 can fail.
 
-The relay is the kernel half of the zero-copy GET (``gateway.http.zerocopy``); the end-to-end behaviour
+The relay is the kernel half of the zero-copy GET (``s3lanes.http.zerocopy``); the end-to-end behaviour
 through the gateway is in ``tests/e2e/test_zero_copy.py``. Here each test builds two TCP connections on
 127.0.0.1 ("store" -> relay -> "client"), both relay-side sockets non-blocking as the loop's transports
 leave them, and drives :class:`SpliceRelay` directly.
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from gateway.runtime import splice
-from gateway.runtime.splice import DestinationGone, SourceEnded, SourceTimeout, SpliceRelay
+from s3lanes.runtime import splice
+from s3lanes.runtime.splice import DestinationGone, SourceEnded, SourceTimeout, SpliceRelay
 
 KiB = 1024
 MiB = 1024 * KiB

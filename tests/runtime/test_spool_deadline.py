@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.clock import FakeClock
-from gateway.config import Config
-from gateway.core.scheduler import DEFAULT_CAP_HEADROOM, Scheduler
-from gateway.core.spool_deadline import DeadlinePlan
-from gateway.runtime.dispatcher import LaneDispatcher
-from gateway.runtime.spool_deadline import TICK_S, WARNING_INTERVAL_S, DeadlineKeeper
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.clock import FakeClock
+from s3lanes.config import Config
+from s3lanes.core.scheduler import DEFAULT_CAP_HEADROOM, Scheduler
+from s3lanes.core.spool_deadline import DeadlinePlan
+from s3lanes.runtime.dispatcher import LaneDispatcher
+from s3lanes.runtime.spool_deadline import TICK_S, WARNING_INTERVAL_S, DeadlineKeeper
+from s3lanes.runtime.wiring import scheduler_config
 
 MiB = 1024 * 1024
 C = 40_000_000.0

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-import gateway.runtime.spool.disk as spool_module
-from gateway.runtime.spool import PIECE_BYTES, Spool
+import s3lanes.runtime.spool.disk as spool_module
+from s3lanes.runtime.spool import PIECE_BYTES, Spool
 from tests.runtime.test_spool_shell import CFG, opened, put
 
 

@@ -3,8 +3,8 @@
 Such faults cannot be produced on demand on a real disk without a fault-injecting block device, so they are
 injected here, in-process, by replacing the ``os`` function the spool's I/O thread calls, for the one file
 descriptor the fault is about (a data file, the data directory, the journal). The spool itself is real: a
-:class:`~gateway.runtime.spool.Spool` on ``tmp_path`` driven by the test's event loop, reopened to see what a
-restart finds. Writes go through ``test_spool_shell.put``, which does what ``gateway.http.spool_front``
+:class:`~s3lanes.runtime.spool.Spool` on ``tmp_path`` driven by the test's event loop, reopened to see what a
+restart finds. Writes go through ``test_spool_shell.put``, which does what ``s3lanes.http.spool_front``
 does for a PUT: stream into a writer, commit its record, and discard the data file if either step fails
 (except after a failed journal append; the client is answered 503 and nothing is acknowledged).
 
@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-import gateway.runtime.spool.disk as spool_module
-from gateway.clock import FakeClock, SystemClock
-from gateway.runtime.spool import HEAL_INTERVAL_S, Spool, SpoolWriteFailed
+import s3lanes.runtime.spool.disk as spool_module
+from s3lanes.clock import FakeClock, SystemClock
+from s3lanes.runtime.spool import HEAL_INTERVAL_S, Spool, SpoolWriteFailed
 from tests.runtime.test_spool_shell import CFG, opened, put
 
 

@@ -1,4 +1,4 @@
-"""The spool directory's lock (gateway.runtime.spool_lock): one holder at a time, released with its holder.
+"""The spool directory's lock (s3lanes.runtime.spool_lock): one holder at a time, released with its holder.
 
 flock locks belong to the open file description, so a second open of the lock file in this same process
 conflicts exactly as another gateway's would."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.errors import StartupError
-from gateway.runtime.spool_lock import LOCK_NAME, lock_spool_dir
+from s3lanes.errors import StartupError
+from s3lanes.runtime.spool_lock import LOCK_NAME, lock_spool_dir
 
 
 def test_a_second_lock_on_the_same_directory_is_refused_and_names_the_holder(tmp_path: Path) -> None:

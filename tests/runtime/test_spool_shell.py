@@ -1,6 +1,6 @@
 """The spool shell on a real disk and event loop: durability order, recovery, compaction, I/O failures.
 
-No S3 here: these tests drive :class:`~gateway.runtime.spool.Spool` directly (writers, journal commits,
+No S3 here: these tests drive :class:`~s3lanes.runtime.spool.Spool` directly (writers, journal commits,
 flush waiters) and reopen the directory to see what a restart would find. Disk failures are injected by
 replacing the ``os`` functions the spool's I/O threads call.
 """
@@ -18,14 +18,14 @@ from typing import Any
 
 import pytest
 
-from gateway.clock import Clock, FakeClock, SystemClock
-from gateway.config import SpoolConfig
-from gateway.core.journal import file_header, replay
-from gateway.core.journal_records import Put
-from gateway.core.spool_state import Admission
-from gateway.runtime.spool import FlushResult, Spool, SpoolWriteFailed
-from gateway.runtime.spool.facade import ROOM_STEP_BYTES
-from gateway.runtime.spool_metrics import spool_collector
+from s3lanes.clock import Clock, FakeClock, SystemClock
+from s3lanes.config import SpoolConfig
+from s3lanes.core.journal import file_header, replay
+from s3lanes.core.journal_records import Put
+from s3lanes.core.spool_state import Admission
+from s3lanes.runtime.spool import FlushResult, Spool, SpoolWriteFailed
+from s3lanes.runtime.spool.facade import ROOM_STEP_BYTES
+from s3lanes.runtime.spool_metrics import spool_collector
 
 CFG = SpoolConfig(capacity_bytes=64 * 1024 * 1024)
 

@@ -1,4 +1,4 @@
-"""The spool summary the owner of the spool publishes to the other workers (gateway.runtime.spool_summary)."""
+"""The spool summary the owner of the spool publishes to the other workers (s3lanes.runtime.spool_summary)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.http.forward import make_socket_dir, owner_address
-from gateway.runtime.spool_summary import SummaryReader, SummaryWriter, create_summary
+from s3lanes.http.forward import make_socket_dir, owner_address
+from s3lanes.runtime.spool_summary import SummaryReader, SummaryWriter, create_summary
 
 
 def test_every_bucket_counts_as_spooled_until_the_owner_publishes(tmp_path: Path) -> None:

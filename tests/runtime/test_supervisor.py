@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.runtime import workers
-from gateway.runtime.workers import Supervisor
+from s3lanes.runtime import workers
+from s3lanes.runtime.workers import Supervisor
 
 
 @pytest.fixture(autouse=True)

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from gateway.clock import FakeClock
-from gateway.config import ClusterConfig, Config
-from gateway.core.cluster_budget import Mode
-from gateway.core.scheduler import Scheduler
-from gateway.runtime.cluster import ClusterMember
-from gateway.runtime.wiring import scheduler_config
-from gateway.runtime.workers import FileBoard, clear_board
+from s3lanes.clock import FakeClock
+from s3lanes.config import ClusterConfig, Config
+from s3lanes.core.cluster_budget import Mode
+from s3lanes.core.scheduler import Scheduler
+from s3lanes.runtime.cluster import ClusterMember
+from s3lanes.runtime.wiring import scheduler_config
+from s3lanes.runtime.workers import FileBoard, clear_board
 
 C = 40_000_000.0
 MiB = 1024 * 1024

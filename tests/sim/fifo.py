@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from gateway.core.scheduler import Grant, Idle, SchedulerConfig, WaitUntil
+from s3lanes.core.scheduler import Grant, Idle, SchedulerConfig, WaitUntil
 
 
 class FifoScheduler:

@@ -11,9 +11,9 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 
-from gateway.config import Config
-from gateway.core.scheduler import LaneSpec, Scheduler, SchedulerConfig, SchedulerSnapshot
-from gateway.runtime.wiring import scheduler_config
+from s3lanes.config import Config
+from s3lanes.core.scheduler import LaneSpec, Scheduler, SchedulerConfig, SchedulerSnapshot
+from s3lanes.runtime.wiring import scheduler_config
 from tests.sim.backend_model import BIN_S, Backend, BackendParams, Meter
 from tests.sim.des import Simulator
 from tests.sim.fifo import FifoScheduler

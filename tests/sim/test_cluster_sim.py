@@ -1,5 +1,5 @@
 """Three gateways sharing one checkpoint budget, in virtual time: the cluster cap while reads are active
-anywhere, work conservation when they stop, and what a Redis outage does (gateway.core.cluster_budget).
+anywhere, work conservation when they stop, and what a Redis outage does (s3lanes.core.cluster_budget).
 
 A fluid model, not the discrete scheduler: every ``DT`` each node drains ``min(ceiling, backlog)`` where its
 ceiling is what its own scheduler would allow (the cluster allowance, its lane's 30% while reads are active
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gateway.core.cluster_budget import LaneReport, Mode, NodeLease, NodeReport, SharedLane, lane_demand_bps
+from s3lanes.core.cluster_budget import LaneReport, Mode, NodeLease, NodeReport, SharedLane, lane_demand_bps
 
 C = 400_000_000.0  # the store (every node is configured with it)
 CAP = 0.30

@@ -2,8 +2,8 @@
 
 Two closed-loop readers keep the store busy; every 32 s a checkpoint of 4 x 64 MiB lands in the spool and
 is drained by 4 streams of the checkpoint lane (192 KiB pieces, as the gateway cuts them at 40 MB/s). A
-keeper does what ``gateway.runtime.spool_deadline`` does, twice a second: the bytes still to upload and the
-age of the oldest pending byte go through :func:`gateway.core.spool_deadline.plan`, and the floor goes to
+keeper does what ``s3lanes.runtime.spool_deadline`` does, twice a second: the bytes still to upload and the
+age of the oldest pending byte go through :func:`s3lanes.core.spool_deadline.plan`, and the floor goes to
 the scheduler with ``set_floor``. The model store's read latency knee makes the latency guard cut the
 checkpoint lane hard, so without the deadline the drains fall behind.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 import tests.sim.scenarios as S
-from gateway.core.scheduler import Scheduler
-from gateway.core.spool_deadline import CheckpointCadence, plan
+from s3lanes.core.scheduler import Scheduler
+from s3lanes.core.spool_deadline import CheckpointCadence, plan
 from tests.sim.backend_model import Backend, BackendParams, Meter
 from tests.sim.des import Simulator
 from tests.sim.workload import Context, SimShell, Stream

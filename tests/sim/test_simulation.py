@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from gateway.core.scheduler import CEILING_DEPTH_S, DEFAULT_CAP_HEADROOM, SHARE_WINDOW_S, Scheduler
+from s3lanes.core.scheduler import CEILING_DEPTH_S, DEFAULT_CAP_HEADROOM, SHARE_WINDOW_S, Scheduler
 from tests.sim import scenarios as S
 from tests.sim.fifo import FifoScheduler
 from tests.sim.scenarios import C0, LANES, Result, Scenario, windows

@@ -1,6 +1,6 @@
 """Clients of the simulated gateway, driving the scheduler exactly as the async shell does.
 
-:class:`SimShell` mirrors ``gateway.runtime.dispatcher.LaneDispatcher``: submit a ticket (granted in the same
+:class:`SimShell` mirrors ``s3lanes.runtime.dispatcher.LaneDispatcher``: submit a ticket (granted in the same
 call on an uncontended scheduler, ``Scheduler.submit_fast``), else pull until the answer is not a grant, wake
 the granted waiters (one event later, as a resolved future resumes its coroutine on a later loop iteration),
 keep a single timer for ``WaitUntil``. A :class:`Stream` is one request: it asks for ~1 MiB of budget at a
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, cast
 
-from gateway.core.scheduler import Grant, Idle, WaitUntil
+from s3lanes.core.scheduler import Grant, Idle, WaitUntil
 from tests.sim.backend_model import Backend, Meter, _Op
 from tests.sim.des import Simulator, Timer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 
-from gateway.core.sigv4 import QUERY_AUTH_PARAMS
+from s3lanes.core.sigv4 import QUERY_AUTH_PARAMS
 from loadtests.fuzz_http.case import Case
 from loadtests.fuzz_http.findings import AUTH_ERRORS, AUTH_FAIL, OK, Expect, expect
 from loadtests.fuzz_http.kinds.base import seed_object

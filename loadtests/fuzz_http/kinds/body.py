@@ -6,8 +6,8 @@ import base64
 import hashlib
 from collections.abc import Sequence
 
-from gateway.core.chunked import encode_aws_chunked
-from gateway.core.sigv4 import (
+from s3lanes.core.chunked import encode_aws_chunked
+from s3lanes.core.sigv4 import (
     STREAMING_SIGNED,
     STREAMING_SIGNED_TRAILER,
     STREAMING_UNSIGNED_TRAILER,
