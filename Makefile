@@ -3,11 +3,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# The torch and s3torch extras (s3lanes_client.torch; AWS's s3torchconnector against the gateway) are for the tests and
-# the type check only: setup and run stay without them.
+# The client's torch extra and the server's s3torch extra (AWS's s3torchconnector against the gateway) are for
+# the tests and the type check only: setup and run stay without them.
 TORCH_STAMP := $(VENV)/.installed-torch
-# `make run` needs the gateway alone (no test, dev or bench extra); a venv set up by `make setup` has it too.
+# `make run` needs the gateway and its embedded store alone (no test, dev or bench extra, no client); a venv
+# set up by `make setup` has them too.
 RUN_STAMP := $(VENV)/.installed-run
+# The PyTorch build the tests and the type check use (the client's torch extra allows any recent one).
+TORCH_PIN := torch==2.13.0
 
 .PHONY: help setup run test test-fast check lint spelling typecheck contracts bench clean
 
@@ -17,26 +20,28 @@ help:
 		/^[a-z][a-z-]*:/ {if (doc) {split($$0, t, ":"); printf "  make %-18s %s\n", t[1], doc}} {doc = ""}' \
 		$(firstword $(MAKEFILE_LIST))
 
-$(STAMP): pyproject.toml
+# Two distributions, both installed editable: the server (pyproject.toml, package gateway/s3lanes) and the
+# client (clients/pyproject.toml, package clients/s3lanes_client).
+$(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,dev,bench]'
-	touch $(STAMP)
 
-$(RUN_STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e .
+$(RUN_STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install -q -e '.[embedded]'
 	touch $(RUN_STAMP)
 
+$(STAMP): pyproject.toml clients/pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install -q -e '.[embedded,test,dev,bench]' -e './clients[async]'
+	touch $(RUN_STAMP) $(STAMP)
+
 $(TORCH_STAMP): $(STAMP)
-	$(BIN)/pip install -q -e '.[test,dev,bench,torch,s3torch]'
+	$(BIN)/pip install -q -e '.[s3torch]' -e './clients[async,torch]' '$(TORCH_PIN)'
 	touch $(TORCH_STAMP)
 
 ## Create .venv/ with the gateway and its test, dev and bench tools.
 setup: $(STAMP)
 
-## Quick start 1: run the gateway with an embedded SeaweedFS backend (installs the gateway alone, no extra).
+## Quick start 1: run the gateway with an embedded SeaweedFS backend (installs the server and its store only).
 run: $(RUN_STAMP)
 	$(BIN)/s3lanes serve
 
@@ -92,7 +97,7 @@ bench-save: $(STAMP)
 
 ## Remove .venv/ and build and tool caches (not .s3lanes/, the gateway's state).
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*
+	rm -rf $(VENV) build dist clients/build */*.egg-info .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*
 
 ## The contention benchmark (docs/benchmarks.md, "Contention benchmark"): about 10 minutes, needs
 ## root for its netns testbed; BENCH_ARGS="--quick --testbed model" for a one-minute run without root.

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from botocore.exceptions import ClientError
 
-from s3lanes_client import ClientConfig, GatewayClient
 from s3lanes.config import parse_size
+from s3lanes_client import ClientConfig, GatewayClient
 
 MIB = 1024 * 1024
 DEFAULT_PREFIX = "locust-dataset/"

@@ -58,12 +58,12 @@ from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 from locust.user.wait_time import constant_throughput
 
-from s3lanes.config import parse_size
-from s3lanes.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
-from s3lanes.core.uri import s3_quote
 from loadtests import locust_phases
 from loadtests.dataprep import DEFAULT_OBJECT_SIZE, DEFAULT_OBJECTS, DEFAULT_PREFIX, dataset_key
 from loadtests.locust_phases import BURST_REQUEST_TYPE, BurstSchedule, current_tracker, listener
+from s3lanes.config import parse_size
+from s3lanes.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
+from s3lanes.core.uri import s3_quote
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""Exceptions from botocore/aiobotocore (and aiohttp underneath it) -> :class:`s3lanes_client.retry.Failure`, or None
-for an error no retry can fix. No I/O; the one place that knows which errors are transient."""
+"""Exceptions from botocore/aiobotocore (and aiohttp underneath it) -> :class:`s3lanes_client.retry.Failure`,
+or None for an error no retry can fix. No I/O; the one place that knows which errors are transient."""
 
 from __future__ import annotations
 

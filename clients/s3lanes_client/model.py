@@ -48,8 +48,9 @@ class DurabilityStatus:
 
 
 class ObjectClient(Protocol):
-    """What :class:`s3lanes_client.multipart.MultipartWriter` and :class:`s3lanes_client.reader.ObjectReader` need of their
-    client (:class:`s3lanes_client.sync.GatewayClient` is one): a retried boto3 call, a HEAD and a ranged GET."""
+    """What :class:`s3lanes_client.multipart.MultipartWriter` and :class:`s3lanes_client.reader.ObjectReader`
+    need of their client (:class:`s3lanes_client.sync.GatewayClient` is one): a retried boto3 call, a HEAD and
+    a ranged GET."""
 
     def call(
         self,

@@ -2,10 +2,10 @@
 
 Theory of operation. botocore's own retries are switched off (one attempt, standard mode) so that exactly one
 loop decides, and that loop is driven by :class:`RetryState`: the shell (``GatewayClient``,
-``AsyncGatewayClient``) makes an attempt, turns a failure into a :class:`Failure` (``s3lanes_client._failures``) and
-asks ``on_failure(failure, now)``. The answer is data: :class:`Retry` (sleep ``delay_s``, then try again) or
-:class:`GiveUp` (raise ``RetriesExhausted``). Time comes in as ``now`` and randomness from an injected
-``random.Random``, so tests pin every decision without sleeping.
+``AsyncGatewayClient``) makes an attempt, turns a failure into a :class:`Failure`
+(``s3lanes_client._failures``) and asks ``on_failure(failure, now)``. The answer is data: :class:`Retry`
+(sleep ``delay_s``, then try again) or :class:`GiveUp` (raise ``RetriesExhausted``). Time comes in as ``now``
+and randomness from an injected ``random.Random``, so tests pin every decision without sleeping.
 
 The waits:
 

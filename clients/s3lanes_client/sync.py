@@ -277,8 +277,8 @@ class GatewayClient:
         extra_args: dict[str, Any] | None = None,
     ) -> MultipartWriter:
         """A write-only stream that uploads as it goes (parallel multipart, bounded memory); see
-        :class:`s3lanes_client.multipart.MultipartWriter`. ``close()`` commits, ``abort()`` or an exception in a
-        ``with`` block leaves nothing."""
+        :class:`s3lanes_client.multipart.MultipartWriter`. ``close()`` commits, ``abort()`` or an exception in
+        a ``with`` block leaves nothing."""
         return MultipartWriter(
             self,
             bucket,

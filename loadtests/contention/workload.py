@@ -64,8 +64,8 @@ import aiohttp
 import uvloop
 from yarl import URL
 
-from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 from loadtests.contention.testbed import ACCESS_KEY, REGION, SECRET_KEY, write_json_atomic
+from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 
 MIB = 1024 * 1024
 BLOCK_BYTES = 8 * MIB

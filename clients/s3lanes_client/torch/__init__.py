@@ -13,7 +13,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("s3lanes_client.torch needs PyTorch: pip install 's3lanes[torch]'") from exc
 
 from s3lanes_client.torch.checkpoint import S3Checkpoint, load_checkpoint, save_checkpoint
-from s3lanes_client.torch.datasets import S3Item, S3IterableDataset, S3MapDataset, Sample, identity, key_and_bytes
+from s3lanes_client.torch.datasets import (
+    S3Item,
+    S3IterableDataset,
+    S3MapDataset,
+    Sample,
+    identity,
+    key_and_bytes,
+)
 from s3lanes_client.torch.dcp import S3StorageReader, S3StorageWriter
 
 __all__ = [

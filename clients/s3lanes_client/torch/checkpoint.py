@@ -1,11 +1,11 @@
 """``save_checkpoint``/``load_checkpoint``: ``torch.save``/``torch.load`` straight to and from an object.
 
-``save_checkpoint`` streams ``torch.save``'s output into a :class:`~s3lanes_client.multipart.MultipartWriter` in the
-checkpoint lane: parts go out in parallel while later tensors are still being serialised, and memory holds at
-most ``(max_inflight_parts + 1) * part_size_bytes`` of checkpoint bytes besides the tensors themselves. A
-failure aborts the upload (no partial object) and raises. ``load_checkpoint`` reads in the restore lane
-through a seekable ranged reader, so the serialised checkpoint is not held whole in memory either.
-:class:`S3Checkpoint` offers the same two streams as ``writer(uri)``/``reader(uri)``, for code written
+``save_checkpoint`` streams ``torch.save``'s output into a :class:`~s3lanes_client.multipart.MultipartWriter`
+in the checkpoint lane: parts go out in parallel while later tensors are still being serialised, and memory
+holds at most ``(max_inflight_parts + 1) * part_size_bytes`` of checkpoint bytes besides the tensors
+themselves. A failure aborts the upload (no partial object) and raises. ``load_checkpoint`` reads in the
+restore lane through a seekable ranged reader, so the serialised checkpoint is not held whole in memory
+either. :class:`S3Checkpoint` offers the same two streams as ``writer(uri)``/``reader(uri)``, for code written
 against s3torchconnector.
 """
 
@@ -95,12 +95,12 @@ class S3Checkpoint:
         with checkpoint.reader("s3://ckpt/run7/step_100/model.pt") as reader:
             model.load_state_dict(torch.load(reader))
 
-    The writer is a :class:`~s3lanes_client.multipart.MultipartWriter` in the checkpoint lane: it streams (parts
-    upload while ``torch.save`` still writes, nothing is spooled to a temporary file), the object appears when
-    the ``with`` block ends normally, and an exception inside it aborts the upload so no partial object is
-    left. The reader is the lazy ranged :class:`~s3lanes_client.reader.ObjectReader` in the restore lane. One
-    client (``client``, else one made from ``config`` with ``region``/``endpoint`` applied, else from the
-    environment) serves every stream; ``close()`` closes a client the object made itself.
+    The writer is a :class:`~s3lanes_client.multipart.MultipartWriter` in the checkpoint lane: it streams
+    (parts upload while ``torch.save`` still writes, nothing is spooled to a temporary file), the object
+    appears when the ``with`` block ends normally, and an exception inside it aborts the upload so no partial
+    object is left. The reader is the lazy ranged :class:`~s3lanes_client.reader.ObjectReader` in the restore
+    lane. One client (``client``, else one made from ``config`` with ``region``/``endpoint`` applied, else
+    from the environment) serves every stream; ``close()`` closes a client the object made itself.
     """
 
     def __init__(

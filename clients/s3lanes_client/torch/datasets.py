@@ -15,11 +15,11 @@ mode="r|*")``, or ``mode="r:"`` to seek past members) is never read whole unless
 
 Iterable sharding and read-ahead. :class:`S3IterableDataset` orders the items (key order, or a seeded shuffle
 per epoch identical in every process), then keeps shard ``rank * num_workers + worker_id`` of
-``world_size * num_workers`` (``s3lanes_client.sharding``): each sample is read once per epoch across all ranks and
-DataLoader workers. The rank and world size come from ``torch.distributed`` when it is initialised, else from
-the ``RANK``/``WORLD_SIZE`` environment variables, else 0/1. Within a worker, up to ``readahead`` items are
-fetched ahead by ``readahead_threads`` threads; the queue of futures is bounded, so memory is at most
-``readahead`` samples, and samples come out in order.
+``world_size * num_workers`` (``s3lanes_client.sharding``): each sample is read once per epoch across all
+ranks and DataLoader workers. The rank and world size come from ``torch.distributed`` when it is initialised,
+else from the ``RANK``/``WORLD_SIZE`` environment variables, else 0/1. Within a worker, up to ``readahead``
+items are fetched ahead by ``readahead_threads`` threads; the queue of futures is bounded, so memory is at
+most ``readahead`` samples, and samples come out in order.
 """
 
 from __future__ import annotations

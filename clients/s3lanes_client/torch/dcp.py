@@ -14,9 +14,9 @@ gateway drains it to the backend only after everything spooled before it under t
 reading the backend directly never sees a manifest that points at missing shards.
 
 Writes go in the checkpoint lane as streamed parallel multipart uploads (bounded memory, see
-``s3lanes_client.multipart``); reads in the restore lane as ranged GETs, adjacent items coalesced into one request of
-at most ``coalesce_bytes`` and up to ``max_inflight_reads`` requests in flight. Stream-transform extensions
-(torch's experimental ``_extensions``) are not supported.
+``s3lanes_client.multipart``); reads in the restore lane as ranged GETs, adjacent items coalesced into one
+request of at most ``coalesce_bytes`` and up to ``max_inflight_reads`` requests in flight. Stream-transform
+extensions (torch's experimental ``_extensions``) are not supported.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def _split_by_size(bins: int, items: list[WriteItem]) -> list[list[WriteItem]]:
 
 
 class S3StorageWriter(StorageWriter):
-    """``torch.distributed.checkpoint.save(state_dict, storage_writer=S3StorageWriter("s3://b/ckpt/step_100"))``.
+    """``torch.distributed.checkpoint.save(state_dict,
+    storage_writer=S3StorageWriter("s3://b/ckpt/step_100"))``.
 
     ``thread_count`` objects are written in parallel per rank; each is a multipart upload of
     ``part_size_bytes`` parts with at most ``max_inflight_parts`` in flight. ``overwrite=False`` refuses a
@@ -255,7 +256,8 @@ class _Span:
 
 
 class S3StorageReader(StorageReader):
-    """``torch.distributed.checkpoint.load(state_dict, storage_reader=S3StorageReader("s3://b/ckpt/step_100"))``."""
+    """``torch.distributed.checkpoint.load(state_dict,
+    storage_reader=S3StorageReader("s3://b/ckpt/step_100"))``."""
 
     def __init__(
         self,
