@@ -191,12 +191,14 @@ def test_builder_stage_context_builds_a_complete_wheel(tmp_path: Path) -> None:
     (wheel,) = (tmp_path / "dist").glob("s3lanes-*.whl")
     in_wheel = set(zipfile.ZipFile(wheel).namelist())
     package_data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    expected = {
-        str(p.relative_to(REPO)) for pkg in ("gateway", "clients") for p in (REPO / pkg).rglob("*.py")
-    }
+    # The server's wheel: every module of gateway/s3lanes (paths in the wheel are relative to gateway/), and
+    # nothing of the client, which is its own distribution.
+    source_root = REPO / "gateway"
+    expected = {str(p.relative_to(source_root)) for p in (source_root / "s3lanes").rglob("*.py")}
     for package, globs in package_data.items():
-        base = REPO / package.replace(".", "/")
-        expected |= {str(p.relative_to(REPO)) for g in globs for p in base.glob(g)}
+        base = source_root / package.replace(".", "/")
+        expected |= {str(p.relative_to(source_root)) for g in globs for p in base.glob(g)}
+    assert not any(name.startswith("s3lanes_client/") for name in in_wheel), "the client is in the server wheel"
     assert not expected - in_wheel, f"missing from the image's wheel: {sorted(expected - in_wheel)}"
 
 
