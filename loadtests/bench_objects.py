@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
-from loadtests.harness.gateway import GatewayProcess, start_spool_gateway, stop_gateway
+from loadtests.harness.gateway import GatewayProcess, start_spool_gateway, stop_gateway, tree_source
 from loadtests.harness.machine import CpuMeter
 from loadtests.harness.rawclient import expect
 from loadtests.harness.stats import MIB, Round, abba, med, run_all
@@ -97,7 +97,7 @@ async def object_phase(bench: Bench) -> None:
         if o.compare_tree is not None:
             other = await asyncio.to_thread(
                 start_spool_gateway, stack.tmp, "objects-compare", stack.weed.endpoint_url,
-                stack.tmp / "spool-objects-compare", None, source=o.compare_tree.resolve(),
+                stack.tmp / "spool-objects-compare", None, source=tree_source(o.compare_tree.resolve()),
             )  # fmt: skip
             meters["compare"] = CpuMeter({"gateway": other.pid, "seaweedfs": store})
             eps["compare"] = other.endpoint

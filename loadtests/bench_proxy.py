@@ -55,11 +55,10 @@ from typing import Any
 
 import uvloop
 
-from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD
-from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
+    is_gateway_tree,
     server_toml,
     stop_process,
     tail,
@@ -77,6 +76,8 @@ from loadtests.harness.payload import payload_pieces, payload_sha256
 from loadtests.harness.rawclient import AiohttpClient, Client, RawHttp, expect, signed_head
 from loadtests.harness.stats import GB, MB, MIB, Round, abba, med, run_all
 from loadtests.harness.store import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, new_weed
+from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD
+from s3lanes.seaweed.process import SeaweedProcess
 
 SMALL_OBJECT_BYTES = 64 * 1024
 RSS_SAMPLE_INTERVAL_S = 0.05
@@ -163,13 +164,13 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument(
         "--compare-tree",
         type=Path,
-        help="objects phase: also run a gateway from this directory (holding another version's gateway/ "
-        "package, e.g. a `git archive` of a base commit) as a third side, in the same interleaved rounds",
+        help="objects phase: also run a gateway from this directory (a checkout or a `git archive` of another "
+        "commit, holding gateway/s3lanes/) as a third side, in the same interleaved rounds",
     )
     a = p.parse_args(argv)
     q = a.quick
-    if a.compare_tree is not None and not (a.compare_tree / "gateway" / "__main__.py").is_file():
-        p.error(f"--compare-tree: {a.compare_tree} holds no s3lanes/__main__.py")
+    if a.compare_tree is not None and not is_gateway_tree(a.compare_tree):
+        p.error(f"--compare-tree: {a.compare_tree} holds no gateway/s3lanes/__main__.py")
     phases = frozenset(x.strip() for x in a.phases.split(",") if x.strip())
     if not phases or not phases <= set(PHASES):
         p.error(f"--phases: some of {','.join(PHASES)}, not {a.phases!r}")

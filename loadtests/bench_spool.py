@@ -78,9 +78,6 @@ from urllib.parse import quote
 
 import uvloop
 
-from s3lanes.config import parse_rate
-from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD
-from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
@@ -96,6 +93,9 @@ from loadtests.harness.machine import CLK_TCK, CpuMeter, machine_facts, python_s
 from loadtests.harness.rawclient import RawHttp, Reply, expect, signed_head
 from loadtests.harness.stats import GB, MB, MIB, med, percentile, run_all
 from loadtests.harness.store import BUCKET, new_weed
+from s3lanes.config import parse_rate
+from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD
+from s3lanes.seaweed.process import SeaweedProcess
 
 LOG_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b")
 

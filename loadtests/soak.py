@@ -89,16 +89,16 @@ from types import FrameType
 from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
 
-from s3lanes_client import ClientConfig, GatewayClient
-from s3lanes.config import parse_size
-from s3lanes.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
-from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.dataprep import prepare
 from loadtests.harness.gateway import server_toml, tail
 from loadtests.harness.gateway import start_gateway as harness_start_gateway
 from loadtests.harness.gateway import stop_process as harness_stop_process
 from loadtests.harness.machine import machine_facts
 from loadtests.harness.store import seaweed
+from s3lanes.config import parse_size
+from s3lanes.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
+from s3lanes.seaweed.process import SeaweedProcess
+from s3lanes_client import ClientConfig, GatewayClient
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING_LOCUSTFILE = ROOT / "loadtests" / "locustfile_training.py"

@@ -41,9 +41,9 @@ import botocore.handlers
 from botocore.config import Config as BotoConfig
 
 import s3lanes
+from loadtests.crashmodel import REGION, CrashConfig, run_crash
 from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
 from s3lanes.seaweed.process import SeaweedProcess
-from loadtests.crashmodel import REGION, CrashConfig, run_crash
 
 BUCKET = "crash"
 ACCESS_KEY = "CRASHTESTACCESSKEY01"

@@ -9,6 +9,11 @@ import time
 from collections.abc import Sequence
 from urllib.parse import quote
 
+from loadtests.fuzz_http.findings import OK, Expect, expect
+from loadtests.fuzz_http.ledger import Stored
+from loadtests.fuzz_http.options import ACCESS_KEY, REGION, SMALL_BODY_BYTES, WRITE_THROUGH, T
+from loadtests.fuzz_http.rawhttp import Answer, Conn, Req, md5_hex, sha256_hex
+from loadtests.fuzz_http.runstate import Run
 from s3lanes.core.sigv4 import (
     UNSIGNED_PAYLOAD,
     canonical_query,
@@ -16,11 +21,6 @@ from s3lanes.core.sigv4 import (
     sign_headers,
     signing_key,
 )
-from loadtests.fuzz_http.findings import OK, Expect, expect
-from loadtests.fuzz_http.ledger import Stored
-from loadtests.fuzz_http.options import ACCESS_KEY, REGION, SMALL_BODY_BYTES, WRITE_THROUGH, T
-from loadtests.fuzz_http.rawhttp import Answer, Conn, Req, md5_hex, sha256_hex
-from loadtests.fuzz_http.runstate import Run
 
 # --------------------------------------------------------------------------------------------------------
 # A case: its randomness, its keys, its connection, and the exchanges it makes

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.fuzz_http.case import Case
 from loadtests.fuzz_http.endchecks import (
     EndReport,
@@ -46,6 +45,7 @@ from loadtests.fuzz_http.stack import (
     stop_gateway,
 )
 from loadtests.harness.store import seaweed
+from s3lanes.seaweed.process import SeaweedProcess
 
 # --------------------------------------------------------------------------------------------------------
 # The run

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from s3lanes.seaweed.process import SeaweedProcess
 from loadtests.fuzz_http.options import (
     _SPOOL_LAYOUT_RE,
     ACCESS_KEY,
@@ -23,6 +22,7 @@ from loadtests.fuzz_http.options import (
     FuzzError,
 )
 from loadtests.harness.gateway import http_endpoint, server_toml, spawn, stop_process, wait_ready
+from s3lanes.seaweed.process import SeaweedProcess
 
 # --------------------------------------------------------------------------------------------------------
 # The stack: SeaweedFS, the gateway, and the directories a hostile key must not escape

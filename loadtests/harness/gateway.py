@@ -24,9 +24,20 @@ from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.store import ACCESS_KEY, REGION, SECRET_KEY
 
-# The directory holding the gateway package under test (a checkout, or an exported tree run from its
-# directory with PYTHONPATH pointing at this one's loadtests/).
+# The directory holding the gateway package under test (gateway/ of a checkout, or of an exported tree run
+# with PYTHONPATH pointing at this one's loadtests/): `python -m s3lanes` runs from it.
 GATEWAY_SOURCE = Path(s3lanes.__file__).resolve().parent.parent
+
+
+def tree_source(tree: Path) -> Path:
+    """Where to run `python -m s3lanes` from for a checkout or an exported tree (its gateway/ folder)."""
+    return tree / "gateway"
+
+
+def is_gateway_tree(tree: Path) -> bool:
+    return (tree_source(tree) / "s3lanes" / "__main__.py").is_file()
+
+
 GATEWAY_START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 READY_POLL_S = 0.02

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import aiohttp
 
+from loadtests.harness.gateway import GATEWAY_SOURCE
 from s3lanes import __version__ as GATEWAY_VERSION
 from s3lanes.seaweed.command import find_weed_binary
-from loadtests.harness.gateway import GATEWAY_SOURCE
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
@@ -151,7 +151,7 @@ def machine_facts() -> dict[str, str]:
     try:
         commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
         dirty = subprocess.run(
-            [*git, "status", "--porcelain", "--untracked-files=no", "--", "gateway"],
+            [*git, "status", "--porcelain", "--untracked-files=no", "--", "."],
             capture_output=True,
             text=True,
         ).stdout.strip()

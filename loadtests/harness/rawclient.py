@@ -12,12 +12,12 @@ from typing import Protocol, cast
 import aiohttp
 from yarl import URL
 
-from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.payload import payload_pieces, payload_sha256
 from loadtests.harness.stats import MIB
 from loadtests.harness.store import ACCESS_KEY, BUCKET, REGION, SECRET_KEY
+from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
 
 # The client's receive buffer: one recv_into() per event, up to this much. uvloop reads 256 KiB at most
 # per event anyway; a larger buffer just means fewer partial fills.

@@ -198,7 +198,9 @@ def test_builder_stage_context_builds_a_complete_wheel(tmp_path: Path) -> None:
     for package, globs in package_data.items():
         base = source_root / package.replace(".", "/")
         expected |= {str(p.relative_to(source_root)) for g in globs for p in base.glob(g)}
-    assert not any(name.startswith("s3lanes_client/") for name in in_wheel), "the client is in the server wheel"
+    assert not any(name.startswith("s3lanes_client/") for name in in_wheel), (
+        "the client is in the server wheel"
+    )
     assert not expected - in_wheel, f"missing from the image's wheel: {sorted(expected - in_wheel)}"
 
 

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from loadtests.crashmodel import CrashConfig, run_crash
 from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
 from s3lanes.seaweed.process import SeaweedProcess
-from loadtests.crashmodel import CrashConfig, run_crash
 from tests.conftest import Backend, s3_client
 from tests.e2e.conftest import Gateway, start_plain_gateway, stop_gateway
 from tests.e2e.test_spool_crash import flush_answer

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from s3lanes.config import load_config
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
     server_toml,
@@ -19,6 +18,7 @@ from loadtests.harness.gateway import (
     wait_ready,
 )
 from loadtests.harness.store import ACCESS_KEY, SECRET_KEY
+from s3lanes.config import load_config
 
 
 def test_the_spooling_gateway_config_loads_as_the_gateway_reads_it(tmp_path: Path) -> None:

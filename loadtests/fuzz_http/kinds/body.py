@@ -6,6 +6,11 @@ import base64
 import hashlib
 from collections.abc import Sequence
 
+from loadtests.fuzz_http.case import Case
+from loadtests.fuzz_http.findings import BODY_ERRORS, OK, Expect, expect
+from loadtests.fuzz_http.kinds.base import seed_object
+from loadtests.fuzz_http.options import REGION, WRITE_THROUGH
+from loadtests.fuzz_http.rawhttp import Answer, Req, crc32_b64, md5_b64, md5_hex, sha256_hex
 from s3lanes.core.chunked import encode_aws_chunked
 from s3lanes.core.sigv4 import (
     STREAMING_SIGNED,
@@ -14,11 +19,6 @@ from s3lanes.core.sigv4 import (
     UNSIGNED_PAYLOAD,
     ChunkSigner,
 )
-from loadtests.fuzz_http.case import Case
-from loadtests.fuzz_http.findings import BODY_ERRORS, OK, Expect, expect
-from loadtests.fuzz_http.kinds.base import seed_object
-from loadtests.fuzz_http.options import REGION, WRITE_THROUGH
-from loadtests.fuzz_http.rawhttp import Answer, Req, crc32_b64, md5_b64, md5_hex, sha256_hex
 
 
 async def case_payload(c: Case) -> None:
