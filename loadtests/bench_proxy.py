@@ -164,8 +164,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument(
         "--compare-tree",
         type=Path,
-        help="objects phase: also run a gateway from this directory (a checkout or a `git archive` of another "
-        "commit, holding gateway/s3lanes/) as a third side, in the same interleaved rounds",
+        help="objects phase: also run a gateway from this directory (a checkout or a `git archive` of "
+        "another commit, holding gateway/s3lanes/) as a third side, in the same interleaved rounds",
     )
     a = p.parse_args(argv)
     q = a.quick
