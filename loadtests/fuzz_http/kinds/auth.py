@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 import time
 
-from s3lanes.core.sigv4 import QUERY_AUTH_PARAMS
 from loadtests.fuzz_http.case import Case
 from loadtests.fuzz_http.findings import AUTH_ERRORS, AUTH_FAIL, OK, Expect, expect
 from loadtests.fuzz_http.kinds.base import seed_object
 from loadtests.fuzz_http.options import ACCESS_KEY, REGION, UNKNOWN_ACCESS_KEY
+from s3lanes.core.sigv4 import QUERY_AUTH_PARAMS
 
 
 async def case_valid(c: Case) -> None:
