@@ -275,9 +275,11 @@ def test_reads_keep_70_percent_and_writes_take_idle_bandwidth(
         f"scheduler during the mixed phase: {json.dumps(status['scheduler'], indent=1)[:3000]}"
     )
     assert len(shares) >= 4, report
-    # 70/30 within 5 points, measured on the wire between gateway and backend, in every whole window ...
-    assert 0.67 <= sum(d for _u, d in mixed) / sum(u + d for u, d in mixed) <= 0.73, report
-    assert _windows_out_of_band(mixed, 0.65, 0.75) == [], report
+    # Reads keep their 70 % and writes take their cap less its headroom ([scheduler] cap_headroom 0.1: 27 %
+    # of the link, so reads carry about 73 %), measured on the wire between gateway and backend, overall
+    # and in every whole window ...
+    assert 0.68 <= sum(d for _u, d in mixed) / sum(u + d for u, d in mixed) <= 0.78, report
+    assert _windows_out_of_band(mixed, 0.65, 0.80) == [], report
     assert statistics.median(totals) <= BANDWIDTH_BPS * 1.1, report
 
     with urllib.request.urlopen(gw.http_url + "/metrics", timeout=10) as resp:

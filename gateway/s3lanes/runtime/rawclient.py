@@ -141,7 +141,9 @@ def request_head(method: str, raw_path: str, raw_query: str, headers: dict[str, 
             raise BadHeaderValue(f"CR or LF in header {name!r}")
         lines.append(f"{name}: {value}")
     lines.append("\r\n")
-    return "\r\n".join(lines).encode("latin-1")
+    # UTF-8, as aiohttp's client writes header values: a value the client sent (a Range with non-ASCII
+    # digits, say) is relayed as the store would get it directly, not turned into a 500 here.
+    return "\r\n".join(lines).encode("utf-8")
 
 
 class RawPool:
@@ -169,6 +171,7 @@ class RawPool:
         self._idle: deque[RawConnection] = deque()
         self._slots = asyncio.Semaphore(pool_size)
         self._closed = False
+        self._expiry: asyncio.TimerHandle | None = None  # closes idle connections past keepalive_s
         self.opened = 0  # connections opened so far (tests and the status page read it)
 
     @property
@@ -268,8 +271,29 @@ class RawPool:
         if self._closed:
             conn.protocol.close()
             return
-        conn.idle_since = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        conn.idle_since = loop.time()
         self._idle.append(conn)
+        if self._expiry is None:
+            self._expiry = loop.call_later(self._keepalive_s, self._expire)
+
+    def _expire(self) -> None:
+        """Close the idle connections older than keepalive_s (as aiohttp's connector does), so that an idle
+        gateway holds no store connection for long; again later while some are left."""
+        self._expiry = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        keep: deque[RawConnection] = deque()
+        while self._idle:
+            conn = self._idle.popleft()
+            if now - conn.idle_since >= self._keepalive_s or not conn.protocol.is_connected():
+                self._close(conn)
+            else:
+                keep.append(conn)
+        self._idle = keep
+        if keep:
+            oldest = min(c.idle_since for c in keep)
+            self._expiry = loop.call_later(max(0.0, oldest + self._keepalive_s - now), self._expire)
 
     def discard(self, conn: RawConnection) -> None:
         self._slots.release()
@@ -281,5 +305,8 @@ class RawPool:
 
     async def close(self) -> None:
         self._closed = True
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         while self._idle:
             self._close(self._idle.pop())
