@@ -172,6 +172,31 @@ async def test_a_chunked_answer_is_decoded_and_the_connection_reused() -> None:
         server.close()
 
 
+async def test_header_bytes_the_client_sent_reach_the_store_unchanged() -> None:
+    """The server decodes header bytes as UTF-8 with surrogate escapes; a stray 0xff byte (from a fuzzer or
+    a broken client) and real UTF-8 both go out as the bytes that came in, and are the store's to judge."""
+    heads: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await read_head(reader))
+        writer.write(b"HTTP/1.1 416 Requested Range Not Satisfiable\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server, endpoint = await serve(handler)
+    backend = await backend_at(endpoint)
+    try:
+        client_bytes = b"bytes=\xff0-1\xc3\xa9"
+        value = client_bytes.decode("utf-8", "surrogateescape")
+        resp = await backend.read("GET", backend.target("b", "k", ""), {"Range": value}, CRED)
+        assert resp.status == 416
+        resp.release()
+        assert b"\r\nRange: " + client_bytes + b"\r\n" in heads[0], heads
+    finally:
+        await backend.close()
+        server.close()
+
+
 async def test_a_silent_store_is_a_gateway_timeout_and_a_refused_one_unavailable() -> None:
     stalled = asyncio.Event()
 

@@ -141,9 +141,10 @@ def request_head(method: str, raw_path: str, raw_query: str, headers: dict[str, 
             raise BadHeaderValue(f"CR or LF in header {name!r}")
         lines.append(f"{name}: {value}")
     lines.append("\r\n")
-    # UTF-8, as aiohttp's client writes header values: a value the client sent (a Range with non-ASCII
-    # digits, say) is relayed as the store would get it directly, not turned into a 500 here.
-    return "\r\n".join(lines).encode("utf-8")
+    # The server side decoded the client's header bytes as UTF-8 with surrogate escapes (aiohttp does), so
+    # encoding them back the same way relays the exact bytes the client sent (a Range with a stray 0xff
+    # byte, say): the store answers them as it would directly, and nothing here turns them into a 500.
+    return "\r\n".join(lines).encode("utf-8", "surrogateescape")
 
 
 class RawPool:
