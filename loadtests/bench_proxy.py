@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,13 +56,7 @@ import uvloop
 
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
-from loadtests.harness.gateway import (
-    is_gateway_tree,
-    server_toml,
-    stop_process,
-    tail,
-)
-from loadtests.harness.gateway import start_gateway as harness_start_gateway
+from loadtests.harness.gateway import is_gateway_tree, tail
 from loadtests.harness.machine import (
     CpuMeter,
     machine_facts,
@@ -74,10 +67,10 @@ from loadtests.harness.machine import (
 )
 from loadtests.harness.payload import payload_pieces, payload_sha256
 from loadtests.harness.rawclient import AiohttpClient, Client, RawHttp, expect, signed_head
+from loadtests.harness.stack import Stack, start_proxy_gateway, stop_proxy_gateway
 from loadtests.harness.stats import GB, MB, MIB, Round, abba, med, run_all
-from loadtests.harness.store import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, new_weed
+from loadtests.harness.store import BUCKET, new_weed
 from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD
-from s3lanes.seaweed.process import SeaweedProcess
 
 SMALL_OBJECT_BYTES = 64 * 1024
 RSS_SAMPLE_INTERVAL_S = 0.05
@@ -213,55 +206,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         phases=phases,
         compare_tree=a.compare_tree,
     )
-
-
-# --------------------------------------------------------------------------------------------------------
-# The processes under test
-
-
-@dataclass(slots=True)
-class Stack:
-    """SeaweedFS and the gateway in front of it, and where to reach them."""
-
-    tmp: Path
-    weed: SeaweedProcess
-    gateway: subprocess.Popen[bytes] | None = None
-    gateway_pid: int = 0
-    gateway_log: Path | None = None
-    direct: Endpoint = field(default_factory=lambda: Endpoint("127.0.0.1", 0))
-    via_gateway: Endpoint = field(default_factory=lambda: Endpoint("127.0.0.1", 0))
-
-    def endpoint(self, side: str) -> Endpoint:
-        return self.direct if side == "direct" else self.via_gateway
-
-
-def start_gateway(stack: Stack, extra_toml: str = "") -> None:
-    d = stack.tmp / "gateway"
-    text = (
-        server_toml(d / "state")
-        + f"""
-[backend]
-endpoint = "{stack.weed.endpoint_url}"
-region = "{REGION}"
-
-# The proxy path is what this benchmark measures: uploads are streamed through, not spooled
-# (the spool has its own benchmark, loadtests/bench_spool.py).
-[spool]
-enabled = false
-
-[[credentials]]
-access_key = "{ACCESS_KEY}"
-secret_key = "{SECRET_KEY}"
-"""
-        + extra_toml
-    )
-    gw = harness_start_gateway(d, text)
-    stack.gateway, stack.gateway_pid, stack.gateway_log = gw.popen, gw.pid, gw.log
-    stack.via_gateway = gw.endpoint
-
-
-def stop_gateway(stack: Stack) -> int | None:
-    return None if stack.gateway is None else stop_process(stack.gateway)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -787,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"state in {tmp}; starting SeaweedFS ...", file=sys.stderr, flush=True)
         stack.weed.start()
         stack.direct = Endpoint.from_url(stack.weed.endpoint_url)
-        start_gateway(stack, opts.gateway_toml.read_text() if opts.gateway_toml else "")
+        start_proxy_gateway(stack, opts.gateway_toml.read_text() if opts.gateway_toml else "")
         if opts.gateway_cpus is not None:
             rest = frozenset(os.sched_getaffinity(0)) - opts.gateway_cpus
             pin_process(stack.gateway_pid, opts.gateway_cpus)
@@ -816,7 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--- SeaweedFS log tail ---\n" + stack.weed.log_tail(), file=sys.stderr)
         raise
     finally:
-        results.gateway_exit_code = stop_gateway(stack)
+        results.gateway_exit_code = stop_proxy_gateway(stack)
         if stack.gateway_log is not None:
             text = tail(stack.gateway_log, 1_000_000)
             bad = [ln for ln in text.splitlines() if "Traceback" in ln or " ERROR " in ln]

@@ -38,10 +38,10 @@ from typing import Any
 
 import psutil
 
-from loadtests.bench_proxy import Stack, start_gateway, stop_gateway
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.machine import CpuMeter, cpu_seconds, pin_process
 from loadtests.harness.rawclient import RawHttp
+from loadtests.harness.stack import Stack, start_proxy_gateway, stop_proxy_gateway
 from loadtests.harness.store import BUCKET, new_weed
 
 KIB = 1024
@@ -131,7 +131,7 @@ async def run_gets(args: argparse.Namespace) -> list[dict[str, Any]]:
             os.environ["S3LANES_SERVER_WORKERS"] = str(n)
             stack = Stack(tmp=tmp / f"w{n}", weed=weed)
             stack.tmp.mkdir()
-            start_gateway(stack)
+            start_proxy_gateway(stack)
             if gw_cpus:
                 pin_process(stack.gateway_pid, gw_cpus)
                 for child in psutil.Process(stack.gateway_pid).children():
@@ -166,7 +166,7 @@ async def run_gets(args: argparse.Namespace) -> list[dict[str, Any]]:
             results.append(row)
             print(json.dumps(row), flush=True)
         for stack in stacks.values():
-            stop_gateway(stack)
+            stop_proxy_gateway(stack)
     finally:
         await client.close()
         weed.stop()
