@@ -15,7 +15,7 @@ Theory of operation
 - One SeaweedFS (``weed mini``, temporary state directory) and one gateway per variant, each with its own
   spool under the same temporary directory (same filesystem) and ``[backend] bandwidth = --trickle``, so the
   drain trickles instead of competing with the acks for the CPU, as in ``bench_spool``'s ack phase.
-- The requests are those of the contention trainer (:class:`loadtests.contention.workload.Trainer`):
+- The requests are those of the contention trainer (:class:`loadtests.harness.checkpoint.CheckpointWriter`):
   SigV4 ``UNSIGNED-PAYLOAD`` over HTTP with aiohttp, bodies streamed from views of one random block.
 - Per variant: every save's time, the p50 of each request type (create, part, complete, marker PUT), and
   the gateway's CPU seconds per GB saved (``/proc/PID/stat``, user and system apart; sampled around each
@@ -39,9 +39,16 @@ from typing import Any
 import aiohttp
 import uvloop
 
-from loadtests.contention.workload import METADATA_BYTES, S3, Trainer
+from loadtests.harness.checkpoint import (
+    METADATA_BYTES,
+    CheckpointShape,
+    CheckpointWriter,
+    marker_key,
+    shard_key,
+)
 from loadtests.harness.gateway import GatewayProcess, start_spool_gateway, stop_gateway
 from loadtests.harness.machine import cpu_user_sys_seconds, machine_facts
+from loadtests.harness.s3client import S3
 from loadtests.harness.stats import GB, MIB, med
 from loadtests.harness.store import ACCESS_KEY, BUCKET, SECRET_KEY, new_weed
 
@@ -97,24 +104,22 @@ class Bench:
         self.args = args
         self.variants = variants
 
-    def spec(self) -> dict[str, Any]:
+    def shape(self) -> CheckpointShape:
         a = self.args
-        return {
-            "endpoint": "http://127.0.0.1:1",  # replaced per variant (ckpt_s3 below)
-            "ckpt_bucket": BUCKET,
-            "ckpt_prefix": "bench-save",
-            "ckpt_shards": a.shards,
-            "ckpt_shard_bytes": a.shard_mib * MIB,
-            "ckpt_part_bytes": a.part_mib * MIB,
-            "ckpt_writers": a.writers,
-        }
+        return CheckpointShape(
+            bucket=BUCKET,
+            prefix="bench-save",
+            shards=a.shards,
+            shard_bytes=a.shard_mib * MIB,
+            part_bytes=a.part_mib * MIB,
+            writers=a.writers,
+        )
 
     async def run(self) -> None:
         a = self.args
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
-            trainers: dict[str, Trainer] = {}
+            writers: dict[str, CheckpointWriter] = {}
             for v in self.variants:
-                t = Trainer(self.spec(), session)
                 s3 = S3(
                     f"http://{v.gateway.endpoint.netloc}",
                     session,
@@ -122,13 +127,12 @@ class Bench:
                     secret_key=SECRET_KEY,
                 )
                 s3.timings = v.request_ms
-                t.ckpt_s3 = s3
-                trainers[v.name] = t
+                writers[v.name] = CheckpointWriter(s3, self.shape(), {})
             index = 0
             for r in range(a.rounds):
                 order = self.variants if r % 2 == 0 else list(reversed(self.variants))
                 for v in order:
-                    t = trainers[v.name]
+                    t = writers[v.name]
                     user0, sys0 = cpu_user_sys_seconds(v.gateway.pid)
                     times = []
                     restore_user = restore_sys = 0.0
@@ -141,7 +145,7 @@ class Bench:
                         v.saved_bytes += rec.bytes_total
                         ru0, rs0 = cpu_user_sys_seconds(v.gateway.pid)
                         t1 = time.monotonic()
-                        await self.restore(t.ckpt_s3, rec.prefix)
+                        await self.restore(t.s3, rec.prefix)
                         v.restores_s.append(time.monotonic() - t1)
                         ru1, rs1 = cpu_user_sys_seconds(v.gateway.pid)
                         restore_user += ru1 - ru0
@@ -163,8 +167,8 @@ class Bench:
     async def restore(self, s3: S3, prefix: str) -> None:
         """Read the checkpoint back: every shard whole and the marker, concurrently."""
         a = self.args
-        keys = [(f"{prefix}__{i}_0.distcp", a.shard_mib * MIB) for i in range(a.shards)]
-        keys.append((f"{prefix}.metadata", METADATA_BYTES))
+        keys = [(shard_key(prefix, i), a.shard_mib * MIB) for i in range(a.shards)]
+        keys.append((marker_key(prefix), METADATA_BYTES))
         await asyncio.gather(*(s3.get_range(BUCKET, key, 0, size) for key, size in keys))
 
 

@@ -9,7 +9,8 @@ the orchestrator can lay the probe's samples over the trainer's checkpoint windo
 Theory of operation
 -------------------
 - **Requests** are SigV4-signed with the project's :func:`s3lanes.core.sigv4.sign_headers`
-  (``UNSIGNED-PAYLOAD`` over plain HTTP, as the benchmark harness does) and sent with aiohttp. Object data are
+  (``UNSIGNED-PAYLOAD`` over plain HTTP, as the benchmark harness does) and sent with aiohttp
+  (:mod:`loadtests.harness.s3client`). Object data are
   views into one random 8 MiB block at seed-dependent offsets: nothing compressible, nothing on disk.
 - **The probe** is open loop: range GETs of ``range_bytes`` at ``rate_per_s``, each fired at its scheduled
   time whatever the others do, and its latency is completion minus *scheduled* start, so a stalled client
@@ -17,16 +18,17 @@ Theory of operation
 - **The trainer** is a loop at ``steps_per_s`` that takes ``samples_per_step`` samples per step from a
   DataLoader-like reader (``workers`` concurrent range GETs filling a queue of ``prefetch`` samples, which
   keeps fetching while the trainer saves), and every ``interval_s`` saves a checkpoint *synchronously*, as
-  ``torch.save`` or a blocking DCP save does: ``shards`` objects written as multipart uploads by ``writers``
-  concurrent writers, then a small ``.metadata`` commit marker, the training loop blocked until all are
-  acknowledged. Checkpoints go to ``ckpt_endpoint`` (default: ``endpoint``): in the separate-pools direct
-  scenario that is a second store. Time lost to storage = time waiting for samples + time blocked in saves,
-  over the trainer's wall time, counted after its first ``warmup_s`` (:class:`LostTime`): the loader's first
-  samples wait for connections to open and the prefetch queue to fill, a one-off cost of the first seconds
-  of a job that a 33 s segment would otherwise weigh as if it came with every checkpoint (the probe skips
-  the same first second). That warm-up is reported on its own, and the fraction with it as well.
-  Through a gateway with a spool, a background task then calls ``POST /_s3lanes/flush`` for the checkpoint's
-  prefix, which answers once it is durable on the store; without one, acknowledged means durable.
+  ``torch.save`` or a blocking DCP save does (:mod:`loadtests.harness.checkpoint`): ``shards`` objects written
+  as multipart uploads by ``writers`` concurrent writers, then a small ``.metadata`` commit marker, the
+  training loop blocked until all are acknowledged. Checkpoints go to ``ckpt_endpoint`` (default:
+  ``endpoint``): in the separate-pools direct scenario that is a second store. Time lost to storage = time
+  waiting for samples + time blocked in saves, over the trainer's wall time, counted after its first
+  ``warmup_s`` (:class:`LostTime`): the loader's first samples wait for connections to open and the prefetch
+  queue to fill, a one-off cost of the first seconds of a job that a 33 s segment would otherwise weigh as if
+  it came with every checkpoint (the probe skips the same first second). That warm-up is reported on its own,
+  and the fraction with it as well. Through a gateway with a spool, a background task then calls
+  ``POST /_s3lanes/flush`` for the checkpoint's prefix, which answers once it is durable on the store;
+  without one, acknowledged means durable.
 - **Checkpoint clients** (``ckpt_client``): ``aiohttp`` (the signed client above, with retries on 5xx and
   transport errors, as training clients do) or ``botocore``: a botocore S3 client per writer process, its
   timeouts botocore's defaults (60 s connect, 60 s read) unless the spec sets them, and *no retries*, so a
@@ -48,14 +50,13 @@ import contextlib
 import io
 import itertools
 import json
-import os
 import random
 import re
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -65,22 +66,22 @@ import uvloop
 from yarl import URL
 
 from loadtests.contention.testbed import ACCESS_KEY, REGION, SECRET_KEY, write_json_atomic
-from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD, sign_headers
+from loadtests.harness.checkpoint import (
+    METADATA_BYTES,
+    CheckpointRecord,
+    CheckpointShape,
+    CheckpointWriter,
+    marker_key,
+    shard_key,
+)
+from loadtests.harness.s3client import S3, WorkloadError, new_session, pieces
 
-MIB = 1024 * 1024
-BLOCK_BYTES = 8 * MIB
-PIECE_BYTES = 1 * MIB
-METADATA_BYTES = 4096
-REQUEST_TIMEOUT_S = 300.0
 FLUSH_TIMEOUT_S = 600.0
-WRITE_RETRIES = 5
-RETRY_BASE_S = 0.5
 PROBE_DRAIN_S = 30.0  # after SIGTERM, how long in-flight probe requests may still finish
 DURABLE_WAIT_S = 600.0
 STALL_EVENT_S = 0.005  # waits for data shorter than this are not listed one by one (they are summed)
 WARMUP_S = 1.0  # the trainer's first second (as the probe's, loadtests.contention.report.WARMUP_S)
 
-_BLOCK = memoryview(os.urandom(BLOCK_BYTES))
 GATEWAY_DURATION = re.compile(
     r'^s3lanes_request_duration_seconds_(?P<what>sum|count)\{lane="checkpoint",operation="(?P<operation>[^"]+)",'
     r'served_by="(?P<served_by>[^"]+)"\} (?P<value>\S+)$',
@@ -88,197 +89,9 @@ GATEWAY_DURATION = re.compile(
 )
 
 
-class WorkloadError(RuntimeError):
-    """A request got an answer the benchmark cannot go on from (``status``: the HTTP status, if any)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def pieces(size_bytes: int, seed: int) -> list[memoryview]:
-    """The bytes of object ``seed`` of ``size_bytes``: views into one random block, no copies."""
-    out = []
-    offset = (seed * 1_048_573) % BLOCK_BYTES
-    left = size_bytes
-    while left > 0:
-        n = min(PIECE_BYTES, left, BLOCK_BYTES - offset)
-        out.append(_BLOCK[offset : offset + n])
-        offset = (offset + n) % BLOCK_BYTES
-        left -= n
-    return out
-
-
-def request_kind(method: str, query: str) -> str:
-    """What a checkpoint request is, for the save's timings: create, part, complete, or METHOD (a PUT)."""
-    if query == "uploads=":
-        return "create"
-    if "partNumber=" in query:
-        return "part"
-    if "uploadId=" in query:
-        return "complete"
-    return method
-
-
-async def _body(views: list[memoryview]) -> AsyncIterator[memoryview]:
-    for v in views:
-        yield v
-
-
-# --------------------------------------------------------------------------------------------------------
-# A small signed S3 client
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-    body_bytes: int
-
-
-class S3:
-    """Path-style S3 over one aiohttp session, every request SigV4-signed as the benchmark identity."""
-
-    def __init__(
-        self,
-        endpoint_url: str,
-        session: aiohttp.ClientSession,
-        *,
-        access_key: str = ACCESS_KEY,
-        secret_key: str = SECRET_KEY,
-    ) -> None:
-        self.endpoint = endpoint_url.rstrip("/")
-        self.netloc = URL(self.endpoint).raw_authority
-        self.session = session
-        self.access_key = access_key
-        self.secret_key = secret_key
-        # When set: milliseconds of every request, by request_kind() (the trainer times its saves' requests).
-        self.timings: dict[str, list[float]] | None = None
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        query: str = "",
-        *,
-        body: list[memoryview] | bytes | None = None,
-        headers: dict[str, str] | None = None,
-        keep_body: bool = True,
-    ) -> Answer:
-        hdrs = {"host": self.netloc, **(headers or {})}
-        size = 0 if body is None else (len(body) if isinstance(body, bytes) else sum(len(v) for v in body))
-        if body is not None:
-            hdrs["content-length"] = str(size)
-            hdrs.setdefault("content-type", "application/octet-stream")
-        hdrs.update(
-            sign_headers(
-                method,
-                path,
-                query,
-                hdrs,
-                access_key=self.access_key,
-                secret_key=self.secret_key,
-                region=REGION,
-                payload_hash=UNSIGNED_PAYLOAD,
-                now_wall=time.time(),
-            )
-        )
-        started = time.monotonic()
-        url = URL(f"{self.endpoint}{path}" + (f"?{query}" if query else ""), encoded=True)
-        data: Any = None
-        if isinstance(body, bytes):
-            data = body
-        elif body is not None:
-            data = _body(body)
-        async with self.session.request(
-            method, url, headers=hdrs, data=data, skip_auto_headers=("Content-Type",)
-        ) as resp:
-            if keep_body or resp.status >= 300:
-                raw = await resp.read()
-                n = len(raw)
-            else:
-                raw = b""
-                n = 0
-                async for chunk in resp.content.iter_chunked(256 * 1024):
-                    n += len(chunk)
-            if self.timings is not None:
-                ms = (time.monotonic() - started) * 1000.0
-                self.timings.setdefault(request_kind(method, query), []).append(ms)
-            return Answer(resp.status, {k.lower(): v for k, v in resp.headers.items()}, raw, n)
-
-    @staticmethod
-    def path(bucket: str, key: str = "") -> str:
-        return f"/{bucket}/" + quote(key, safe="/~") if key else f"/{bucket}"
-
-    async def get_range(self, bucket: str, key: str, start: int, length: int) -> int:
-        a = await self.request(
-            "GET",
-            self.path(bucket, key),
-            headers={"range": f"bytes={start}-{start + length - 1}"},
-            keep_body=False,
-        )
-        if a.status not in (200, 206) or a.body_bytes != length:
-            raise WorkloadError(
-                f"GET {key} range: {a.status}, {a.body_bytes} bytes {a.body[:200]!r}", a.status
-            )
-        return a.body_bytes
-
-    async def put(self, bucket: str, key: str, body: list[memoryview] | bytes) -> None:
-        a = await self.request("PUT", self.path(bucket, key), body=body)
-        if a.status != 200:
-            raise WorkloadError(f"PUT {key}: {a.status} {a.body[:300]!r}", a.status)
-
-    async def create_upload(self, bucket: str, key: str) -> str:
-        a = await self.request("POST", self.path(bucket, key), "uploads=", body=b"")
-        m = re.search(rb"<UploadId>([^<]+)</UploadId>", a.body)
-        if a.status != 200 or m is None:
-            raise WorkloadError(f"CreateMultipartUpload {key}: {a.status} {a.body[:300]!r}", a.status)
-        return m.group(1).decode()
-
-    async def upload_part(
-        self, bucket: str, key: str, upload_id: str, number: int, body: list[memoryview]
-    ) -> str:
-        q = f"partNumber={number}&uploadId={quote(upload_id, safe='')}"
-        a = await self.request("PUT", self.path(bucket, key), q, body=body)
-        if a.status != 200 or "etag" not in a.headers:
-            raise WorkloadError(f"UploadPart {key} #{number}: {a.status} {a.body[:300]!r}", a.status)
-        return a.headers["etag"]
-
-    async def complete_upload(self, bucket: str, key: str, upload_id: str, etags: list[str]) -> None:
-        parts = "".join(
-            f"<Part><PartNumber>{i}</PartNumber><ETag>{e}</ETag></Part>" for i, e in enumerate(etags, 1)
-        )
-        xml = f"<CompleteMultipartUpload>{parts}</CompleteMultipartUpload>".encode()
-        q = f"uploadId={quote(upload_id, safe='')}"
-        a = await self.request(
-            "POST", self.path(bucket, key), q, body=xml, headers={"content-type": "application/xml"}
-        )
-        if a.status != 200 or b"<Error>" in a.body:
-            raise WorkloadError(f"CompleteMultipartUpload {key}: {a.status} {a.body[:300]!r}", a.status)
-
-
-def new_session(limit: int = 0) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=limit, force_close=False),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=REQUEST_TIMEOUT_S),
-        auto_decompress=False,
-    )
-
-
-async def retrying(what: str, attempt: Any, counters: dict[str, int]) -> Any:
-    """Run ``attempt()`` with capped exponential backoff on 5xx answers and transport errors, as training
-    clients do (a gateway under pressure may answer 503 SlowDown)."""
-    for i in range(WRITE_RETRIES + 1):
-        try:
-            return await attempt()
-        except (WorkloadError, aiohttp.ClientError, OSError, TimeoutError) as exc:
-            status = exc.status if isinstance(exc, WorkloadError) else None
-            if i == WRITE_RETRIES or (status is not None and status < 500):
-                raise WorkloadError(f"{what}: gave up after {i + 1} attempts: {exc}") from exc
-            counters["retries"] = counters.get("retries", 0) + 1
-            await asyncio.sleep(RETRY_BASE_S * 2**i)
-    raise AssertionError("unreachable")
+def signed_s3(endpoint_url: str, session: aiohttp.ClientSession) -> S3:
+    """The S3 client of the workload processes: signed as the testbed's identity."""
+    return S3(endpoint_url, session, access_key=ACCESS_KEY, secret_key=SECRET_KEY)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -443,6 +256,23 @@ class BotoWriters:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+class BotoCheckpointWriter(CheckpointWriter):
+    """Checkpoint saves whose shards and marker go through the botocore writers (no retries)."""
+
+    def __init__(self, s3: S3, shape: CheckpointShape, counters: dict[str, int], boto: BotoWriters) -> None:
+        super().__init__(s3, shape, counters)
+        self.boto = boto
+
+    async def write_shard(self, prefix: str, shard: int, seed: int) -> None:
+        shape = self.shape
+        await self.boto.write_shard(
+            shape.bucket, shard_key(prefix, shard), shape.shard_bytes, shape.part_bytes, seed
+        )
+
+    async def put_marker(self, prefix: str, index: int) -> None:
+        await self.boto.put_marker(self.shape.bucket, marker_key(prefix), index)
+
+
 # --------------------------------------------------------------------------------------------------------
 # Dataset
 
@@ -478,7 +308,7 @@ async def setup_main(spec: dict[str, Any]) -> dict[str, Any]:
     size = int(spec["size_bytes"])
     sem = asyncio.Semaphore(4)
     async with new_session() as session:
-        s3 = S3(spec["endpoint"], session)
+        s3 = signed_s3(spec["endpoint"], session)
 
         async def one(i: int, key: str) -> None:
             async with sem:
@@ -500,7 +330,7 @@ async def probe_main(spec: dict[str, Any], stop: asyncio.Event) -> dict[str, Any
     samples: list[list[Any]] = []  # [scheduled_at, latency_ms or None, error text or None]
     tasks: set[asyncio.Task[None]] = set()
     async with new_session() as session:
-        s3 = S3(spec["endpoint"], session)
+        s3 = signed_s3(spec["endpoint"], session)
 
         async def one(at: float, key: str, offset: int) -> None:
             err: str | None = None
@@ -539,32 +369,6 @@ async def probe_main(spec: dict[str, Any], stop: asyncio.Event) -> dict[str, Any
 
 # --------------------------------------------------------------------------------------------------------
 # The trainer
-
-
-@dataclass(slots=True)
-class CheckpointRecord:
-    index: int
-    prefix: str
-    bytes_total: int
-    save_start: float
-    save_end: float = 0.0
-    durable_at: float | None = None
-    error: str | None = None
-    flush: dict[str, Any] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "prefix": self.prefix,
-            "bytes": self.bytes_total,
-            "save_start": self.save_start,
-            "save_end": self.save_end,
-            "save_s": self.save_end - self.save_start,
-            "durable_at": self.durable_at,
-            "durable_s": None if self.durable_at is None else self.durable_at - self.save_start,
-            "error": self.error,
-            "flush": self.flush,
-        }
 
 
 class LostTime:
@@ -614,8 +418,8 @@ class LostTime:
 class Trainer:
     def __init__(self, spec: dict[str, Any], session: aiohttp.ClientSession) -> None:
         self.spec = spec
-        self.s3 = S3(spec["endpoint"], session)
-        self.ckpt_s3 = S3(spec.get("ckpt_endpoint") or spec["endpoint"], session)
+        self.s3 = signed_s3(spec["endpoint"], session)
+        self.ckpt_s3 = signed_s3(spec.get("ckpt_endpoint") or spec["endpoint"], session)
         self.ckpt_s3.timings = {}
         self.session = session
         self.loader_latencies: list[list[float]] = []  # [requested_at, latency_ms]
@@ -628,6 +432,19 @@ class Trainer:
             BotoWriters(spec, spec.get("ckpt_endpoint") or spec["endpoint"])
             if spec.get("ckpt_client") == "botocore"
             else None
+        )
+        shape = CheckpointShape(
+            bucket=spec["ckpt_bucket"],
+            prefix=spec["ckpt_prefix"],
+            shards=int(spec["ckpt_shards"]),
+            shard_bytes=int(spec["ckpt_shard_bytes"]),
+            part_bytes=int(spec["ckpt_part_bytes"]),
+            writers=int(spec["ckpt_writers"]),
+        )
+        self.writer = (
+            CheckpointWriter(self.ckpt_s3, shape, self.counters)
+            if self.boto is None
+            else BotoCheckpointWriter(self.ckpt_s3, shape, self.counters, self.boto)
         )
 
     # -- the data loader -------------------------------------------------------------------------------
@@ -650,68 +467,8 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------------------
 
-    async def _write_shard(self, prefix: str, shard: int, size: int, part_bytes: int, seed: int) -> None:
-        bucket, key = self.spec["ckpt_bucket"], f"{prefix}__{shard}_0.distcp"
-        if self.boto is not None:
-            await self.boto.write_shard(bucket, key, size, part_bytes, seed)
-            return
-
-        async def create() -> str:
-            return str(await self.ckpt_s3.create_upload(bucket, key))
-
-        upload_id: str = await retrying(f"create {key}", create, self.counters)
-        etags: list[str] = []
-        offset = 0
-        number = 1
-        while offset < size:
-            n = min(part_bytes, size - offset)
-            views = pieces(n, seed * 7919 + number)
-
-            async def part(number: int = number, views: list[memoryview] = views) -> str:
-                return str(await self.ckpt_s3.upload_part(bucket, key, upload_id, number, views))
-
-            etags.append(await retrying(f"part {number} of {key}", part, self.counters))
-            offset += n
-            number += 1
-
-        async def complete() -> None:
-            await self.ckpt_s3.complete_upload(bucket, key, upload_id, etags)
-
-        await retrying(f"complete {key}", complete, self.counters)
-
     async def save(self, index: int) -> CheckpointRecord:
-        """One synchronous checkpoint: shards by ``writers`` concurrent writers, then the commit marker."""
-        sp = self.spec
-        shards, shard_bytes = int(sp["ckpt_shards"]), int(sp["ckpt_shard_bytes"])
-        prefix = f"{sp['ckpt_prefix']}/step_{index:04d}/"
-        rec = CheckpointRecord(index, prefix, shards * shard_bytes + METADATA_BYTES, time.monotonic())
-        sem = asyncio.Semaphore(int(sp["ckpt_writers"]))
-
-        async def shard(i: int) -> None:
-            async with sem:
-                await self._write_shard(prefix, i, shard_bytes, int(sp["ckpt_part_bytes"]), index * 100 + i)
-
-        try:
-            # Every shard runs to its end (a failed one does not cut the others short): each error counts.
-            results = await asyncio.gather(*(shard(i) for i in range(shards)), return_exceptions=True)
-            failed = [r for r in results if isinstance(r, BaseException)]
-            if failed:
-                if not all(isinstance(r, WorkloadError) for r in failed):
-                    raise next(r for r in failed if not isinstance(r, WorkloadError))
-                raise failed[0]
-            marker = pieces(METADATA_BYTES, index)
-
-            async def put_marker() -> None:
-                await self.ckpt_s3.put(sp["ckpt_bucket"], f"{prefix}.metadata", marker)
-
-            if self.boto is not None:
-                await self.boto.put_marker(sp["ckpt_bucket"], f"{prefix}.metadata", index)
-            else:
-                await retrying(f"{prefix}.metadata", put_marker, self.counters)
-        except WorkloadError as exc:
-            rec.error = str(exc)[:500]
-        rec.save_end = time.monotonic()
-        return rec
+        return await self.writer.save(index)
 
     async def wait_durable(self, rec: CheckpointRecord) -> None:
         """Through a spooling gateway: the flush API answers once the checkpoint is on the store."""
