@@ -54,6 +54,7 @@ from typing import Any
 
 import uvloop
 
+from loadtests.harness.cli import size_picker
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import is_gateway_tree, tail
@@ -180,11 +181,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                 f"got {sorted(gateway_cpus)}"
             )
 
-    def pick(value: int | None, full: int, quick: int) -> int:
-        chosen = value if value is not None else (quick if q else full)
-        if chosen <= 0:
-            p.error("sizes, counts and rounds must be positive")
-        return chosen
+    pick = size_picker(p, q)
 
     return Options(
         quick=q,

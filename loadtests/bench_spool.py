@@ -78,6 +78,7 @@ from urllib.parse import quote
 
 import uvloop
 
+from loadtests.harness.cli import size_picker
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
@@ -207,11 +208,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     a = p.parse_args(argv)
     q = a.quick
 
-    def pick(value: int | None, full: int, quick: int) -> int:
-        chosen = value if value is not None else (quick if q else full)
-        if chosen <= 0:
-            p.error("sizes, counts and rounds must be positive")
-        return chosen
+    pick = size_picker(p, q)
 
     sizes = tuple(int(s) for s in (a.sizes_mib or "64,16").split(",") if s.strip())
     if not sizes or min(sizes) <= 0:
