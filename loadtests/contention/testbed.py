@@ -330,9 +330,24 @@ class Testbed(abc.ABC):
     def sample(self) -> dict[str, WireSample]:
         """Each FIFO's counters now, by link name (:attr:`links`). Blocking (it may run commands)."""
 
-    @abc.abstractmethod
     def describe(self) -> dict[str, Any]:
         """The testbed's parameters, reported with every result."""
+        topology, store, tcp_cc = self._layout()
+        return {
+            "testbed": self.kind,
+            "topology": topology,
+            "stores": len(self.links),
+            "rate_MBps": self.spec.rate_bps / MB,
+            "fifo_depth_MiB": self.spec.depth_bytes / MIB,
+            "fifo_depth_ms": round(self.spec.depth_s * 1000, 1),
+            "tbf_burst_KiB": self.spec.burst_bytes / 1024,
+            "tcp_congestion_control": tcp_cc,
+            "store": store,
+        }
+
+    @abc.abstractmethod
+    def _layout(self) -> tuple[str, str, str]:
+        """For :meth:`describe`: the topology, the stores, and the TCP congestion control, in words."""
 
     def down(self) -> None:
         """Stop every process we started (by pid) and remove what :meth:`up` built. Idempotent."""
@@ -566,7 +581,7 @@ class NetnsTestbed(Testbed):
             drops=int(tbf.get("drops", 0)),
         )
 
-    def describe(self) -> dict[str, Any]:
+    def _layout(self) -> tuple[str, str, str]:
         topology = (
             f"{self.ns_client} {CLIENT_IP} (clients, gateway, spool) -- {self.ns_router} "
             f"(one tbf FIFO via ifb, both directions) -- {self.ns_store} {STORE_IP} (SeaweedFS)"
@@ -579,17 +594,7 @@ class NetnsTestbed(Testbed):
                 f"(its own tbf FIFO, same rate and depth) -- {ck.store_ns} {ck.store_ip} (SeaweedFS)"
             )
             store += f"; second SeaweedFS at {self.ckpt_store_url}"
-        return {
-            "testbed": "netns",
-            "topology": topology,
-            "stores": len(self._links),
-            "rate_MBps": self.spec.rate_bps / MB,
-            "fifo_depth_MiB": self.spec.depth_bytes / MIB,
-            "fifo_depth_ms": round(self.spec.depth_s * 1000, 1),
-            "tbf_burst_KiB": self.spec.burst_bytes / 1024,
-            "tcp_congestion_control": f"{TCP_CC} (pinned per route)",
-            "store": store,
-        }
+        return topology, store, f"{TCP_CC} (pinned per route)"
 
     def _teardown_network(self) -> None:
         problems: list[str] = []
@@ -666,7 +671,7 @@ class ModelTestbed(Testbed):
             drops=0,
         )
 
-    def describe(self) -> dict[str, Any]:
+    def _layout(self) -> tuple[str, str, str]:
         topology = (
             "clients, gateway, spool -- asyncio FIFO relay (one queue, both directions, loopback) -- "
             "SeaweedFS on 127.0.0.1"
@@ -675,17 +680,7 @@ class ModelTestbed(Testbed):
         if self.ckpt_store:
             topology += "; second store (checkpoint pool): its own relay (same rate and depth) -- SeaweedFS"
             store += f"; second SeaweedFS at {self._weed_urls[1]}, behind its relay at {self.ckpt_store_url}"
-        return {
-            "testbed": "model",
-            "topology": topology,
-            "stores": len(self.links),
-            "rate_MBps": self.spec.rate_bps / MB,
-            "fifo_depth_MiB": self.spec.depth_bytes / MIB,
-            "fifo_depth_ms": round(self.spec.depth_s * 1000, 1),
-            "tbf_burst_KiB": self.spec.burst_bytes / 1024,
-            "tcp_congestion_control": "kernel default (loopback; the relay's FIFO does the queueing)",
-            "store": store,
-        }
+        return topology, store, "kernel default (loopback; the relay's FIFO does the queueing)"
 
 
 def make_testbed(kind: str, spec: BottleneckSpec, work_dir: Path, ckpt_store: bool = False) -> Testbed:
