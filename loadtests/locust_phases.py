@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from loadtests.harness.stats import merge_intervals
+
 if TYPE_CHECKING:
     from locust.argument_parser import LocustArgumentParser
     from locust.env import Environment
@@ -421,7 +423,7 @@ class PhaseTracker:
     ) -> list[PhaseRow]:
         """Rows per phase and (type, name), then an ``Aggregated`` row per phase; both phases always appear
         in the Aggregated rows (with zero counts if nothing happened in one)."""
-        merged = _merge_intervals((w.start, w.end) for w in self.windows(now))
+        merged = merge_intervals((w.start, w.end) for w in self.windows(now))
         ends = [end for _start, end in merged]
         groups: dict[tuple[str, str, str], _Cell] = {}
         totals: dict[str, _Cell] = {phase: _Cell() for phase in PHASES}
@@ -451,16 +453,6 @@ class PhaseTracker:
         total = max(0.0, end - begin)
         inside = sum(max(0.0, min(e, end) - max(s, begin)) for s, e in merged)
         return {PHASE_OUTSIDE: max(0.0, total - inside), PHASE_IN_BURST: inside}
-
-
-def _merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
 
 
 def _clamped(key_us: int, cell: _Cell) -> int:

@@ -50,6 +50,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from loadtests.harness.stats import merge_intervals
+
 MB = 1_000_000
 WARMUP_S = 1.0
 SCENARIO_LABELS = {
@@ -126,16 +128,6 @@ def in_windows(series: Sequence[tuple[float, float]], windows: Sequence[tuple[fl
     return sum(at_time(series, b) - at_time(series, a) for a, b in windows)
 
 
-def merge_windows(windows: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for a, b in sorted(windows):
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
-        else:
-            out.append((a, b))
-    return out
-
-
 def bootstrap_ratio(
     num: Sequence[float], den: Sequence[float], q: float, seed: int = BOOTSTRAP_SEED
 ) -> tuple[float, float] | None:
@@ -172,7 +164,7 @@ def burst_windows(trainer: dict[str, Any]) -> list[tuple[float, float]]:
     for c in trainer["checkpoints"]:
         end = c["durable_at"] if c["durable_at"] is not None else c["save_end"]
         out.append((float(c["save_start"]), float(end)))
-    return merge_windows(out)
+    return merge_intervals(out)
 
 
 def quiet_windows(

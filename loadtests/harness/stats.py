@@ -88,5 +88,16 @@ def abba(rounds: int) -> Iterator[tuple[int, str]]:
         yield i, second
 
 
+def merge_intervals(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``(start, end)`` intervals: sorted, none overlapping (touching ones are joined)."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 def med(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")

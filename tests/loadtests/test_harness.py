@@ -3,11 +3,13 @@ start says why."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import pytest
 
+from loadtests.harness.cli import size_picker
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
     server_toml,
@@ -17,6 +19,7 @@ from loadtests.harness.gateway import (
     tail,
     wait_ready,
 )
+from loadtests.harness.stats import merge_intervals
 from loadtests.harness.store import ACCESS_KEY, SECRET_KEY
 from s3lanes.config import load_config
 
@@ -69,3 +72,18 @@ def test_a_ready_file_is_returned_as_its_document(tmp_path: Path) -> None:
         assert wait_ready(popen, ready, tmp_path / "child.log", 30.0, "the child") == {"pid": 7}
     finally:
         assert stop_process(popen, 10.0) == -15
+
+
+def test_intervals_merge_where_they_overlap_or_touch_and_come_out_sorted() -> None:
+    got = merge_intervals([(5.0, 6.0), (1.0, 3.0), (2.0, 4.0), (4.0, 4.5), (7.0, 8.0), (7.5, 7.6)])
+    assert got == [(1.0, 4.5), (5.0, 6.0), (7.0, 8.0)]
+    assert merge_intervals([]) == []
+
+
+def test_the_size_picker_takes_the_value_else_the_quick_or_full_default_and_refuses_non_positive() -> None:
+    p = argparse.ArgumentParser()
+    assert size_picker(p, quick=False)(None, 256, 32) == 256
+    assert size_picker(p, quick=True)(None, 256, 32) == 32
+    assert size_picker(p, quick=True)(7, 256, 32) == 7
+    with pytest.raises(SystemExit):
+        size_picker(p, quick=False)(0, 256, 32)
