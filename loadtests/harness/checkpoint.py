@@ -15,16 +15,6 @@ from loadtests.harness.s3client import S3, WorkloadError, pieces, retrying
 METADATA_BYTES = 4096
 
 
-def shard_key(prefix: str, shard: int) -> str:
-    """Shard ``shard`` of the checkpoint under ``prefix``, named as a DCP save names its files."""
-    return f"{prefix}__{shard}_0.distcp"
-
-
-def marker_key(prefix: str) -> str:
-    """The commit marker of the checkpoint under ``prefix``, written once every shard is acknowledged."""
-    return f"{prefix}.metadata"
-
-
 @dataclass(frozen=True, slots=True)
 class CheckpointShape:
     """Where checkpoints go and what one is: checkpoint ``i`` is under ``{prefix}/step_{i:04d}/``."""
@@ -68,6 +58,16 @@ class CheckpointRecord:
             "error": self.error,
             "flush": self.flush,
         }
+
+
+def shard_key(prefix: str, shard: int) -> str:
+    """Shard ``shard`` of the checkpoint under ``prefix``, named as a DCP save names its files."""
+    return f"{prefix}__{shard}_0.distcp"
+
+
+def marker_key(prefix: str) -> str:
+    """The commit marker of the checkpoint under ``prefix``, written once every shard is acknowledged."""
+    return f"{prefix}.metadata"
 
 
 class CheckpointWriter:
