@@ -48,17 +48,21 @@ run: $(RUN_STAMP)
 ## Quick start 2: the whole test suite (starts its own SeaweedFS): the pure layers first, then the rest.
 test: $(TORCH_STAMP)
 	scripts/system-deps
-	$(BIN)/pytest $(PURE_TESTS) $(PYTEST_ARGS)
+	$(BIN)/pytest $(PURE_TESTS) $(CORE_COVERAGE) $(PYTEST_ARGS)
 	$(BIN)/pytest $(addprefix --ignore=,$(PURE_TESTS)) $(PYTEST_ARGS)
 
 PURE_TESTS := tests/core tests/sim
 CORE_COVERAGE_FLOOR := 100
+# Branch coverage of gateway/s3lanes/core by the pure tests alone, held to the floor (pytest-cov).
+CORE_COVERAGE := --cov=gateway/s3lanes/core --cov-branch --cov-report=term-missing:skip-covered \
+	--cov-fail-under=$(CORE_COVERAGE_FLOOR)
+# make test-fast runs on every core (pytest-xdist); FAST_WORKERS=0 runs in one process.
+FAST_WORKERS ?= auto
 
 ## The pure layers alone (no store, no gateway; property tests with a tenth of their examples) and the gateway/s3lanes/core coverage floor.
 test-fast: $(STAMP)
-	S3LANES_TEST_FAST=1 $(BIN)/coverage run --data-file=.coverage.fast --source=gateway/s3lanes/core \
-		-m pytest -q -p no:cacheprovider $(PURE_TESTS) $(PYTEST_ARGS)
-	$(BIN)/coverage report --data-file=.coverage.fast --fail-under=$(CORE_COVERAGE_FLOOR) --show-missing --skip-covered
+	S3LANES_TEST_FAST=1 $(BIN)/pytest -q -p no:cacheprovider -n $(FAST_WORKERS) $(CORE_COVERAGE) \
+		$(PURE_TESTS) $(PYTEST_ARGS)
 
 ## Lint, spelling, type check and import contracts (what CI runs besides the tests).
 check: lint spelling typecheck contracts
