@@ -110,6 +110,20 @@ def test_without_reads_anywhere_the_writes_get_the_whole_node() -> None:
     assert s.limits["n.w1"]["checkpoint"] == pytest.approx(C * (1 - LANE_FLOOR / 2))
 
 
+def test_what_the_demands_leave_goes_to_the_backlogged_lanes() -> None:
+    w0 = replace(
+        report("n.w0", {}, reads=True),
+        node_lanes={
+            "dataset": LaneDemandReport(0.4 * C, 0.5 * C, 4 * MiB),
+            "metadata": LaneDemandReport(0.8e6, 1e6, 0),
+        },
+    )
+    s = split(w0, report("n.w1", {"checkpoint": 0.1 * C}, reads=False))
+    assert s.lanes["metadata"] == pytest.approx(1e6)  # its demand (rate and a quarter), no more
+    assert s.lanes["checkpoint"] == pytest.approx(0.1 * C)
+    assert s.lanes["dataset"] == pytest.approx(C - 0.1 * C - 1e6)  # backlogged: the rest
+
+
 def test_reads_on_any_worker_cap_the_writes_of_every_worker() -> None:
     s = split(
         report("n.w0", {"dataset": 0.2 * C}, reads=True),

@@ -12,13 +12,13 @@ once, to the node, and the result is handed out per lane:
    :class:`~s3lanes.core.cluster_budget.LaneDemandReport`; a lane with bytes waiting on any worker is
    *backlogged*: it wants all it can get, as a backlogged lane does in the scheduler, since a closed-loop
    stream held at its part would otherwise only ever be given its rate plus a quarter), with the *same*
-   lane table and the same rules as
-   the scheduler: each lane's guarantee (``max(reservation, floor)``), its weight, its ``limit``, and, in
-   ``strict`` mode while reads are active on *any* worker, its ``limit_while_reads_active`` less the
-   scheduler's ``cap_headroom`` (what the scheduler itself paces a capped lane to while reads are active).
-   :func:`s3lanes.core.sched_alloc.allocate` water-fills the demands; what is left once they are met goes to
-   the lanes that have demand, by weight, within their limits (work-conserving: with no reads anywhere the
-   writes get everything).
+   lane table and the same rules as the scheduler: each lane's guarantee (``max(reservation, floor)``), its
+   weight, its ``limit``, and, in ``strict`` mode while reads are active on *any* worker, its
+   ``limit_while_reads_active`` less the scheduler's ``cap_headroom`` (what the scheduler itself paces a
+   capped lane to while reads are active). :func:`s3lanes.core.sched_alloc.allocate` water-fills the
+   demands; what is left once they are met goes to the backlogged lanes (to the lanes that have any demand
+   if none is), by weight, within their limits: work-conserving (with no reads anywhere the writes get
+   everything), and a few HEADs do not take a share of what the reads leave.
 2. **Each lane's allocation among the workers.** ``LANE_FLOOR`` of it is split equally (a lane's traffic that
    appears on a worker can start before the next round), the rest water-filled over the workers' demands in
    that lane (max-min fair, :func:`~s3lanes.core.cluster_budget.fair_share`); what is left once every demand
@@ -135,11 +135,15 @@ def split_node_lanes(
             for s, lim in zip(specs, limits, strict=True)
         ],
     )
-    # Work-conserving: what the demands left goes to the lanes that want anything, by weight, within limits.
+    # Work-conserving: what the demands left goes to the backlogged lanes (or, if none is, to the lanes that
+    # want anything), by weight, within their limits. A lane that is not backlogged has its rate and more.
+    growing = {name for name, d in demand.items() if math.isinf(d)} or {
+        name for name, d in demand.items() if d > 0
+    }
     alloc = allocate(
         cap,
         [
-            LaneDemand(a, s.weight, lim, math.inf if demand[s.name] > 0 else a)
+            LaneDemand(a, s.weight, lim, math.inf if s.name in growing else a)
             for s, lim, a in zip(specs, limits, first, strict=True)
         ],
     )
