@@ -746,10 +746,10 @@ class Scheduler:
     def set_node_caps(self, enabled: bool, now: float) -> None:
         """``True``: the lanes' caps while reads are active (``limit_while_reads_active``) are applied to the
         whole node, not here: one of several workers whose node splits its bandwidth per lane
-        (:mod:`s3lanes.core.node_lanes`) and hands this worker each capped lane's part as an external limit.
-        Its scheduler then does not cap those lanes again within its part (a worker whose readers are all on
-        another worker may give its whole part to its writes). Everything else (reservations, weights,
-        the latency guard, floors) still applies within the part."""
+        (:mod:`s3lanes.core.node_lanes`) and hands this worker each lane's part as an external limit, with
+        the node's caps applied. Its scheduler then does not cap those lanes again within its part (a worker
+        whose readers are all on another worker may give its whole part to its writes). Everything else
+        (reservations, weights, the latency guard, floors) still applies within the part."""
         now = self._advance(now)
         if enabled != self._node_caps:
             self._node_caps = enabled
