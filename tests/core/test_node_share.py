@@ -1,5 +1,5 @@
-"""Several workers of one node in front of one store: the node's capacity split among them by demand
-(cluster_budget.node_shares), and a scheduler paced to its share (Scheduler.set_capacity_share)."""
+"""Several workers of one node in front of one store: the demand in a worker's report, and a scheduler paced
+to its share of the node (Scheduler.set_capacity_share). The split itself: test_node_lanes.py."""
 
 from __future__ import annotations
 
@@ -8,13 +8,7 @@ from dataclasses import replace
 import pytest
 
 from s3lanes.config import Config
-from s3lanes.core.cluster_budget import (
-    NODE_SHARE_FLOOR,
-    NodeReport,
-    decode_report,
-    encode_report,
-    node_shares,
-)
+from s3lanes.core.cluster_budget import NodeReport, decode_report, encode_report
 from s3lanes.core.scheduler import Scheduler
 from s3lanes.runtime.wiring import scheduler_config
 from tests.core.test_scheduler_external_limit import rate_of
@@ -34,34 +28,6 @@ def worker(node: str, demand: float | None, *, at: float = T0) -> NodeReport:
         mode="normal",
         demand_bps=demand,
     )
-
-
-def test_busy_workers_split_the_node_equally_and_shares_add_up_to_one() -> None:
-    shares = node_shares([worker("n.w0", C), worker("n.w1", 2 * C)], T0, 2.0)
-    assert shares == pytest.approx({"n.w0": 0.5, "n.w1": 0.5})
-
-
-def test_an_idle_workers_part_goes_to_the_busy_one() -> None:
-    shares = node_shares([worker("n.w0", C), worker("n.w1", 0.0)], T0, 2.0)
-    assert shares["n.w1"] == pytest.approx(NODE_SHARE_FLOOR / 2)
-    assert shares["n.w0"] == pytest.approx(1 - NODE_SHARE_FLOOR / 2)
-    assert sum(shares.values()) == pytest.approx(1.0)
-
-
-def test_demands_below_the_capacity_are_met_and_the_rest_is_spread() -> None:
-    shares = node_shares([worker("n.w0", 0.1 * C), worker("n.w1", 0.3 * C), worker("n.w2", 0.9 * C)], T0, 2.0)
-    assert shares["n.w0"] == pytest.approx(0.1)  # its demand (above its floor part): met
-    assert shares["n.w1"] == pytest.approx(0.3)
-    assert shares["n.w2"] == pytest.approx(0.6)  # what is left
-    # Everybody met: the rest is split equally.
-    shares = node_shares([worker("n.w0", 0.1 * C), worker("n.w1", 0.1 * C)], T0, 2.0)
-    assert shares == pytest.approx({"n.w0": 0.5, "n.w1": 0.5})
-
-
-def test_a_report_without_a_demand_wants_everything_and_a_stale_one_drops_out() -> None:
-    shares = node_shares([worker("n.w0", None), worker("n.w1", 0.0, at=T0 - 10)], T0, 2.0)
-    assert shares == {"n.w0": 1.0}
-    assert node_shares([], T0, 2.0) == {}
 
 
 def test_the_demand_travels_in_the_report_and_an_old_report_has_none() -> None:
@@ -94,8 +60,3 @@ def test_the_same_share_again_changes_nothing_and_an_estimated_capacity_is_the_e
         replace(scheduler_config(Config(), C), capacity_bps=None, initial_capacity_bps=C / 2), 1000.0
     )
     assert estimated.node_capacity_bps() == C / 2  # the estimator's current figure
-
-
-def test_workers_of_a_store_with_no_capacity_figure_split_equally() -> None:
-    zero = [replace(worker("n.w0", C), capacity_bps=0.0), replace(worker("n.w1", 0.0), capacity_bps=0.0)]
-    assert node_shares(zero, T0, 2.0) == {"n.w0": 0.5, "n.w1": 0.5}

@@ -1,6 +1,7 @@
 """The workers of one node share the write lanes' budget through a FileBoard (a directory of report files):
 the cluster shell's members, each over a real scheduler and its own FileBoard on one directory, apportion
-the budget as they do through Redis, and forget a worker that stopped reporting."""
+the budget as they do through Redis, split the node's bandwidth per lane (node_share), and forget a worker
+that stopped reporting."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from s3lanes.clock import FakeClock
 from s3lanes.config import ClusterConfig, Config
 from s3lanes.core.cluster_budget import Mode
+from s3lanes.core.node_lanes import LANE_FLOOR
 from s3lanes.core.scheduler import Scheduler
 from s3lanes.runtime.cluster import ClusterMember
 from s3lanes.runtime.wiring import scheduler_config
@@ -25,7 +27,12 @@ INTERVAL = 0.5
 
 
 def workers(
-    directory: Path, clock: FakeClock, backlogs: dict[str, int], readers: set[str]
+    directory: Path,
+    clock: FakeClock,
+    backlogs: dict[str, int],
+    readers: set[str],
+    *,
+    node_share: bool = False,
 ) -> dict[str, ClusterMember]:
     members = {}
     for node, backlog in sorted(backlogs.items()):
@@ -38,6 +45,7 @@ def workers(
             clock,
             board=FileBoard(directory, clock),  # one board object per worker, as in separate processes
             backlog_bytes=lambda lane, b=backlog: b if lane == "checkpoint" else 0,  # type: ignore[misc]
+            node_share=node_share,
         )
     return members
 
@@ -81,3 +89,27 @@ async def test_a_worker_that_stops_reporting_is_forgotten_after_the_ttl(tmp_path
     assert [r.node_id for r in w0._last_reports] == ["n.w0"]
     clear_board(tmp_path)
     assert os.listdir(tmp_path) == []
+
+
+async def test_workers_split_the_node_per_lane_and_pace_each_lane_to_its_part(tmp_path: Path) -> None:
+    clock = FakeClock()
+    members = workers(tmp_path, clock, {"n.w0": 0, "n.w1": 10**10}, readers={"n.w0"}, node_share=True)
+    for _ in range(6):
+        for m in members.values():
+            await m.step()
+        clock.advance(INTERVAL)
+    readers, writers = members["n.w0"], members["n.w1"]
+    cap = 0.30 * 0.9  # the checkpoint lane's cap while reads are active anywhere, less cap_headroom
+    # The readers' worker has the dataset lane (all of what the writes leave, but the writers' worker's
+    # floor part of it); the writers' worker the checkpoint lane's cap, whatever the split of demands.
+    assert readers.capacity_share == pytest.approx(
+        (1 - cap) * (1 - LANE_FLOOR / 2) + cap * LANE_FLOOR / 2, rel=1e-6
+    )
+    assert readers.capacity_share + writers.capacity_share == pytest.approx(1.0)
+    assert limit(writers, clock) == pytest.approx(cap * C * (1 - LANE_FLOOR / 2))
+    snap = writers._scheduler.snapshot(clock.monotonic())
+    assert snap.capacity_bps == pytest.approx(writers.capacity_share * C)
+    status = readers.status()
+    assert status["capacity_share"] == readers.capacity_share
+    assert status["node_lanes"]["dataset"]["node_bps"] == pytest.approx((1 - cap) * C)
+    assert status["node_lanes"]["checkpoint"]["part_bps"] == pytest.approx(cap * C * LANE_FLOOR / 2)

@@ -90,6 +90,16 @@ class LaneReport:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneDemandReport:
+    """One lane (any lane, not only the shared ones) on one worker of a node, as published for the node's
+    per-lane split (:func:`s3lanes.core.node_lanes.split_node_lanes`)."""
+
+    rate_bps: float  # granted over the last second
+    demand_bps: float  # lane_demand_bps
+    backlog_bytes: int  # queued in the scheduler plus pending in the spool
+
+
+@dataclass(frozen=True, slots=True)
 class NodeReport:
     """A node's report on the blackboard. ``reported_at`` is on the blackboard's clock (seconds)."""
 
@@ -102,6 +112,8 @@ class NodeReport:
     lanes: Mapping[str, LaneReport] = field(default_factory=dict)
     # Several workers of one node: what this worker would use of the store over all its lanes (node_share).
     demand_bps: float | None = None
+    # Several workers of one node: every lane's demand on this worker (core.node_lanes), None if not sent.
+    node_lanes: Mapping[str, LaneDemandReport] | None = None
 
 
 class ReportError(ValueError):
@@ -131,6 +143,11 @@ def encode_report(r: NodeReport) -> bytes:
     }
     if r.demand_bps is not None:
         doc["dem"] = r.demand_bps
+    if r.node_lanes is not None:
+        doc["nl"] = {
+            name: {"rate": ln.rate_bps, "demand": ln.demand_bps, "backlog": ln.backlog_bytes}
+            for name, ln in sorted(r.node_lanes.items())
+        }
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -178,7 +195,27 @@ def decode_report(raw: bytes | str) -> NodeReport:
         mode=mode,
         lanes=lanes,
         demand_bps=None if doc.get("dem") is None else float(_num(doc, "dem")),
+        node_lanes=_node_lanes(doc.get("nl")),
     )
+
+
+def _node_lanes(raw: Any) -> dict[str, LaneDemandReport] | None:
+    """The per-lane demands of a worker's report ("nl"); absent in reports of older versions (None).
+    Unknown keys inside a lane's entry are ignored, as unknown keys of the report are."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ReportError("'nl' must be a table")
+    out: dict[str, LaneDemandReport] = {}
+    for name, ln in raw.items():
+        if not isinstance(ln, dict):
+            raise ReportError(f"lane {name!r} of 'nl' must be a table")
+        out[name] = LaneDemandReport(
+            rate_bps=float(_num(ln, "rate")),
+            demand_bps=float(_num(ln, "demand")),
+            backlog_bytes=int(_num(ln, "backlog")),
+        )
+    return out
 
 
 def lane_demand_bps(*, rate_bps: float, backlog_bytes: int, capacity_bps: float, horizon_s: float) -> float:
@@ -403,47 +440,3 @@ class NodeLease:
 def _floor(own: NodeReport, lane: str) -> float:
     ln = own.lanes.get(lane)
     return 0.0 if ln is None else ln.floor_bps
-
-
-# -- several workers of one node: the node's capacity by demand --------------------------------------------
-
-# Of the node's capacity, this much is split equally before demands count: what a worker whose traffic has
-# just appeared can use before the next round (a worker alone with all the demand gets the rest).
-NODE_SHARE_FLOOR = 0.2
-
-
-def node_shares(reports: Iterable[NodeReport], now: float, ttl_s: float) -> dict[str, float]:
-    """Each live worker's share of the node's capacity (they add up to 1): ``NODE_SHARE_FLOOR`` split
-    equally, the rest water-filled over the workers' demands above their floor part (max-min fair), what is
-    left once every demand is met split equally. Work-conserving: an idle worker's part goes to the busy
-    ones within a round. A report without a demand wants the whole capacity. The capacity is the median of
-    the reports' (they describe one store). Empty if no report is live."""
-    live = live_reports(reports, now, ttl_s)
-    if not live:
-        return {}
-    n = len(live)
-    cap = float(statistics.median(r.capacity_bps for r in live))
-    if not cap > 0:
-        return {r.node_id: 1.0 / n for r in live}
-    floor = NODE_SHARE_FLOOR / n
-    wants = {
-        r.node_id: max(0.0, min(1.0, (r.demand_bps if r.demand_bps is not None else cap) / cap) - floor)
-        for r in live
-    }
-    rest = 1.0 - NODE_SHARE_FLOOR
-    got = dict.fromkeys(wants, 0.0)
-    open_ids = sorted(wants, key=lambda i: (wants[i], i))
-    while open_ids and rest > 1e-12:
-        level = rest / len(open_ids)
-        smallest = open_ids[0]
-        if wants[smallest] - got[smallest] <= level:
-            take = wants[smallest] - got[smallest]
-            got[smallest] += take
-            rest -= take
-            open_ids.pop(0)
-            continue
-        for i in open_ids:
-            got[i] += level
-        rest = 0.0
-    extra = rest / n if rest > 1e-12 else 0.0
-    return {i: floor + got[i] + extra for i in wants}

@@ -460,6 +460,7 @@ class Scheduler:
     def __init__(self, cfg: SchedulerConfig, now: float) -> None:
         self._cfg = cfg
         self._share = 1.0  # of a configured capacity, this process's (several workers: set_capacity_share)
+        self._node_caps = False  # the caps while reads are active are the node's (set_node_caps)
         total_w = math.fsum(s.weight for s in cfg.lanes)
         burst = float(cfg.burst_bytes)
         self._lanes = tuple(_Lane(s, i, s.weight / total_w, burst, now) for i, s in enumerate(cfg.lanes))
@@ -742,6 +743,18 @@ class Scheduler:
             self._share = fraction
             self._apply_rates(now)
 
+    def set_node_caps(self, enabled: bool, now: float) -> None:
+        """``True``: the lanes' caps while reads are active (``limit_while_reads_active``) are applied to the
+        whole node, not here: one of several workers whose node splits its bandwidth per lane
+        (:mod:`s3lanes.core.node_lanes`) and hands this worker each lane's part as an external limit, with
+        the node's caps applied. Its scheduler then does not cap those lanes again within its part (a worker
+        whose readers are all on another worker may give its whole part to its writes). Everything else
+        (reservations, weights, the latency guard, floors) still applies within the part."""
+        now = self._advance(now)
+        if enabled != self._node_caps:
+            self._node_caps = enabled
+            self._apply_rates(now)
+
     def node_capacity_bps(self) -> float:
         """The capacity ``C`` of the store (configured, or the current estimate), before any share."""
         if self._estimator is not None:
@@ -983,7 +996,7 @@ class Scheduler:
         if ln.external_bps is not None:
             f = min(f, ln.external_bps / self._capacity())
         if self._reads_active:
-            if self._cfg.write_cap_mode == "strict" and s.limit_while_reads_active is not None:
+            if self._local_caps() and s.limit_while_reads_active is not None:
                 f = min(f, s.limit_while_reads_active * self._cap_scale)
             if s.paced_by_guard and self._guard.multiplier < 1.0:
                 f = min(f, 1.0) * self._guard.multiplier
@@ -1024,7 +1037,7 @@ class Scheduler:
         if self._reads_active:
             # The reads' caps, with room for the store's queue releasing evenly sent bytes unevenly.
             headroom = 1.0 - self._cfg.cap_headroom
-            if s.limit_while_reads_active is not None:
+            if s.limit_while_reads_active is not None and not self._node_caps:
                 cap = min(cap, s.limit_while_reads_active * headroom)
             cap = min(cap, (1.0 - math.fsum(r.spec.guaranteed for r in self._read_lanes)) * headroom)
             cap *= self._cap_scale  # shares of what a saturated store really carries
@@ -1066,13 +1079,18 @@ class Scheduler:
                 if ln.idle_credit is not None:
                     ln.idle_credit = min(ln.idle_credit, 0.0)
 
+    def _local_caps(self) -> bool:
+        """Whether this scheduler applies the caps while reads are active itself (strict mode, not left to
+        the node: set_node_caps)."""
+        return self._cfg.write_cap_mode == "strict" and not self._node_caps
+
     def _share_cap(self, ln: _Lane) -> float | None:
         """The lane's cap while reads are active (``limit_while_reads_active`` in ``strict`` mode, a fraction
         of ``C``), or None: the share the reads keep in every second depends on it."""
         s = ln.spec
         if not self._reads_active or s.read_protected or s.limit_while_reads_active is None:
             return None
-        if self._cfg.write_cap_mode != "strict":
+        if not self._local_caps():
             return None
         return s.limit_while_reads_active * self._cap_scale * (1.0 - self._cfg.cap_headroom)
 

@@ -50,6 +50,7 @@ from redis.exceptions import RedisError
 from s3lanes.clock import Clock
 from s3lanes.config import ClusterConfig
 from s3lanes.core.cluster_budget import (
+    LaneDemandReport,
     LaneReport,
     Mode,
     NodeLease,
@@ -59,8 +60,8 @@ from s3lanes.core.cluster_budget import (
     decode_report,
     encode_report,
     lane_demand_bps,
-    node_shares,
 )
+from s3lanes.core.node_lanes import NodeLaneSplit, split_node_lanes
 from s3lanes.core.scheduler import Scheduler
 from s3lanes.runtime.spool import Spool
 
@@ -185,10 +186,11 @@ class ClusterMember:
         )
         self._backlog = backlog_bytes
         self._wake = wake  # lets requests the new allowance admits go at once, not at the next window
-        # The workers of one node on their own board: they also split the node's capacity by demand, so
-        # every lane's share holds for the node, not per worker (core.cluster_budget.node_shares).
+        # The workers of one node on their own board: they also split the node's configured capacity per
+        # lane, so every lane's share and cap holds for the node, not per worker (core.node_lanes).
         self.node_share = node_share
         self.capacity_share = 1.0
+        self.node_split: NodeLaneSplit | None = None  # the last per-lane split of the node (node_share)
         specs = {s.name: s for s in scheduler.config.lanes}
         strict = scheduler.config.write_cap_mode == "strict"
         self.shared = tuple(
@@ -240,13 +242,26 @@ class ClusterMember:
             reports, board_now = await self._exchange(own, now)
         verdict = self.lease.decide(own, reports, board_now=board_now, now=self._clock.monotonic())
         now = self._clock.monotonic()
-        for lane, bps in verdict.allowances.items():
-            self._scheduler.set_external_limit(lane, bps, now)
-        if self.node_share and reports is not None:
-            share = node_shares(reports, board_now, self.cfg.ttl_s).get(self.node_id)
-            if share is not None and share > 0:
-                self.capacity_share = min(1.0, share)
+        limits: dict[str, float | None] = dict(verdict.allowances)
+        if self.node_share and reports is not None and self._scheduler.config.capacity_bps is not None:
+            split = split_node_lanes(
+                reports,
+                self._scheduler.config.lanes,
+                now=board_now,
+                ttl_s=self.cfg.ttl_s,
+                strict=self._scheduler.config.write_cap_mode == "strict",
+                cap_headroom=self._scheduler.config.cap_headroom,
+            )
+            if split is not None and self.node_id in split.shares:
+                self.node_split = split
+                self.capacity_share = split.shares[self.node_id]
+                for lane, bps in split.limits[self.node_id].items():
+                    held = limits.get(lane)
+                    limits[lane] = held if bps is None else bps if held is None else min(held, bps)
+                self._scheduler.set_node_caps(True, now)
                 self._scheduler.set_capacity_share(self.capacity_share, now)
+        for lane, bps in limits.items():
+            self._scheduler.set_external_limit(lane, bps, now)
         if self._wake is not None:
             self._wake()
         self._last_own = own
@@ -328,17 +343,22 @@ class ClusterMember:
                 allowance_bps=self.lease.allowances.get(s.name),
             )
         demand: float | None = None
+        node_lanes: dict[str, LaneDemandReport] | None = None
         if self.node_share:
-            demand = math.fsum(
-                lane_demand_bps(
+            node_lanes = {}
+            for ln in snap.lanes:
+                backlog = ln.queued_bytes + (self._backlog(ln.name) if self._backlog is not None else 0)
+                node_lanes[ln.name] = LaneDemandReport(
                     rate_bps=ln.granted_rate_bps,
-                    backlog_bytes=ln.queued_bytes
-                    + (self._backlog(ln.name) if self._backlog is not None else 0),
-                    capacity_bps=self._scheduler.node_capacity_bps(),
-                    horizon_s=self.cfg.interval_s,
+                    demand_bps=lane_demand_bps(
+                        rate_bps=ln.granted_rate_bps,
+                        backlog_bytes=backlog,
+                        capacity_bps=self._scheduler.node_capacity_bps(),
+                        horizon_s=self.cfg.interval_s,
+                    ),
+                    backlog_bytes=backlog,
                 )
-                for ln in snap.lanes
-            )
+            demand = math.fsum(ln.demand_bps for ln in node_lanes.values())
         return NodeReport(
             node_id=self.node_id,
             instance=self.instance,
@@ -348,6 +368,7 @@ class ClusterMember:
             mode=self.lease.mode.value,
             lanes=lanes,
             demand_bps=demand,
+            node_lanes=node_lanes,
         )
 
     # -- what an operator sees ----------------------------------------------------------------------------
@@ -373,6 +394,13 @@ class ClusterMember:
             "capacity_bps": None if view is None else view.capacity_bps,
             # Several workers: this worker's part of the node's capacity (1 otherwise).
             "capacity_share": self.capacity_share,
+            # Several workers: the node's allocation per lane and this worker's part of each (bytes/s).
+            "node_lanes": None
+            if self.node_split is None or self.node_id not in self.node_split.parts
+            else {
+                name: {"node_bps": bps, "part_bps": self.node_split.parts[self.node_id][name]}
+                for name, bps in sorted(self.node_split.lanes.items())
+            },
             "reads_active_on": [] if view is None else list(view.readers),
             "lanes": {
                 s.name: {

@@ -23,7 +23,9 @@ supervisor leaves no worker serving on its own.
 The lane budget of the write lanes holds for the node, not per worker: each worker is a member of the
 cluster budget (``s3lanes.runtime.cluster``), named ``<node_id>.w<index>``. Without ``[cluster].redis_url``
 their blackboard is a :class:`FileBoard`, a directory of report files under the state directory that every
-worker reads and writes; with it, the workers join the cluster's Redis like any gateway.
+worker reads and writes; with it, the workers join the cluster's Redis like any gateway. On the file board
+they also split the node's configured bandwidth lane by lane (``s3lanes.core.node_lanes``), so every lane's
+guarantee and cap holds for the node whichever worker its connections landed on.
 """
 
 from __future__ import annotations

@@ -1,0 +1,171 @@
+"""Several workers of one node: the node's bandwidth split per lane, so the lanes' shares hold for the node.
+
+Theory of operation
+-------------------
+The workers of a node (``[server] workers``) sit in front of one store, but each runs its own scheduler on
+the connections the kernel gave it. If each worker kept the lanes' rules (dataset 70 %, checkpoint at most
+30 % while reads are active) inside its own part of the node's bandwidth, a worker that has only readers and
+another that has only writers would split the node by their demands, not 70/30. So the rules are applied
+once, to the node, and the result is handed out per lane:
+
+1. **The node's allocation per lane.** From the node-wide demand of each lane (the sum of the workers'
+   :class:`~s3lanes.core.cluster_budget.LaneDemandReport`; a lane with bytes waiting on any worker is
+   *backlogged*: it wants all it can get, as a backlogged lane does in the scheduler, since a closed-loop
+   stream held at its part would otherwise only ever be given its rate plus a quarter), with the *same*
+   lane table and the same rules as the scheduler: each lane's guarantee (``max(reservation, floor)``), its
+   weight, its ``limit``, and, in ``strict`` mode while reads are active on *any* worker, its
+   ``limit_while_reads_active`` less the scheduler's ``cap_headroom`` (what the scheduler itself paces a
+   capped lane to while reads are active). :func:`s3lanes.core.sched_alloc.allocate` water-fills the
+   demands; what is left once they are met goes to the backlogged lanes (to the lanes that have any demand
+   if none is), by weight, within their limits: work-conserving (with no reads anywhere the writes get
+   everything), and a few HEADs do not take a share of what the reads leave.
+2. **Each lane's allocation among the workers.** ``LANE_FLOOR`` of it is split equally (a lane's traffic that
+   appears on a worker can start before the next round), the rest water-filled over the workers' demands in
+   that lane (max-min fair, :func:`~s3lanes.core.cluster_budget.fair_share`); what is left once every demand
+   is met goes to the workers in proportion to their demand (they can grow into it), equally if none has any.
+3. **Each worker's part of the node** is the sum of its lanes' parts, plus an equal split of what no lane was
+   given (only when the capped lanes are all that want anything). The parts add up to the node's capacity.
+
+A worker paces to its part with the scheduler's existing knobs: the capacity share
+(:meth:`~s3lanes.core.scheduler.Scheduler.set_capacity_share`) bounds its total, and an external limit
+(:meth:`~s3lanes.core.scheduler.Scheduler.set_external_limit`) each of its lanes, at the lane's part: within
+its part a worker would otherwise split by the lanes' reservations and weights again (a worker with half
+the node's readers and all its writers would give the writes 30 % of its part, not the node's 30 %).
+A lane that nobody on the node uses has no part; it is limited to ``LANE_FLOOR`` of its cap (split among
+the workers) if it has one, and otherwise only by its worker's part, so that its first requests go at once.
+Since the node split already applies the caps while reads are active, the worker's scheduler no longer
+applies them to its part (:meth:`~s3lanes.core.scheduler.Scheduler.set_node_caps`).
+
+A report without per-lane demands (an older version's) wants the whole capacity in every lane. The node's
+capacity is the median of the reports' figures (they describe one store). Deterministic and pure: the same
+reports give the same split on every worker; no I/O, no clock (``now`` is the board's).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from s3lanes.core.cluster_budget import NodeReport, fair_share, live_reports
+from s3lanes.core.sched_alloc import LaneDemand, allocate
+from s3lanes.core.scheduler import LaneSpec
+
+# Of each lane's node allocation, this much is split equally among the workers before demands count.
+LANE_FLOOR = 0.05
+# A worker's part never goes below this fraction of the node (the scheduler needs a share > 0).
+MIN_SHARE = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLaneSplit:
+    """The result of :func:`split_node_lanes` on one snapshot of the board. Rates in bytes/s."""
+
+    capacity_bps: float  # the node's capacity (median of the reports')
+    reads_active: bool  # on any worker
+    lanes: Mapping[str, float]  # the node's allocation per lane
+    parts: Mapping[str, Mapping[str, float]]  # worker id -> lane -> its part of the lane's allocation
+    shares: Mapping[str, float]  # worker id -> its part of the node (fractions adding up to 1)
+    # worker id -> lane -> the external limit the worker paces the lane to (None: its part of the node only)
+    limits: Mapping[str, Mapping[str, float | None]]
+
+
+def node_lane_limit(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_headroom: float) -> float:
+    """A lane's cap in force on the node, a fraction of its capacity (``inf``: none)."""
+    f = spec.limit if spec.limit is not None else math.inf
+    if reads_active and strict and spec.limit_while_reads_active is not None:
+        f = min(f, max(spec.floor, spec.limit_while_reads_active * (1.0 - cap_headroom)))
+    return f
+
+
+def _worker_demand(r: NodeReport, lane: str, capacity_bps: float) -> float:
+    if r.node_lanes is None:
+        return capacity_bps  # an older report: wants everything
+    got = r.node_lanes.get(lane)
+    return 0.0 if got is None else min(capacity_bps, got.demand_bps)
+
+
+def _backlogged(r: NodeReport, lane: str) -> bool:
+    got = None if r.node_lanes is None else r.node_lanes.get(lane)
+    return got is not None and got.backlog_bytes > 0
+
+
+def _split_lane(alloc_bps: float, wants: Sequence[float]) -> list[float]:
+    """One lane's node allocation over the workers (step 2 of the module docstring)."""
+    n = len(wants)
+    floor = LANE_FLOOR * alloc_bps / n
+    rest = alloc_bps - floor * n
+    got = fair_share(rest, [max(0.0, w - floor) for w in wants])
+    left = max(0.0, rest - math.fsum(got))
+    total = math.fsum(wants)
+    extra = [left * w / total for w in wants] if total > 0 else [left / n] * n
+    return [floor + g + e for g, e in zip(got, extra, strict=True)]
+
+
+def split_node_lanes(
+    reports: Iterable[NodeReport],
+    specs: Sequence[LaneSpec],
+    *,
+    now: float,
+    ttl_s: float,
+    strict: bool = True,
+    cap_headroom: float = 0.0,
+) -> NodeLaneSplit | None:
+    """The node's allocation per lane and each live worker's part of it; None if no report is live."""
+    live = live_reports(reports, now, ttl_s)
+    if not live:
+        return None
+    ids = [r.node_id for r in live]
+    n = len(live)
+    cap = float(statistics.median(r.capacity_bps for r in live))
+    reads = any(r.reads_active for r in live)
+    wants = {s.name: [_worker_demand(r, s.name, cap) for r in live] for s in specs}
+    demand = {
+        name: math.inf if any(_backlogged(r, name) for r in live) else math.fsum(w)
+        for name, w in wants.items()
+    }
+    limits = [
+        node_lane_limit(s, reads_active=reads, strict=strict, cap_headroom=cap_headroom) * cap for s in specs
+    ]
+    first = allocate(
+        cap,
+        [
+            LaneDemand(s.guaranteed * cap, s.weight, lim, demand[s.name])
+            for s, lim in zip(specs, limits, strict=True)
+        ],
+    )
+    # Work-conserving: what the demands left goes to the backlogged lanes (or, if none is, to the lanes that
+    # want anything), by weight, within their limits. A lane that is not backlogged has its rate and more.
+    growing = {name for name, d in demand.items() if math.isinf(d)} or {
+        name for name, d in demand.items() if d > 0
+    }
+    alloc = allocate(
+        cap,
+        [
+            LaneDemand(a, s.weight, lim, math.inf if s.name in growing else a)
+            for s, lim, a in zip(specs, limits, first, strict=True)
+        ],
+    )
+    per_lane = {s.name: _split_lane(a, wants[s.name]) for s, a in zip(specs, alloc, strict=True)}
+    parts = {i: {name: per_lane[name][k] for name in per_lane} for k, i in enumerate(ids)}
+    spare = max(0.0, cap - math.fsum(alloc)) / n
+    if cap > 0:
+        raw = {i: (math.fsum(parts[i].values()) + spare) / cap for i in ids}
+    else:
+        raw = dict.fromkeys(ids, 1.0 / n)
+    shares = {i: min(1.0, max(MIN_SHARE, v)) for i, v in raw.items()}
+    idle: dict[str, float | None] = {}  # the external limit of a lane nobody on the node uses
+    for spec, lim in zip(specs, limits, strict=True):
+        idle[spec.name] = LANE_FLOOR * lim / n if math.isfinite(lim) else None
+    lane_limits = {
+        i: {name: parts[i][name] if demand[name] > 0 else idle[name] for name in per_lane} for i in ids
+    }
+    return NodeLaneSplit(
+        capacity_bps=cap,
+        reads_active=reads,
+        lanes={s.name: a for s, a in zip(specs, alloc, strict=True)},
+        parts=parts,
+        shares=shares,
+        limits=lane_limits,
+    )

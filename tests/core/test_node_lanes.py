@@ -1,0 +1,324 @@
+"""Several workers of one node: the node's bandwidth split per lane with the scheduler's own lane table
+(core.node_lanes.split_node_lanes), the per-lane demands in a worker's report, a scheduler that leaves the
+caps to the node (Scheduler.set_node_caps), and a simulation of two workers on a fake clock: readers on one,
+writers on the other, 70/30 for the node."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from s3lanes.config import Config
+from s3lanes.core.cluster_budget import (
+    LaneDemandReport,
+    NodeReport,
+    ReportError,
+    decode_report,
+    encode_report,
+    lane_demand_bps,
+)
+from s3lanes.core.node_lanes import LANE_FLOOR, NodeLaneSplit, split_node_lanes
+from s3lanes.core.scheduler import DEFAULT_CAP_HEADROOM, Grant, Scheduler, SchedulerConfig, WaitUntil
+from s3lanes.runtime.wiring import scheduler_config
+from tests.core.test_scheduler_external_limit import rate_of
+
+C = 100_000_000.0
+T0 = 1_700_000_000.0
+MiB = 1024 * 1024
+CFG: SchedulerConfig = replace(scheduler_config(Config(), C), burst_bytes=MiB)
+CAP = 0.30 * (1.0 - DEFAULT_CAP_HEADROOM)  # the checkpoint lane's cap while reads are active, paced
+
+
+def report(node: str, demands: dict[str, float] | None, *, reads: bool, at: float = T0) -> NodeReport:
+    return NodeReport(
+        node_id=node,
+        instance=f"i-{node}",
+        reported_at=at,
+        capacity_bps=C,
+        reads_active=reads,
+        mode="normal",
+        node_lanes=None
+        if demands is None
+        else {name: LaneDemandReport(d, d, 0) for name, d in demands.items()},
+    )
+
+
+def split(*reports: NodeReport) -> NodeLaneSplit:
+    got = split_node_lanes(
+        reports, CFG.lanes, now=T0, ttl_s=1.5, strict=True, cap_headroom=DEFAULT_CAP_HEADROOM
+    )
+    assert got is not None
+    return got
+
+
+# -- the report ---------------------------------------------------------------------------------------------
+
+
+def test_the_per_lane_demands_travel_in_the_report_and_an_older_report_has_none() -> None:
+    r = report("n.w0", {"dataset": 5e7, "checkpoint": 0.0}, reads=True)
+    back = decode_report(encode_report(r))
+    assert back.node_lanes == r.node_lanes
+    old = json.loads(encode_report(replace(r, node_lanes=None)))
+    assert "nl" not in old
+    assert decode_report(json.dumps(old)).node_lanes is None
+
+
+def test_unknown_fields_are_ignored_and_a_malformed_lane_table_is_refused() -> None:
+    doc = json.loads(encode_report(report("n.w0", {"dataset": 5e7}, reads=True)))
+    doc["future"] = {"x": 1}
+    doc["nl"]["dataset"]["p99"] = 0.004
+    assert decode_report(json.dumps(doc)).node_lanes == {"dataset": LaneDemandReport(5e7, 5e7, 0)}
+    for bad in ([1, 2], {"dataset": 3}, {"dataset": {"rate": -1, "demand": 0, "backlog": 0}}):
+        doc["nl"] = bad
+        with pytest.raises(ReportError):
+            decode_report(json.dumps(doc))
+
+
+# -- the split ----------------------------------------------------------------------------------------------
+
+
+def test_readers_on_one_worker_and_writers_on_the_other_split_the_node_70_30() -> None:
+    s = split(
+        report("n.w0", {"dataset": C}, reads=True),
+        report("n.w1", {"checkpoint": C}, reads=False),
+    )
+    assert s.reads_active
+    assert s.lanes["checkpoint"] == pytest.approx(CAP * C)
+    assert s.lanes["dataset"] == pytest.approx((1 - CAP) * C)  # the rest: work-conserving
+    assert sum(s.shares.values()) == pytest.approx(1.0)
+    # The readers' worker gets the dataset lane but its floor part; the writers' the checkpoint lane's.
+    assert s.shares["n.w0"] == pytest.approx((1 - CAP) * (1 - LANE_FLOOR / 2) + CAP * LANE_FLOOR / 2)
+    assert s.limits["n.w1"]["checkpoint"] == pytest.approx(CAP * C * (1 - LANE_FLOOR / 2))
+    assert s.limits["n.w0"]["checkpoint"] == pytest.approx(CAP * C * LANE_FLOOR / 2)
+    assert s.limits["n.w0"]["dataset"] == pytest.approx(s.parts["n.w0"]["dataset"])
+    # Lanes nobody uses: a capped one at its floor part of the cap, another within its worker's part.
+    assert s.limits["n.w0"]["restore"] == pytest.approx(LANE_FLOOR * CAP * C / 2)
+    assert s.limits["n.w0"]["metadata"] is None
+
+
+def test_without_reads_anywhere_the_writes_get_the_whole_node() -> None:
+    s = split(
+        report("n.w0", {"dataset": 0.0}, reads=False),
+        report("n.w1", {"checkpoint": 0.4 * C}, reads=False),
+    )
+    assert s.lanes["checkpoint"] == pytest.approx(C)  # beyond its demand: it may grow into the rest
+    assert s.shares["n.w1"] == pytest.approx(1 - LANE_FLOOR / 2)
+    assert s.limits["n.w1"]["checkpoint"] == pytest.approx(C * (1 - LANE_FLOOR / 2))
+
+
+def test_what_the_demands_leave_goes_to_the_backlogged_lanes() -> None:
+    w0 = replace(
+        report("n.w0", {}, reads=True),
+        node_lanes={
+            "dataset": LaneDemandReport(0.4 * C, 0.5 * C, 4 * MiB),
+            "metadata": LaneDemandReport(0.8e6, 1e6, 0),
+        },
+    )
+    s = split(w0, report("n.w1", {"checkpoint": 0.1 * C}, reads=False))
+    assert s.lanes["metadata"] == pytest.approx(1e6)  # its demand (rate and a quarter), no more
+    assert s.lanes["checkpoint"] == pytest.approx(0.1 * C)
+    assert s.lanes["dataset"] == pytest.approx(C - 0.1 * C - 1e6)  # backlogged: the rest
+
+
+def test_reads_on_any_worker_cap_the_writes_of_every_worker() -> None:
+    s = split(
+        report("n.w0", {"dataset": 0.2 * C}, reads=True),
+        report("n.w1", {"checkpoint": C}, reads=False),
+        report("n.w2", {"checkpoint": C}, reads=False),
+    )
+    assert math.fsum(s.parts[w]["checkpoint"] for w in s.shares) == pytest.approx(CAP * C)
+    assert s.limits["n.w1"]["checkpoint"] == pytest.approx(s.limits["n.w2"]["checkpoint"])
+
+
+def test_mixed_traffic_on_every_worker_gives_equal_parts_with_70_30_in_each() -> None:
+    both = {"dataset": C, "checkpoint": C}
+    s = split(report("n.w0", both, reads=True), report("n.w1", both, reads=True))
+    assert s.shares == pytest.approx({"n.w0": 0.5, "n.w1": 0.5})
+    for w in ("n.w0", "n.w1"):
+        assert s.parts[w]["dataset"] == pytest.approx((1 - CAP) * C / 2)
+        assert s.parts[w]["checkpoint"] == pytest.approx(CAP * C / 2)
+
+
+def test_a_lane_that_appears_on_a_worker_has_a_floor_there() -> None:
+    s = split(report("n.w0", {"dataset": C}, reads=True), report("n.w1", {}, reads=False))
+    assert s.parts["n.w1"]["dataset"] == pytest.approx(LANE_FLOOR * C / 2)
+    assert s.shares["n.w1"] > 0
+
+
+def test_an_older_report_wants_everything_a_stale_one_drops_out_and_the_order_does_not_matter() -> None:
+    s = split(report("n.w0", None, reads=True), report("n.w1", {"checkpoint": C}, reads=False))
+    # The older report wants all of every lane: it shares the checkpoint lane equally, and has the rest.
+    assert s.parts["n.w0"]["checkpoint"] == pytest.approx(s.parts["n.w1"]["checkpoint"])
+    for lane in ("dataset", "restore", "metadata"):
+        assert s.parts["n.w0"][lane] == pytest.approx(s.lanes[lane] * (1 - LANE_FLOOR / 2))
+    stale = report("n.w2", {"dataset": C}, reads=True, at=T0 - 10)
+    alone = split(stale, report("n.w1", {"checkpoint": C}, reads=False))
+    assert alone.shares == {"n.w1": 1.0}
+    assert not alone.reads_active
+    assert split_node_lanes([stale], CFG.lanes, now=T0, ttl_s=1.5) is None
+    a = report("n.w0", {"dataset": 0.3 * C}, reads=True)
+    b = report("n.w1", {"checkpoint": C, "metadata": 1e6}, reads=False)
+    assert split(a, b) == split(b, a)
+
+
+def test_work_conserving_mode_keeps_no_cap_while_reads_are_active() -> None:
+    def lanes(dataset: float) -> dict[str, float]:
+        got = split_node_lanes(
+            [
+                report("n.w0", {"dataset": dataset}, reads=True),
+                report("n.w1", {"checkpoint": C}, reads=False),
+            ],
+            CFG.lanes,
+            now=T0,
+            ttl_s=1.5,
+            strict=False,
+        )
+        assert got is not None
+        return dict(got.lanes)
+
+    backlogged = lanes(C)
+    assert backlogged["dataset"] == pytest.approx(0.7 * C)  # its reservation; by weight 7:3 too
+    assert backlogged["checkpoint"] == pytest.approx(0.3 * C)
+    light = lanes(0.1 * C)
+    assert light["dataset"] == pytest.approx(0.1 * C)
+    assert light["checkpoint"] == pytest.approx(0.9 * C)  # what the reads leave
+
+
+# -- the scheduler leaves the caps to the node ---------------------------------------------------------------
+
+
+def test_a_scheduler_with_node_caps_paces_a_capped_lane_to_its_external_limit_only() -> None:
+    s = Scheduler(CFG, 1000.0)
+    s.set_external_limit("checkpoint", 0.6 * C, 1000.0)
+    local, now = rate_of(s, "checkpoint", seconds=4.0, now=1000.0, reads=True)
+    assert s.snapshot(now).reads_active
+    assert local < 0.31 * C  # its own cap while reads are active, tighter than the external limit
+    s.set_node_caps(True, now)
+    node, now = rate_of(s, "checkpoint", seconds=4.0, now=now, reads=True)
+    assert node == pytest.approx(0.3 * C, rel=0.05)  # its weight's share: the cap is the node's business
+    s.set_external_limit("checkpoint", 0.1 * C, now)
+    capped, now = rate_of(s, "checkpoint", seconds=4.0, now=now, reads=True)
+    assert capped == pytest.approx(0.1 * C, rel=0.05)
+    s.set_node_caps(False, now)
+    s.set_external_limit("checkpoint", None, now)
+    back, _ = rate_of(s, "checkpoint", seconds=4.0, now=now, reads=True)
+    assert back == pytest.approx(local, rel=0.05)
+
+
+# -- simulation: two workers on one fake clock ---------------------------------------------------------------
+
+INTERVAL_S = 0.5
+PIECE = 256 * 1024
+
+
+def _report(node: str, s: Scheduler, now: float) -> NodeReport:
+    snap = s.snapshot(now)
+    return NodeReport(
+        node_id=node,
+        instance=f"i-{node}",
+        reported_at=now,
+        capacity_bps=s.node_capacity_bps(),
+        reads_active=snap.reads_active,
+        mode="normal",
+        node_lanes={
+            ln.name: LaneDemandReport(
+                rate_bps=ln.granted_rate_bps,
+                demand_bps=lane_demand_bps(
+                    rate_bps=ln.granted_rate_bps,
+                    backlog_bytes=ln.queued_bytes,
+                    capacity_bps=s.node_capacity_bps(),
+                    horizon_s=INTERVAL_S,
+                ),
+                backlog_bytes=ln.queued_bytes,
+            )
+            for ln in snap.lanes
+        },
+    )
+
+
+def _run(workers: dict[str, tuple[Scheduler, set[str]]], now: float, until: float) -> Counter[str]:
+    """Drive every worker's scheduler until ``until``, each keeping its lanes in ``set`` backlogged (two
+    pieces queued per lane, grants completed at once). Returns the bytes granted per lane, node-wide."""
+    got: Counter[str] = Counter()
+    due = dict.fromkeys(workers, now)
+    for s, lanes in workers.values():
+        for lane in lanes:
+            while s.snapshot(now).lane(lane).queued_bytes < 2 * PIECE:
+                s.submit(lane, PIECE, now)
+    while True:
+        w = min(due, key=lambda k: (due[k], k))
+        at = due[w]
+        if at >= until:
+            return got
+        s, lanes = workers[w]
+        d = s.pull(at)
+        if isinstance(d, Grant):
+            got[d.lane] += d.cost_bytes
+            s.complete(d.ticket, at)
+            if d.lane in lanes:
+                s.submit(d.lane, PIECE, at)
+        elif isinstance(d, WaitUntil):
+            due[w] = d.at
+        else:
+            due[w] = until
+
+
+class _Node:
+    """Two workers' schedulers on one fake clock, split per lane every round as ClusterMember does."""
+
+    def __init__(self, lanes: dict[str, set[str]], *, node_caps: bool = True) -> None:
+        self.workers = {w: (Scheduler(CFG, T0), set(ls)) for w, ls in lanes.items()}
+        self.node_caps = node_caps
+        self.now = T0
+
+    def seconds(self, n: int) -> list[Counter[str]]:
+        """Run ``n`` seconds (two rounds each); the bytes granted per lane, node-wide, in each second."""
+        out: list[Counter[str]] = []
+        for _ in range(n):
+            second: Counter[str] = Counter()
+            for _ in range(2):
+                reps = [_report(w, s, self.now) for w, (s, _) in self.workers.items()]
+                sp = split_node_lanes(
+                    reps, CFG.lanes, now=self.now, ttl_s=3 * INTERVAL_S, cap_headroom=CFG.cap_headroom
+                )
+                assert sp is not None
+                for w, (s, _) in self.workers.items():
+                    s.set_node_caps(self.node_caps, self.now)
+                    s.set_capacity_share(sp.shares[w], self.now)
+                    for lane, bps in sp.limits[w].items():
+                        s.set_external_limit(lane, bps, self.now)
+                second += _run(self.workers, self.now, self.now + INTERVAL_S)
+                self.now += INTERVAL_S
+            out.append(second)
+        return out
+
+
+def test_simulation_readers_on_one_worker_writers_on_the_other_keep_70_30_for_the_node() -> None:
+    node = _Node({"n.w0": {"dataset"}, "n.w1": {"checkpoint"}})
+    node.seconds(4)  # reads become active, the split settles
+    for sec in node.seconds(6):
+        assert sec["dataset"] >= 0.70 * C, sec
+        assert 0.2 * C <= sec["checkpoint"] <= 0.30 * C, sec  # capped, not starved
+    node.workers["n.w0"][1].clear()  # the readers stop
+    last = node.seconds(6)[-1]  # the reads' hysteresis (read_idle_s) passes, the cap lifts
+    assert last["checkpoint"] >= 0.9 * C, last
+    assert last["dataset"] == 0
+
+
+def test_simulation_a_worker_with_readers_and_writers_gives_its_writes_the_node_share() -> None:
+    """Readers on both workers, writers on one: the writers' worker holds part of the node's reads and all of
+    its writes. Its own scheduler capping the writes at 30 % of its part would leave them ~20 % of the
+    node; the node's cap is what counts."""
+    lanes = {"n.w0": {"dataset"}, "n.w1": {"dataset", "checkpoint"}}
+    node = _Node(lanes)
+    node.seconds(4)
+    for sec in node.seconds(6):
+        assert sec["dataset"] >= 0.70 * C, sec
+        assert 0.25 * C <= sec["checkpoint"] <= 0.30 * C, sec
+    local = _Node(lanes, node_caps=False)
+    local.seconds(4)
+    assert max(sec["checkpoint"] for sec in local.seconds(6)) < 0.22 * C
