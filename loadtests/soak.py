@@ -94,6 +94,7 @@ from loadtests.harness.gateway import server_toml, tail
 from loadtests.harness.gateway import start_gateway as harness_start_gateway
 from loadtests.harness.gateway import stop_process as harness_stop_process
 from loadtests.harness.machine import machine_facts
+from loadtests.harness.phase import progress
 from loadtests.harness.store import seaweed
 from s3lanes.config import parse_size
 from s3lanes.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
@@ -939,8 +940,7 @@ class Run:
     nice: dict[str, int | None] = field(default_factory=dict)
     gateway_cfg: str = ""
 
-    def log(self, text: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+    log = staticmethod(progress)
 
 
 def client_config(endpoint_url: str) -> ClientConfig:
