@@ -203,40 +203,26 @@ class Workload:
         )
 
 
-FULL_WORKLOAD = Workload(
-    dataset_objects=32,
-    dataset_object_size="8MiB",
-    readers=4,
-    read_rate=5.0,
-    read_size="256KiB",
-    ckpt_writers=2,
-    ckpt_size="128MiB",
-    ckpt_part_size="8MiB",
-    ckpt_part_concurrency=2,
-    ckpt_period_s=60.0,
-    ckpt_warmup_s=10.0,
-    lister_users=1,
-    lister_wait_s=10.0,
-    lister_page_size=8,
-    lister_heads=10,
-)
-QUICK_WORKLOAD = Workload(
-    dataset_objects=8,
-    dataset_object_size="1MiB",
-    readers=2,
-    read_rate=5.0,
-    read_size="64KiB",
-    ckpt_writers=2,
-    ckpt_size="20MiB",
-    ckpt_part_size="5MiB",
-    ckpt_part_concurrency=2,
-    ckpt_period_s=15.0,
-    ckpt_warmup_s=5.0,
-    lister_users=1,
-    lister_wait_s=3.0,
-    lister_page_size=3,
-    lister_heads=3,
-)
+# The workloads of a full run and of a --quick one, field by field.
+WORKLOADS: dict[str, tuple[Any, Any]] = {
+    "dataset_objects": (32, 8),
+    "dataset_object_size": ("8MiB", "1MiB"),
+    "readers": (4, 2),
+    "read_rate": (5.0, 5.0),
+    "read_size": ("256KiB", "64KiB"),
+    "ckpt_writers": (2, 2),
+    "ckpt_size": ("128MiB", "20MiB"),
+    "ckpt_part_size": ("8MiB", "5MiB"),
+    "ckpt_part_concurrency": (2, 2),
+    "ckpt_period_s": (60.0, 15.0),
+    "ckpt_warmup_s": (10.0, 5.0),
+    "lister_users": (1, 1),
+    "lister_wait_s": (10.0, 3.0),
+    "lister_page_size": (8, 3),
+    "lister_heads": (10, 3),
+}
+FULL_WORKLOAD = Workload(**{name: full for name, (full, _) in WORKLOADS.items()})
+QUICK_WORKLOAD = Workload(**{name: quick for name, (_, quick) in WORKLOADS.items()})
 
 
 @dataclass(frozen=True, slots=True)
