@@ -35,7 +35,6 @@ processes are stopped (SIGTERM, then SIGKILL) and the state directory removed on
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -54,7 +53,7 @@ from typing import Any
 
 import uvloop
 
-from loadtests.harness.cli import from_namespace, parse_sized
+from loadtests.harness.cli import bench_parser, from_namespace, parse_sized
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import is_gateway_tree, tail
@@ -112,11 +111,11 @@ class Options:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtests.bench_proxy",
-        description="s3lanes vs direct to SeaweedFS: throughput, latency, RSS and CPU, side by side.",
+    p = bench_parser(
+        "bench_proxy",
+        "s3lanes vs direct to SeaweedFS: throughput, latency, RSS and CPU, side by side.",
+        "a small sanity run (about a minute)",
     )
-    p.add_argument("--quick", action="store_true", help="a small sanity run (about a minute)")
     # Sizes, counts and rounds: default=(full run, --quick run), or one default for both (parse_sized).
     p.add_argument("--large-mib", default=(256, 32), help="size of each large object")
     p.add_argument("--streams", default=8, help="concurrent large GETs")
@@ -128,7 +127,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     p.add_argument("--rss-streams", default=4, help="uploads, and as many downloads, in the memory phase")
     p.add_argument("--client", choices=("raw", "aiohttp"), default="raw", help="HTTP client (default raw)")
     p.add_argument("--json", type=Path, dest="json_path", help="also write every round's numbers here")
-    p.add_argument("--tmp-dir", type=Path, help="parent of the temporary state directory (default: $TMPDIR)")
     p.add_argument("--phase-timeout-s", type=float, default=600.0, help="hard limit per phase (default 600)")
     p.add_argument(
         "--py-spy-dir",

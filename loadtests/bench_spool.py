@@ -78,7 +78,7 @@ from urllib.parse import quote
 
 import uvloop
 
-from loadtests.harness.cli import from_namespace, parse_sized
+from loadtests.harness.cli import bench_parser, from_namespace, parse_sized
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
@@ -166,14 +166,13 @@ PHASES = ("ack", "latency", "drain", "checkpoint")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtests.bench_spool",
-        description="s3lanes write spool: ack throughput vs the disk, 1 MiB ack latency, drain speed and "
+    p = bench_parser(
+        "bench_spool",
+        "s3lanes write spool: ack throughput vs the disk, 1 MiB ack latency, drain speed and "
         "checkpoint save time, side by side with their references.",
+        "small sizes, one round (about 1-2 minutes)",
     )
-    p.add_argument("--quick", action="store_true", help="small sizes, one round (about 1-2 minutes)")
     p.add_argument("--out", type=Path, dest="out_dir", help="write results.json and report.md here")
-    p.add_argument("--tmp-dir", type=Path, help="parent of the temporary state directory (default: $TMPDIR)")
     # Sizes, counts and rounds: default=(full run, --quick run), or one default for both (parse_sized).
     p.add_argument("--clients", default=8, help="concurrent PUT clients, and disk-baseline threads")
     p.add_argument("--sizes-mib", help="object sizes of the ack phase, comma-separated (64,16)")

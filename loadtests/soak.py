@@ -62,7 +62,6 @@ Run it under ``nice -n 19`` on a shared machine: every process it starts inherit
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import datetime as dt
@@ -90,6 +89,7 @@ from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
 
 from loadtests.dataprep import prepare
+from loadtests.harness.cli import bench_parser
 from loadtests.harness.gateway import server_toml, tail
 from loadtests.harness.gateway import start_gateway as harness_start_gateway
 from loadtests.harness.gateway import stop_process as harness_stop_process
@@ -240,20 +240,19 @@ class Options:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtests.soak",
-        description="Soak test: the Locust training mix against a spooling gateway with SeaweedFS for a long "
+    p = bench_parser(
+        "soak",
+        "Soak test: the Locust training mix against a spooling gateway with SeaweedFS for a long "
         "time; RSS, fds, threads and the spool sampled; durability checked at the end.",
+        "a ~90 s run for CI; memory growth report-only",
     )
     p.add_argument("--duration", default=None, help="how long Locust runs (30m; quick 75s)")
-    p.add_argument("--quick", action="store_true", help="a ~90 s run for CI; memory growth report-only")
     p.add_argument(
         "--warmup", default=None, help="excluded from growth figures (a sixth of the run; quick 20s)"
     )
     p.add_argument("--window", default=None, help="median window for warm-up/end figures (2 burst periods)")
     p.add_argument("--interval-s", type=float, default=None, help="seconds between samples (10; quick 2)")
     p.add_argument("--out", type=Path, default=None, help="results directory (results/soak-<timestamp>)")
-    p.add_argument("--tmp-dir", type=Path, help="parent of the temporary state directory (default: $TMPDIR)")
     p.add_argument("--keep-state", action="store_true", help="keep SeaweedFS's and the gateway's state")
     p.add_argument("--readers", type=int, default=None, help="DatasetReader users (4; quick 2)")
     p.add_argument("--read-rate", type=float, default=None, help="GETs per second per reader (5)")

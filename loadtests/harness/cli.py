@@ -5,12 +5,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 T = TypeVar("T", bound="DataclassInstance")
+
+
+def bench_parser(module: str, description: str, quick: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m loadtests.<module>`` with the options the benchmarks share: ``--quick``
+    (``quick`` says what such a run is) and ``--tmp-dir``."""
+    p = argparse.ArgumentParser(prog=f"python -m loadtests.{module}", description=description)
+    p.add_argument("--quick", action="store_true", help=quick)
+    p.add_argument("--tmp-dir", type=Path, help="parent of the temporary state directory (default: $TMPDIR)")
+    return p
 
 
 def positive(text: str) -> int:
