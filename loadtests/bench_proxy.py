@@ -35,7 +35,6 @@ processes are stopped (SIGTERM, then SIGKILL) and the state directory removed on
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -54,7 +53,7 @@ from typing import Any
 
 import uvloop
 
-from loadtests.harness.cli import size_picker
+from loadtests.harness.cli import bench_parser, from_namespace, parse_sized
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import is_gateway_tree, tail
@@ -67,6 +66,7 @@ from loadtests.harness.machine import (
     reset_peak_rss,
 )
 from loadtests.harness.payload import payload_pieces, payload_sha256
+from loadtests.harness.phase import progress, time_limited
 from loadtests.harness.rawclient import AiohttpClient, Client, RawHttp, expect, signed_head
 from loadtests.harness.stack import Stack, start_proxy_gateway, stop_proxy_gateway
 from loadtests.harness.stats import GB, MB, MIB, Round, abba, med, run_all
@@ -111,24 +111,22 @@ class Options:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtests.bench_proxy",
-        description="s3lanes vs direct to SeaweedFS: throughput, latency, RSS and CPU, side by side.",
+    p = bench_parser(
+        "bench_proxy",
+        "s3lanes vs direct to SeaweedFS: throughput, latency, RSS and CPU, side by side.",
+        "a small sanity run (about a minute)",
     )
-    p.add_argument("--quick", action="store_true", help="a small sanity run (about a minute)")
-    p.add_argument("--large-mib", type=int, help="size of each large object (default 256; quick 32)")
-    p.add_argument("--streams", type=int, help="concurrent large GETs (default 8)")
-    p.add_argument("--put-streams", type=int, help="concurrent large PUTs (default 4)")
-    p.add_argument("--small-count", type=int, help="small GETs per round and side (default 2000; quick 200)")
-    p.add_argument("--rounds", type=int, help="large-GET and small-GET rounds per side (default 5; quick 2)")
-    p.add_argument("--put-rounds", type=int, help="PUT rounds per side and payload mode (default 3; quick 1)")
-    p.add_argument("--rss-mib", type=int, help="object size in the memory phase (default 1024; quick 64)")
-    p.add_argument("--rss-streams", type=int, help="uploads, and as many downloads, in the memory phase (4)")
-    p.add_argument(
-        "--client", choices=("raw", "aiohttp"), default="raw", help="benchmark client (default raw)"
-    )
+    # Sizes, counts and rounds: default=(full run, --quick run), or one default for both (parse_sized).
+    p.add_argument("--large-mib", default=(256, 32), help="size of each large object")
+    p.add_argument("--streams", default=8, help="concurrent large GETs")
+    p.add_argument("--put-streams", default=4, help="concurrent large PUTs")
+    p.add_argument("--small-count", default=(2000, 200), help="small GETs per round and side")
+    p.add_argument("--rounds", default=(5, 2), help="large-GET and small-GET rounds per side")
+    p.add_argument("--put-rounds", default=(3, 1), help="PUT rounds per side and payload mode")
+    p.add_argument("--rss-mib", default=(1024, 64), help="object size in the memory phase")
+    p.add_argument("--rss-streams", default=4, help="uploads, and as many downloads, in the memory phase")
+    p.add_argument("--client", choices=("raw", "aiohttp"), default="raw", help="HTTP client (default raw)")
     p.add_argument("--json", type=Path, dest="json_path", help="also write every round's numbers here")
-    p.add_argument("--tmp-dir", type=Path, help="parent of the temporary state directory (default: $TMPDIR)")
     p.add_argument("--phase-timeout-s", type=float, default=600.0, help="hard limit per phase (default 600)")
     p.add_argument(
         "--py-spy-dir",
@@ -161,8 +159,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         help="objects phase: also run a gateway from this directory (a checkout or a `git archive` of "
         "another commit, holding gateway/s3lanes/) as a third side, in the same interleaved rounds",
     )
-    a = p.parse_args(argv)
-    q = a.quick
+    a = parse_sized(p, argv)
     if a.compare_tree is not None and not is_gateway_tree(a.compare_tree):
         p.error(f"--compare-tree: {a.compare_tree} holds no gateway/s3lanes/__main__.py")
     phases = frozenset(x.strip() for x in a.phases.split(",") if x.strip())
@@ -181,28 +178,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                 f"got {sorted(gateway_cpus)}"
             )
 
-    pick = size_picker(p, q)
-
-    return Options(
-        quick=q,
-        large_mib=pick(a.large_mib, 256, 32),
-        streams=pick(a.streams, 8, 8),
-        put_streams=pick(a.put_streams, 4, 4),
-        small_count=pick(a.small_count, 2000, 200),
-        rounds=pick(a.rounds, 5, 2),
-        put_rounds=pick(a.put_rounds, 3, 1),
-        rss_mib=pick(a.rss_mib, 1024, 64),
-        rss_streams=pick(a.rss_streams, 4, 4),
-        client=a.client,
-        json_path=a.json_path,
-        tmp_dir=a.tmp_dir,
-        phase_timeout_s=a.phase_timeout_s,
-        py_spy_dir=a.py_spy_dir,
-        gateway_toml=a.gateway_toml,
-        gateway_cpus=gateway_cpus,
-        phases=phases,
-        compare_tree=a.compare_tree,
-    )
+    return from_namespace(Options, a, gateway_cpus=gateway_cpus, phases=phases)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -255,19 +231,10 @@ class Bench:
         self.results = results
         self.meter = CpuMeter({"gateway": stack.gateway_pid, "seaweedfs": stack.weed.pid or 0})
 
-    def log(self, text: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+    log = staticmethod(progress)
 
     async def bounded(self, what: str, aw: Awaitable[Any]) -> Any:
-        async def inner() -> Any:  # awaiting the gather here retrieves its result, even a cancellation
-            return await aw
-
-        try:
-            return await asyncio.wait_for(inner(), self.opts.phase_timeout_s)
-        except TimeoutError:
-            raise BenchError(
-                f"{what} took longer than --phase-timeout-s={self.opts.phase_timeout_s}"
-            ) from None
+        return await time_limited(what, aw, self.opts.phase_timeout_s)
 
     @contextlib.asynccontextmanager
     async def profiled(self, name: str, side: str, pid: int | None = None) -> AsyncIterator[None]:

@@ -78,7 +78,7 @@ from urllib.parse import quote
 
 import uvloop
 
-from loadtests.harness.cli import size_picker
+from loadtests.harness.cli import bench_parser, from_namespace, parse_sized
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
@@ -91,6 +91,7 @@ from loadtests.harness.gateway import (
     wait_ready,
 )
 from loadtests.harness.machine import CLK_TCK, CpuMeter, machine_facts, python_speed_ns
+from loadtests.harness.phase import progress, time_limited
 from loadtests.harness.rawclient import RawHttp, Reply, expect, signed_head
 from loadtests.harness.stats import GB, MB, MIB, med, percentile, run_all
 from loadtests.harness.store import BUCKET, new_weed
@@ -165,25 +166,25 @@ PHASES = ("ack", "latency", "drain", "checkpoint")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtests.bench_spool",
-        description="s3lanes write spool: ack throughput vs the disk, 1 MiB ack latency, drain speed and "
+    p = bench_parser(
+        "bench_spool",
+        "s3lanes write spool: ack throughput vs the disk, 1 MiB ack latency, drain speed and "
         "checkpoint save time, side by side with their references.",
+        "small sizes, one round (about 1-2 minutes)",
     )
-    p.add_argument("--quick", action="store_true", help="small sizes, one round (about 1-2 minutes)")
     p.add_argument("--out", type=Path, dest="out_dir", help="write results.json and report.md here")
-    p.add_argument("--tmp-dir", type=Path, help="parent of the temporary state directory (default: $TMPDIR)")
-    p.add_argument("--clients", type=int, help="concurrent PUT clients, and disk-baseline threads (8)")
+    # Sizes, counts and rounds: default=(full run, --quick run), or one default for both (parse_sized).
+    p.add_argument("--clients", default=8, help="concurrent PUT clients, and disk-baseline threads")
     p.add_argument("--sizes-mib", help="object sizes of the ack phase, comma-separated (64,16)")
-    p.add_argument("--ack-mib", type=int, help="MiB PUT per ack round and per disk round (2048; quick 512)")
-    p.add_argument("--rounds", type=int, help="rounds per variant in phases 3-5 (3; quick 1)")
-    p.add_argument("--ack-rounds", type=int, help="rounds per variant in phases 1-2 (5; quick 1)")
-    p.add_argument("--latency-count", type=int, help="1 MiB PUTs per variant, all rounds (300; quick 100)")
-    p.add_argument("--drain-mib", type=int, help="MiB spooled, then drained, per round (2048; quick 512)")
-    p.add_argument("--drain-object-mib", type=int, help="object size of the drain phase (64)")
-    p.add_argument("--ckpt-objects", type=int, help="objects per checkpoint (16; quick 8)")
-    p.add_argument("--ckpt-object-mib", type=int, help="MiB per checkpoint object (64; quick 32)")
-    p.add_argument("--ckpt-writers", type=int, help="parallel checkpoint writers (8)")
+    p.add_argument("--ack-mib", default=(2048, 512), help="MiB PUT per ack round and per disk round")
+    p.add_argument("--rounds", default=(3, 1), help="rounds per variant in phases 3-5")
+    p.add_argument("--ack-rounds", default=(5, 1), help="rounds per variant in phases 1-2")
+    p.add_argument("--latency-count", default=(300, 100), help="1 MiB PUTs per variant, all rounds")
+    p.add_argument("--drain-mib", default=(2048, 512), help="MiB spooled, then drained, per round")
+    p.add_argument("--drain-object-mib", default=64, help="object size of the drain phase")
+    p.add_argument("--ckpt-objects", default=(16, 8), help="objects per checkpoint")
+    p.add_argument("--ckpt-object-mib", default=(64, 32), help="MiB per checkpoint object")
+    p.add_argument("--ckpt-writers", default=8, help="parallel checkpoint writers")
     p.add_argument("--relay-rate", default="100MB/s", help="bandwidth of the limited store (100MB/s)")
     p.add_argument("--trickle", default="5MB/s", help="[backend] bandwidth of the trickling gateway (5MB/s)")
     p.add_argument("--phase-timeout-s", type=float, default=900.0, help="hard limit per measurement (900)")
@@ -205,11 +206,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         type=Path,
         help="print the report of an earlier run's results.json (from --out) and exit",
     )
-    a = p.parse_args(argv)
-    q = a.quick
-
-    pick = size_picker(p, q)
-
+    a = parse_sized(p, argv)
     sizes = tuple(int(s) for s in (a.sizes_mib or "64,16").split(",") if s.strip())
     if not sizes or min(sizes) <= 0:
         p.error("--sizes-mib needs positive sizes")
@@ -221,29 +218,14 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     except ValueError as exc:
         p.error(str(exc))
     cmd = shlex.join([Path(sys.executable).name, "-m", "loadtests.bench_spool", *(argv or sys.argv[1:])])
-    return Options(
-        quick=q,
-        out_dir=a.out_dir,
-        tmp_dir=a.tmp_dir,
-        clients=pick(a.clients, 8, 8),
+    return from_namespace(
+        Options,
+        a,
         sizes_mib=sizes,
-        ack_mib=pick(a.ack_mib, 2048, 512),
-        rounds=pick(a.rounds, 3, 1),
-        ack_rounds=pick(a.ack_rounds, 5, 1),
-        latency_count=pick(a.latency_count, 300, 100),
-        drain_mib=pick(a.drain_mib, 2048, 512),
-        drain_object_mib=pick(a.drain_object_mib, 64, 64),
-        ckpt_objects=pick(a.ckpt_objects, 16, 8),
-        ckpt_object_mib=pick(a.ckpt_object_mib, 64, 32),
-        ckpt_writers=pick(a.ckpt_writers, 8, 8),
         relay_rate_bps=relay_rate,
         trickle_bps=trickle,
-        phase_timeout_s=a.phase_timeout_s,
         only=only,
         command=cmd,
-        from_json=a.from_json,
-        content_md5=a.content_md5,
-        signed_payload=a.signed_payload,
     )
 
 
@@ -550,19 +532,10 @@ class Bench:
 
     # -- plumbing --------------------------------------------------------------------------------------------
 
-    def log(self, text: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+    log = staticmethod(progress)
 
     async def bounded(self, what: str, aw: Awaitable[Any]) -> Any:
-        async def inner() -> Any:
-            return await aw
-
-        try:
-            return await asyncio.wait_for(inner(), self.opts.phase_timeout_s)
-        except TimeoutError:
-            raise BenchError(
-                f"{what} took longer than --phase-timeout-s={self.opts.phase_timeout_s}"
-            ) from None
+        return await time_limited(what, aw, self.opts.phase_timeout_s)
 
     def meter(self) -> Meter:
         """CPU of every process of ours that is alive now, the client, kernel threads, and the rest."""

@@ -1074,6 +1074,7 @@ def run_crash(
     keys_by_worker = [worker_keys(w, cfg.keys_per_worker) for w in range(cfg.workers)]
     model = Model((k for keys in keys_by_worker for k in keys), unknown_may_land_late=cfg.stall)
     report = CrashReport(stats=h.stats, recovery=RecoveryStats())
+    store_check = StoreCheck(report, model, bucket, backend, port, cfg.flush_timeout_s, say)
     rng = random.Random(f"{cfg.seed}-killer")
     try:
         gw.start()
@@ -1087,11 +1088,7 @@ def run_crash(
             w.start()
         say(f"gateway on {url}; {cfg.workers} workers on {len(model.keys)} keys; killing")
         try:
-            check = None
-            if cfg.check_each_kill:
-                check = functools.partial(
-                    _check_now, report, h, model, bucket, backend, port, cfg.flush_timeout_s, say
-                )
+            check = functools.partial(_check_now, store_check, h) if cfg.check_each_kill else None
             _kill_loop(gw, h, workers, cfg, rng, say, stall_store, check)
         except GatewayStartFailed as exc:
             report.problems.append(f"after kill {h.stats.kills} the gateway did not start again: {exc}")
@@ -1112,7 +1109,7 @@ def run_crash(
             )
         if not h.gone.is_set():
             say(f"workload done: {h.stats.ops} operations, {h.stats.kills} kills; verifying")
-            _verify(report, model, client, bucket, backend, port, cfg.flush_timeout_s, say)
+            _verify(store_check, client)
     finally:
         h.stop.set()
         code = gw.stop()
@@ -1132,18 +1129,24 @@ CHECK_AGAIN_AFTER_S = 1.0
 SLOW_CHECK_S = 20.0  # a state put back late shows only once the store applied the old request
 
 
-def _check_now(
-    report: CrashReport,
-    h: Harness,
-    model: Model,
-    bucket: str,
-    backend: Any,
-    port: int,
-    flush_timeout_s: float,
-    say: Callable[[str], None],
-) -> None:
+@dataclass(frozen=True, slots=True)
+class StoreCheck:
+    """What comparing the store with the model takes, between kills (:func:`_check_now`) and at the end
+    (:func:`_verify`): the report the problems go to, the gateway's port to flush, the store's client."""
+
+    report: CrashReport
+    model: Model
+    bucket: str
+    backend: Any
+    port: int
+    flush_timeout_s: float
+    say: Callable[[str], None]
+
+
+def _check_now(c: StoreCheck, h: Harness) -> None:
     """Between kills: pause the workers, flush, and check that the store holds an acceptable state of every
     key (twice, the second time a moment later) and no drain upload, then let the workers go on."""
+    report, model, bucket, backend, say = c.report, c.model, c.bucket, c.backend, c.say
     began = time.monotonic()
     if not h.pause():
         report.problems.append(f"after kill {h.stats.kills}: the workers did not pause")
@@ -1151,7 +1154,7 @@ def _check_now(
         return
     paused_s = time.monotonic() - began
     try:
-        flushed = flush(port, bucket, flush_timeout_s)
+        flushed = flush(c.port, bucket, c.flush_timeout_s)
         flush_s = time.monotonic() - began - paused_s
         if paused_s + flush_s > SLOW_CHECK_S:
             say(f"  after kill {h.stats.kills}: workers paused after {paused_s:.1f} s, flush {flush_s:.1f} s")
@@ -1211,16 +1214,8 @@ def _backend_state(backend: Any, bucket: str, key: str) -> State:
     return Value.of(obj["Body"].read())
 
 
-def _verify(
-    report: CrashReport,
-    model: Model,
-    client: S3Client,
-    bucket: str,
-    backend: Any,
-    port: int,
-    flush_timeout_s: float,
-    say: Callable[[str], None],
-) -> None:
+def _verify(c: StoreCheck, client: S3Client) -> None:
+    report, model, bucket, backend, say = c.report, c.model, c.bucket, c.backend, c.say
     problems = report.problems
 
     def explain(key: str) -> str:
@@ -1242,7 +1237,7 @@ def _verify(
 
     # 2. Flush, then the backend must hold exactly the view.
     started = time.monotonic()
-    flushed = flush(port, bucket, flush_timeout_s)
+    flushed = flush(c.port, bucket, c.flush_timeout_s)
     report.flush_s = time.monotonic() - started
     say(f"flush: {flushed} after {report.flush_s:.1f} s")
     if not flushed.get("durable"):

@@ -86,7 +86,12 @@ def _size(text: str) -> int:
 @listener(events.init_command_line_parser)
 def _add_arguments(parser: LocustArgumentParser, **_kw: Any) -> None:
     # On the parser itself, not an argument group: only LocustArgumentParser knows is_secret.
-    arg = parser.add_argument
+    def arg(flag: str, **kw: Any) -> None:
+        """An option read from the environment too: LOCUST_<FLAG> (``--read-rate``: LOCUST_READ_RATE), or
+        ``env_var``."""
+        kw.setdefault("env_var", "LOCUST_" + flag.removeprefix("--").upper().replace("-", "_"))
+        parser.add_argument(flag, **kw)
+
     arg("--s3-access-key", default=None, env_var="AWS_ACCESS_KEY_ID", help="access key (AWS_ACCESS_KEY_ID)")
     arg(
         "--s3-secret-key",
@@ -96,53 +101,37 @@ def _add_arguments(parser: LocustArgumentParser, **_kw: Any) -> None:
         help="secret key (AWS_SECRET_ACCESS_KEY)",
     )
     arg("--s3-region", default="us-east-1", env_var="AWS_DEFAULT_REGION", help="SigV4 region")
-    arg("--s3-bucket", default="locust", env_var="LOCUST_S3_BUCKET", help="bucket of dataset and checkpoints")
-    arg(
-        "--s3-timeout-s", type=float, default=60.0, env_var="LOCUST_S3_TIMEOUT_S", help="connect/read timeout"
-    )
+    arg("--s3-bucket", default="locust", help="bucket of dataset and checkpoints")
+    arg("--s3-timeout-s", type=float, default=60.0, help="connect/read timeout")
     arg(
         "--s3-lane-hints",
         action="store_true",
         default=False,
-        env_var="LOCUST_S3_LANE_HINTS",
         help="send x-s3lanes-lane hints (dataset / checkpoint / metadata)",
     )
-    arg("--dataset-prefix", default=DEFAULT_PREFIX, env_var="LOCUST_DATASET_PREFIX")
-    arg("--dataset-objects", type=int, default=DEFAULT_OBJECTS, env_var="LOCUST_DATASET_OBJECTS")
-    arg("--dataset-object-size", default=DEFAULT_OBJECT_SIZE, env_var="LOCUST_DATASET_OBJECT_SIZE")
-    arg("--read-size", default="256KiB", env_var="LOCUST_READ_SIZE", help="bytes per ranged GET")
-    arg(
-        "--read-rate",
-        type=float,
-        default=10.0,
-        env_var="LOCUST_READ_RATE",
-        help="GETs per second per DatasetReader (0: back to back)",
-    )
-    arg("--ckpt-prefix", default="locust-ckpt/", env_var="LOCUST_CKPT_PREFIX")
-    arg("--ckpt-writers", type=int, default=2, env_var="LOCUST_CKPT_WRITERS", help="CheckpointWriter users")
-    arg("--ckpt-size", default="256MiB", env_var="LOCUST_CKPT_SIZE", help="bytes per burst, all writers")
-    arg(
-        "--ckpt-period-s",
-        type=float,
-        default=60.0,
-        env_var="LOCUST_CKPT_PERIOD_S",
-        help="seconds between bursts",
-    )
-    arg("--ckpt-offset-s", type=float, default=0.0, env_var="LOCUST_CKPT_OFFSET_S", help="burst phase offset")
-    arg("--ckpt-warmup-s", type=float, default=10.0, env_var="LOCUST_CKPT_WARMUP_S", help="no burst before")
-    arg("--ckpt-part-size", default="8MiB", env_var="LOCUST_CKPT_PART_SIZE")
-    arg("--ckpt-part-concurrency", type=int, default=2, env_var="LOCUST_CKPT_PART_CONCURRENCY")
+    arg("--dataset-prefix", default=DEFAULT_PREFIX)
+    arg("--dataset-objects", type=int, default=DEFAULT_OBJECTS)
+    arg("--dataset-object-size", default=DEFAULT_OBJECT_SIZE)
+    arg("--read-size", default="256KiB", help="bytes per ranged GET")
+    arg("--read-rate", type=float, default=10.0, help="GETs per second per DatasetReader (0: back to back)")
+    arg("--ckpt-prefix", default="locust-ckpt/")
+    arg("--ckpt-writers", type=int, default=2, help="CheckpointWriter users")
+    arg("--ckpt-size", default="256MiB", help="bytes per burst, all writers")
+    arg("--ckpt-period-s", type=float, default=60.0, help="seconds between bursts")
+    arg("--ckpt-offset-s", type=float, default=0.0, help="burst phase offset")
+    arg("--ckpt-warmup-s", type=float, default=10.0, help="no burst before")
+    arg("--ckpt-part-size", default="8MiB")
+    arg("--ckpt-part-concurrency", type=int, default=2)
     arg(
         "--ckpt-keep",
         type=int,
         default=2,
-        env_var="LOCUST_CKPT_KEEP",
         help="checkpoint slots reused in rotation (0: a new key every burst)",
     )
-    arg("--lister-users", type=int, default=1, env_var="LOCUST_LISTER_USERS", help="Lister users")
-    arg("--lister-wait-s", type=float, default=5.0, env_var="LOCUST_LISTER_WAIT_S", help="between storms")
-    arg("--lister-page-size", type=int, default=1000, env_var="LOCUST_LISTER_PAGE_SIZE")
-    arg("--lister-heads", type=int, default=20, env_var="LOCUST_LISTER_HEADS", help="HEADs per storm")
+    arg("--lister-users", type=int, default=1, help="Lister users")
+    arg("--lister-wait-s", type=float, default=5.0, help="between storms")
+    arg("--lister-page-size", type=int, default=1000)
+    arg("--lister-heads", type=int, default=20, help="HEADs per storm")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -62,7 +62,6 @@ Run it under ``nice -n 19`` on a shared machine: every process it starts inherit
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import datetime as dt
@@ -90,10 +89,12 @@ from typing import Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
 
 from loadtests.dataprep import prepare
+from loadtests.harness.cli import bench_parser
 from loadtests.harness.gateway import server_toml, tail
 from loadtests.harness.gateway import start_gateway as harness_start_gateway
 from loadtests.harness.gateway import stop_process as harness_stop_process
 from loadtests.harness.machine import machine_facts
+from loadtests.harness.phase import progress
 from loadtests.harness.store import seaweed
 from s3lanes.config import parse_size
 from s3lanes.core.sigv4 import EMPTY_SHA256, UNSIGNED_PAYLOAD, sign_headers
@@ -202,40 +203,26 @@ class Workload:
         )
 
 
-FULL_WORKLOAD = Workload(
-    dataset_objects=32,
-    dataset_object_size="8MiB",
-    readers=4,
-    read_rate=5.0,
-    read_size="256KiB",
-    ckpt_writers=2,
-    ckpt_size="128MiB",
-    ckpt_part_size="8MiB",
-    ckpt_part_concurrency=2,
-    ckpt_period_s=60.0,
-    ckpt_warmup_s=10.0,
-    lister_users=1,
-    lister_wait_s=10.0,
-    lister_page_size=8,
-    lister_heads=10,
-)
-QUICK_WORKLOAD = Workload(
-    dataset_objects=8,
-    dataset_object_size="1MiB",
-    readers=2,
-    read_rate=5.0,
-    read_size="64KiB",
-    ckpt_writers=2,
-    ckpt_size="20MiB",
-    ckpt_part_size="5MiB",
-    ckpt_part_concurrency=2,
-    ckpt_period_s=15.0,
-    ckpt_warmup_s=5.0,
-    lister_users=1,
-    lister_wait_s=3.0,
-    lister_page_size=3,
-    lister_heads=3,
-)
+# The workloads of a full run and of a --quick one, field by field.
+WORKLOADS: dict[str, tuple[Any, Any]] = {
+    "dataset_objects": (32, 8),
+    "dataset_object_size": ("8MiB", "1MiB"),
+    "readers": (4, 2),
+    "read_rate": (5.0, 5.0),
+    "read_size": ("256KiB", "64KiB"),
+    "ckpt_writers": (2, 2),
+    "ckpt_size": ("128MiB", "20MiB"),
+    "ckpt_part_size": ("8MiB", "5MiB"),
+    "ckpt_part_concurrency": (2, 2),
+    "ckpt_period_s": (60.0, 15.0),
+    "ckpt_warmup_s": (10.0, 5.0),
+    "lister_users": (1, 1),
+    "lister_wait_s": (10.0, 3.0),
+    "lister_page_size": (8, 3),
+    "lister_heads": (10, 3),
+}
+FULL_WORKLOAD = Workload(**{name: full for name, (full, _) in WORKLOADS.items()})
+QUICK_WORKLOAD = Workload(**{name: quick for name, (_, quick) in WORKLOADS.items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,20 +240,19 @@ class Options:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtests.soak",
-        description="Soak test: the Locust training mix against a spooling gateway with SeaweedFS for a long "
+    p = bench_parser(
+        "soak",
+        "Soak test: the Locust training mix against a spooling gateway with SeaweedFS for a long "
         "time; RSS, fds, threads and the spool sampled; durability checked at the end.",
+        "a ~90 s run for CI; memory growth report-only",
     )
     p.add_argument("--duration", default=None, help="how long Locust runs (30m; quick 75s)")
-    p.add_argument("--quick", action="store_true", help="a ~90 s run for CI; memory growth report-only")
     p.add_argument(
         "--warmup", default=None, help="excluded from growth figures (a sixth of the run; quick 20s)"
     )
     p.add_argument("--window", default=None, help="median window for warm-up/end figures (2 burst periods)")
     p.add_argument("--interval-s", type=float, default=None, help="seconds between samples (10; quick 2)")
     p.add_argument("--out", type=Path, default=None, help="results directory (results/soak-<timestamp>)")
-    p.add_argument("--tmp-dir", type=Path, help="parent of the temporary state directory (default: $TMPDIR)")
     p.add_argument("--keep-state", action="store_true", help="keep SeaweedFS's and the gateway's state")
     p.add_argument("--readers", type=int, default=None, help="DatasetReader users (4; quick 2)")
     p.add_argument("--read-rate", type=float, default=None, help="GETs per second per reader (5)")
@@ -939,8 +925,7 @@ class Run:
     nice: dict[str, int | None] = field(default_factory=dict)
     gateway_cfg: str = ""
 
-    def log(self, text: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+    log = staticmethod(progress)
 
 
 def client_config(endpoint_url: str) -> ClientConfig:

@@ -42,6 +42,7 @@ from botocore.config import Config as BotoConfig
 
 import s3lanes
 from loadtests.crashmodel import REGION, CrashConfig, run_crash
+from loadtests.harness.cli import from_namespace
 from s3lanes.seaweed.options import SeaweedIdentity, SeaweedOptions
 from s3lanes.seaweed.process import SeaweedProcess
 
@@ -101,20 +102,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     per_kill_s = 5.0 + (args.stall_max_s if args.stall else 0.0)
     max_s = args.max_minutes * 60 if args.max_minutes is not None else per_kill_s * args.iterations + 120
-    cfg = CrashConfig(
-        ops=args.ops,
-        kills=args.iterations,
-        workers=args.workers,
-        keys_per_worker=args.keys_per_worker,
-        seed=seed,
-        max_kill_phase_s=max_s,
-        stall=args.stall,
-        stall_min_s=args.stall_min_s,
-        stall_max_s=args.stall_max_s,
-        fence_s=args.fence_s,
-        check_each_kill=args.stall,
-        gateway_workers=args.gateway_workers,
-    )
+    # The options of the same names, and these:
+    given = {"kills": args.iterations, "seed": seed, "max_kill_phase_s": max_s, "check_each_kill": args.stall}
+    cfg = from_namespace(CrashConfig, args, **given)
     work = Path(tempfile.mkdtemp(prefix="s3lanes-spool-crash-"))
     stalls = f", store stalled {cfg.stall_min_s:g}-{cfg.stall_max_s:g} s at every kill" if cfg.stall else ""
     print(f"spool crash run: {cfg.kills} kills{stalls}, >= {cfg.ops} operations, seed {seed}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -22,22 +21,22 @@ from loadtests.fuzz_http.options import (
 )
 from loadtests.fuzz_http.report import summary
 from loadtests.fuzz_http.run import fuzz
+from loadtests.harness.cli import bench_parser
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
-    p = argparse.ArgumentParser(
-        prog="python -m loadtests.fuzz_http",
-        description="s3lanes under hostile HTTP input: malformed requests against a real gateway with the "
+    p = bench_parser(
+        "fuzz_http",
+        "s3lanes under hostile HTTP input: malformed requests against a real gateway with the "
         "write spool on, mixed with valid signed ones; checks crashes, 500s, files outside the spool, "
         "partial objects on the backend and lost writes.",
+        f"the CI subset: {QUICK_CASES} cases",
     )
     p.add_argument("--cases", type=int, help=f"cases to run ({FULL_CASES}; --quick {QUICK_CASES})")
     p.add_argument("--seed", type=int, help="random seed (default: a fresh one, printed)")
-    p.add_argument("--quick", action="store_true", help=f"the CI subset: {QUICK_CASES} cases")
     p.add_argument("--out", type=Path, help="JSON results (default results/fuzz-http-<timestamp>.json)")
     p.add_argument("--no-out", action="store_true", help="write no JSON")
     p.add_argument("--concurrency", type=int, default=4, help="cases in flight at once (4)")
-    p.add_argument("--tmp-dir", type=Path, help="parent of the temporary directory (default: $TMPDIR)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, spool)")
     p.add_argument("--backend-endpoint", help="use this running S3 store instead of starting SeaweedFS")
     p.add_argument("--backend-access-key", help="its access key (with --backend-endpoint)")

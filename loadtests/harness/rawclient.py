@@ -180,15 +180,14 @@ class _Conn(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
-    # the request
+    # the request: RawHttp.call's, on this connection
     async def request(
         self,
         method: str,
         raw_path: str,
         headers: dict[str, str],
-        body: Iterator[memoryview] | None = None,
-        *,
-        want_body: bool = False,
+        body: Iterator[memoryview] | None,
+        want_body: bool,
     ) -> Reply:
         assert self.transport is not None and self.reusable
         loop = asyncio.get_running_loop()
@@ -267,7 +266,7 @@ class RawHttp:
     ) -> Reply:
         conn = await self._acquire(ep)
         try:
-            return await conn.request(method, raw_path, headers, body, want_body=want_body)
+            return await conn.request(method, raw_path, headers, body, want_body)
         finally:
             self._release(ep, conn)
 

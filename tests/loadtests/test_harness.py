@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from loadtests.harness.cli import size_picker
+from loadtests.harness.cli import from_namespace, parse_sized
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
     server_toml,
@@ -80,10 +81,43 @@ def test_intervals_merge_where_they_overlap_or_touch_and_come_out_sorted() -> No
     assert merge_intervals([]) == []
 
 
-def test_the_size_picker_takes_the_value_else_the_quick_or_full_default_and_refuses_non_positive() -> None:
-    p = argparse.ArgumentParser()
-    assert size_picker(p, quick=False)(None, 256, 32) == 256
-    assert size_picker(p, quick=True)(None, 256, 32) == 32
-    assert size_picker(p, quick=True)(7, 256, 32) == 7
+def _sized_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--large-mib", default=(256, 32), help="object size")
+    p.add_argument("--streams", default=8, help="streams")
+    p.add_argument("--label", default="raw")
+    return p
+
+
+def test_a_quick_run_takes_the_quick_defaults_and_an_option_given_wins_either_way() -> None:
+    full = {"quick": False, "large_mib": 256, "streams": 8, "label": "raw"}
+    assert vars(parse_sized(_sized_parser(), [])) == full
+    assert vars(parse_sized(_sized_parser(), ["--quick"])) == full | {"quick": True, "large_mib": 32}
+    assert vars(parse_sized(_sized_parser(), ["--quick", "--large-mib", "7"]))["large_mib"] == 7
+    assert vars(parse_sized(_sized_parser(), ["--large-mib", "7", "--streams", "3"]))["streams"] == 3
+
+
+def test_sizes_counts_and_rounds_must_be_positive_and_their_help_names_both_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     with pytest.raises(SystemExit):
-        size_picker(p, quick=False)(0, 256, 32)
+        parse_sized(_sized_parser(), ["--streams", "0"])
+    assert "argument --streams: must be positive, not 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_sized(_sized_parser(), ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "object size (default 256; quick 32)" in text
+    assert "streams (default 8)" in text
+
+
+def test_options_come_from_the_parsed_namespace_unless_given() -> None:
+    @dataclass(frozen=True)
+    class Opts:
+        rounds: int
+        label: str
+        quick: bool = False
+
+    a = argparse.Namespace(rounds=3, label="raw", other=1)
+    assert from_namespace(Opts, a) == Opts(rounds=3, label="raw")
+    assert from_namespace(Opts, a, label="x", quick=True) == Opts(rounds=3, label="x", quick=True)
