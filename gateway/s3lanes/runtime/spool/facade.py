@@ -48,6 +48,7 @@ from s3lanes.runtime.spool.disk import (
 from s3lanes.runtime.spool.errors import JournalAppendFailed, SpoolWriteFailed, crash_on_failure
 from s3lanes.runtime.spool.journal import GroupCommit, JournalFile
 from s3lanes.runtime.spool.recovery import RecoveryReport, recover
+from s3lanes.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("s3lanes.spool")
 
@@ -231,11 +232,8 @@ class Spool:
         return report
 
     async def close(self) -> None:
-        if self._healer is not None:
-            self._healer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._healer
-            self._healer = None
+        await cancel_and_wait(self._healer)
+        self._healer = None
         if self._group is not None:
             # Let queued records land first: their writers are waiting for the ack.
             if self._group.waiting and self.degraded is None:
