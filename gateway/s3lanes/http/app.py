@@ -35,6 +35,7 @@ from s3lanes.http.intake import Intake, new_request_id
 from s3lanes.http.pool_front import PoolFront
 from s3lanes.http.proxy import S3Proxy
 from s3lanes.http.router import Router
+from s3lanes.http.spool_common import SpoolCommon
 from s3lanes.http.spool_front import SpoolFront
 from s3lanes.http.status_page import BARE_PATH, PAGE_PATH, StatusPage
 from s3lanes.metrics import Metrics
@@ -142,14 +143,9 @@ def build_app(
             fence_s=cfg.backend.read_timeout_s if cfg.spool.fence_s is None else cfg.spool.fence_s,
         )
         front = SpoolFront(
-            spool,
-            cfg,
-            pools,
-            clock,
-            metrics,
+            SpoolCommon(spool, cfg, pools, clock, metrics, keys.known),
             drain_uploads=drainer.open_upload_ids,
             drain_creating=drainer.creating_upload_keys,
-            keys=keys.known,
         )
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         keeper = DeadlineKeeper(
