@@ -81,7 +81,7 @@ class SpoolFront:
         self._drain_creating = drain_creating
         self._cfg = c.cfg
         self._clock = c.clock
-        self._reads = SpoolReads(c.spool, c.cfg, c.clock, c.metrics, authorize_read=c.authorize_read)
+        self._reads = SpoolReads(c)
         self._listings = SpoolListings(c, drain_uploads=drain_uploads, drain_creating=drain_creating)
         self._writes = SpoolWrites(self._c)
         self._copies = SpoolCopies(self._c, self._reads)
