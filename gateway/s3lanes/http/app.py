@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import socket
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from s3lanes.http.intake import Intake, new_request_id
 from s3lanes.http.pool_front import PoolFront
 from s3lanes.http.proxy import S3Proxy
 from s3lanes.http.router import Router
+from s3lanes.http.spool_common import SpoolCommon
 from s3lanes.http.spool_front import SpoolFront
 from s3lanes.http.status_page import BARE_PATH, PAGE_PATH, StatusPage
 from s3lanes.metrics import Metrics
@@ -51,6 +51,7 @@ from s3lanes.runtime.spool import Spool, crash_on_failure
 from s3lanes.runtime.spool_deadline import DeadlineKeeper
 from s3lanes.runtime.spool_metrics import spool_collector
 from s3lanes.runtime.spool_summary import SummaryWriter
+from s3lanes.runtime.tasks import cancel_and_wait
 from s3lanes.runtime.wiring import build_pools, spool_dir
 
 log = logging.getLogger("s3lanes.app")
@@ -142,14 +143,9 @@ def build_app(
             fence_s=cfg.backend.read_timeout_s if cfg.spool.fence_s is None else cfg.spool.fence_s,
         )
         front = SpoolFront(
-            spool,
-            cfg,
-            pools,
-            clock,
-            metrics,
+            SpoolCommon(spool, cfg, pools, clock, metrics, keys.known),
             drain_uploads=drainer.open_upload_ids,
             drain_creating=drainer.creating_upload_keys,
-            keys=keys.known,
         )
         metrics.add_snapshot_collector(spool_collector(spool, clock))
         keeper = DeadlineKeeper(
@@ -232,54 +228,25 @@ def build_app(
                 front.remember_buckets()
             if summary is not None:
                 summary.refresh()  # recovered: published before the listeners open
-            drain_task = asyncio.create_task(drainer.run(), name="spool-drainer")
-            drain_task.add_done_callback(crash_on_failure)
-        deadline_task: asyncio.Task[None] | None = None
-        if keeper is not None:
-            deadline_task = asyncio.create_task(keeper.run(), name="spool-deadline")
-            deadline_task.add_done_callback(crash_on_failure)
-        watch_task: asyncio.Task[None] | None = None
-        if watcher is not None:
-            watch_task = asyncio.create_task(watcher.run(), name="credentials-file")
-            watch_task.add_done_callback(crash_on_failure)
-        cluster_task: asyncio.Task[None] | None = None
-        if cluster is not None:
-            cluster_task = asyncio.create_task(cluster.run(), name="cluster-budget")
-            cluster_task.add_done_callback(crash_on_failure)
-        summary_task: asyncio.Task[None] | None = None
-        if summary is not None:
-            summary_task = asyncio.create_task(summary.run(), name="spool-summary")
-            summary_task.add_done_callback(crash_on_failure)
-        probe_task = asyncio.create_task(probe.run(), name="backend-probe")
-        probe_task.add_done_callback(crash_on_failure)
+            drain_task = _spawn(drainer.run(), "spool-drainer")
+        deadline_task = _spawn(keeper.run(), "spool-deadline") if keeper is not None else None
+        watch_task = _spawn(watcher.run(), "credentials-file") if watcher is not None else None
+        cluster_task = _spawn(cluster.run(), "cluster-budget") if cluster is not None else None
+        summary_task = _spawn(summary.run(), "spool-summary") if summary is not None else None
+        probe_task = _spawn(probe.run(), "backend-probe")
         yield
         if forwarder is not None:
             await forwarder.close()
-        if summary_task is not None:
-            summary_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await summary_task
-        probe_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await probe_task
-        if watch_task is not None:
-            watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watch_task
-        if cluster is not None and cluster_task is not None:
-            cluster_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await cluster_task
+        await cancel_and_wait(summary_task)
+        await cancel_and_wait(probe_task)
+        await cancel_and_wait(watch_task)
+        if cluster is not None:
+            await cancel_and_wait(cluster_task)
             await cluster.close()
-        if deadline_task is not None:
-            deadline_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await deadline_task
+        await cancel_and_wait(deadline_task)
         if drainer is not None and drain_task is not None:
             await drainer.close()
-            drain_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await drain_task
+            await cancel_and_wait(drain_task)
         if spool is not None:
             await spool.close()
         await pools.close()
@@ -487,6 +454,13 @@ async def drain_for_shutdown(app: web.Application, timeout_s: float, abort: asyn
         )
     else:
         log.info("shutdown: spool drained")
+
+
+def _spawn(run: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """A background task of the app, whose failure takes the process down."""
+    task = asyncio.create_task(run, name=name)
+    task.add_done_callback(crash_on_failure)
+    return task
 
 
 async def _close(pools: Pools) -> None:

@@ -136,36 +136,28 @@ class S3Proxy:
 
         resp: BackendResponse
         try:
+            call = (lane, ctx.target.bucket, ctx.target.key, request.method, headers, ctx.credential)
+            raw_query, signed = ctx.view.raw_query, not ctx.anonymous
             if body is None and request.method in ("GET", "HEAD"):
                 resp = await self.pools.read(
-                    lane,
-                    ctx.target.bucket,
-                    ctx.target.key,
-                    request.method,
-                    headers,
-                    ctx.credential,
-                    raw_query=ctx.view.raw_query,
+                    *call,
+                    raw_query=raw_query,
                     cost=self._request_cost,
                     gone=lambda: client_gone(request),
                     admitted=admitted,
-                    signed=not ctx.anonymous,
+                    signed=signed,
                 )
             else:
                 resp = await self.pools.request(
-                    lane,
-                    ctx.target.bucket,
-                    ctx.target.key,
-                    request.method,
-                    headers,
-                    ctx.credential,
+                    *call,
                     body,
-                    raw_query=ctx.view.raw_query,
+                    raw_query=raw_query,
                     cost=self._request_cost,
                     gone=lambda: client_gone(request),
                     account_body=True,
                     admitted=admitted,
                     payload_hash=backend_hash,
-                    signed=not ctx.anonymous,
+                    signed=signed,
                 )
         except S3Error as err:
             if pipe is not None and pipe.failure is not None:
@@ -191,24 +183,13 @@ class S3Proxy:
                 dispatcher.observe_read(lane, wait_s, ttfb_s)
             if pipe is not None and pipe.failure is not None:
                 raise pipe.failure
-            return await self._relay(request, resp, ctx, decision, dispatcher, backend.cfg)
+            if self._renamed is not None:
+                renamed = await self._renamed(request, resp, ctx, decision, dispatcher)
+                if renamed is not None:
+                    return renamed
+            return await self.relay_stream(request, resp, ctx, decision, dispatcher, backend_cfg=backend.cfg)
         finally:
             resp.release()
-
-    async def _relay(
-        self,
-        request: web.Request,
-        resp: BackendResponse,
-        ctx: RequestContext,
-        decision: Decision,
-        dispatcher: LaneDispatcher,
-        backend_cfg: BackendConfig,
-    ) -> web.StreamResponse:
-        if self._renamed is not None:
-            renamed = await self._renamed(request, resp, ctx, decision, dispatcher)
-            if renamed is not None:
-                return renamed
-        return await self.relay_stream(request, resp, ctx, decision, dispatcher, backend_cfg=backend_cfg)
 
     async def relay_stream(
         self,

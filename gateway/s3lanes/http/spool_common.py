@@ -66,7 +66,7 @@ class SpoolCommon:
         self.metrics = metrics
         self._lanes = frozenset(cfg.spool.lanes)
         # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
-        self._creds = creds
+        self.creds = creds
         self._buckets = BucketCheck(spool, clock, self._head_status)
         self._request_cost = cfg.scheduler.request_cost_bytes
         self.chunk = cfg.scheduler.chunk_bytes
@@ -185,12 +185,12 @@ class SpoolCommon:
     def remember_buckets(self) -> None:
         """After recovery: buckets with spooled data were checked when it was acknowledged."""
         for entry in self.spool.entries():
-            cred = self._creds.get(entry.access_key)
+            cred = self.creds.get(entry.access_key)
             if cred is not None:
                 self._buckets.remember(cred.backend_access_key, entry.bucket)
 
     async def authorize_read(self, ctx: RequestContext, bucket: str, writer_access_key: str) -> None:
-        writer = self._creds.get(writer_access_key)
+        writer = self.creds.get(writer_access_key)
         if writer is not None and writer.backend_access_key == ctx.credential.backend_access_key:
             return
         await self.check_bucket(ctx, bucket)

@@ -31,8 +31,6 @@ from collections.abc import Set as AbstractSet
 
 from aiohttp import ClientResponse, web
 
-from s3lanes.clock import Clock
-from s3lanes.config import Config, Credential
 from s3lanes.core.classify import Decision
 from s3lanes.core.listing import NULL_VERSION, continues_our_listing
 from s3lanes.core.objectread import (
@@ -61,9 +59,6 @@ from s3lanes.http.spool_listings import SpoolListings
 from s3lanes.http.spool_reads import Moved, SpoolReads
 from s3lanes.http.spool_uploads import SpoolUploads
 from s3lanes.http.spool_writes import SpoolWrites
-from s3lanes.metrics import Metrics
-from s3lanes.runtime.pools import Pools
-from s3lanes.runtime.spool import Spool
 
 log = logging.getLogger("s3lanes.spool")
 
@@ -73,38 +68,21 @@ REROUTE_TRIES = 3  # see Moved
 class SpoolFront:
     def __init__(
         self,
-        spool: Spool,
-        cfg: Config,
-        pools: Pools,
-        clock: Clock,
-        metrics: Metrics,
+        c: SpoolCommon,
         *,
         drain_uploads: Callable[[], AbstractSet[str]] = frozenset,
         drain_creating: Callable[[str], AbstractSet[str]] = lambda bucket: frozenset(),
-        keys: dict[str, Credential] | None = None,
     ) -> None:
-        self.spool = spool
+        self._c = c
+        self.spool = c.spool
         # The backend upload ids the drain has open: hidden from clients' ListMultipartUploads.
         self._drain_uploads = drain_uploads
         # Per bucket, keys whose drain upload is being created (its id not known yet): hidden likewise.
         self._drain_creating = drain_creating
-        self._cfg = cfg
-        self._clock = clock
-        # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
-        creds = keys if keys is not None else {c.access_key: c for c in cfg.credentials}
-        self._c = SpoolCommon(spool, cfg, pools, clock, metrics, creds)
-        self._reads = SpoolReads(spool, cfg, clock, metrics, authorize_read=self._c.authorize_read)
-        self._listings = SpoolListings(
-            spool,
-            cfg,
-            pools,
-            clock,
-            creds,
-            backend_call=self._c.backend_call,
-            response=self._c.response,
-            drain_uploads=drain_uploads,
-            drain_creating=drain_creating,
-        )
+        self._cfg = c.cfg
+        self._clock = c.clock
+        self._reads = SpoolReads(c)
+        self._listings = SpoolListings(c, drain_uploads=drain_uploads, drain_creating=drain_creating)
         self._writes = SpoolWrites(self._c)
         self._copies = SpoolCopies(self._c, self._reads)
         self._uploads = SpoolUploads(self._c, self._copies)
@@ -332,12 +310,6 @@ class SpoolFront:
         )
         try:
             data = await resp.read()
-            out = web.Response(status=resp.status, body=with_request_id(data, ctx.request_id))
-            for name in ("Content-Type", "x-amz-request-id"):
-                if name in resp.headers:
-                    out.headers[name] = resp.headers[name]
-            echo_request_id(out, ctx.request_id)
-            lane_headers(out, decision)
-            return out
         finally:
             resp.release()
+        return self._relayed(resp, data, ctx, decision)

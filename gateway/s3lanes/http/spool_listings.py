@@ -6,16 +6,12 @@ routes these requests here.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
-from typing import Protocol
 from xml.sax.saxutils import escape
 
-import aiohttp
 from aiohttp import web
 
-from s3lanes.clock import Clock
-from s3lanes.config import Config, Credential
 from s3lanes.core.classify import Decision
 from s3lanes.core.listing import (
     AnyListRequest,
@@ -40,46 +36,20 @@ from s3lanes.core.uri import s3_quote
 from s3lanes.errors import S3Error, ServiceUnavailable, SlowDown
 from s3lanes.http.intake import RequestContext, lane_headers
 from s3lanes.http.s3xml import with_request_id
+from s3lanes.http.spool_common import SpoolCommon
 from s3lanes.runtime.bucket_check import BUCKET_CHECK_TTL_S
-from s3lanes.runtime.pools import Pools
-from s3lanes.runtime.spool import Spool
-
-# A call to the bucket's store in a lane: (ctx, lane, method, bucket, key, raw query) -> its answer.
-BackendCall = Callable[
-    [RequestContext, str, str, str | None, str | None, str], Awaitable[aiohttp.ClientResponse]
-]
-
-
-class Respond(Protocol):
-    """The spool's own answer (request id, source and lane headers)."""
-
-    def __call__(
-        self, ctx: RequestContext, decision: Decision, status: int = 200, body: bytes = b""
-    ) -> web.Response: ...
 
 
 class SpoolListings:
     def __init__(
         self,
-        spool: Spool,
-        cfg: Config,
-        pools: Pools,
-        clock: Clock,
-        creds: dict[str, Credential],
+        c: SpoolCommon,
         *,
-        backend_call: BackendCall,
-        response: Respond,
         drain_uploads: Callable[[], AbstractSet[str]],
         drain_creating: Callable[[str], AbstractSet[str]],
     ) -> None:
-        self.spool = spool
-        self._cfg = cfg
-        self._pools = pools
-        self._clock = clock
-        # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
-        self._creds = creds
-        self._backend_call = backend_call
-        self._response = response
+        self._c = c
+        self.spool = c.spool
         # The backend upload ids the drain has open: hidden from clients' ListMultipartUploads.
         self._drain_uploads = drain_uploads
         # Per bucket, keys whose drain upload is being created (its id not known yet): hidden likewise.
@@ -125,7 +95,7 @@ class SpoolListings:
             prefixes.remove(prefix)
             items.extend(expanded[0])
         body = merged_listing_xml(req, bucket, items, prefixes, spooled, hidden)
-        return self._response(ctx, decision, body=body)
+        return self._c.response(ctx, decision, body=body)
 
     async def _backend_all(
         self,
@@ -141,11 +111,11 @@ class SpoolListings:
         items: list[ListEntry | VersionEntry] = []
         prefixes: list[str] = []
         cursor: BackendCursor | None = None
-        limit = self._cfg.spool.list_merge_max_keys
+        limit = self._c.cfg.spool.list_merge_max_keys
         while True:
             params = backend_query(req, prefix, delimiter, cursor)
             raw_query = "&".join(f"{k}={s3_quote(v, safe='')}" for k, v in params)
-            resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
+            resp = await self._c.backend_call(ctx, decision.lane, "GET", bucket, None, raw_query)
             try:
                 data = await resp.read()
                 status = resp.status
@@ -167,7 +137,7 @@ class SpoolListings:
                 raise SlowDown(
                     f"The listing has more than {limit} keys or versions under this prefix and cannot be"
                     " merged with spooled writes; retry after they are uploaded.",
-                    retry_after_s=self._cfg.spool.retry_after_s,
+                    retry_after_s=self._c.cfg.spool.retry_after_s,
                 )
             if cursor is None:
                 return items, prefixes
@@ -177,17 +147,17 @@ class SpoolListings:
     ) -> tuple[str, str] | None:
         """The backend's Owner (ID, DisplayName) of the identity that wrote a spooled object, as the store
         will list it once drained (ListBuckets' Owner as that identity; cached). None if unknown."""
-        cred = self._creds.get(writer_access_key, ctx.credential)
-        backend = self._pools.backend_for(bucket)
+        cred = self._c.creds.get(writer_access_key, ctx.credential)
+        backend = self._c.pools.backend_for(bucket)
         ident = (backend.name, cred.backend_access_key)
         cached = self._owners.get(ident)
         if cached is not None:
             return cached
-        if self._owner_unknown_until.get(ident, 0.0) > self._clock.monotonic():
+        if self._owner_unknown_until.get(ident, 0.0) > self._c.clock.monotonic():
             return None  # asked recently, in vain (an identity without ListBuckets): not on every listing
         owner: tuple[str, str] | None = None
         try:
-            resp = await self._pools.request(
+            resp = await self._c.pools.request(
                 "metadata", None, None, "GET", {}, cred, backend=backend.name, cost=None, observe=False
             )
             try:
@@ -199,7 +169,7 @@ class SpoolListings:
         except S3Error:
             pass
         if owner is None:
-            self._owner_unknown_until[ident] = self._clock.monotonic() + BUCKET_CHECK_TTL_S
+            self._owner_unknown_until[ident] = self._c.clock.monotonic() + BUCKET_CHECK_TTL_S
         else:
             self._owners[ident] = owner
         return owner
@@ -216,7 +186,7 @@ class SpoolListings:
         # The drain's uploads known before the listing and after it: one may end (and its id be forgotten)
         # or be created (and its id learnt) while the store lists it.
         hidden, creating = set(self._drain_uploads()), set(self._drain_creating(bucket))
-        resp = await self._backend_call(ctx, decision.lane, "GET", bucket, None, ctx.view.raw_query)
+        resp = await self._c.backend_call(ctx, decision.lane, "GET", bucket, None, ctx.view.raw_query)
         try:
             data = await resp.read()
             status = resp.status
@@ -251,4 +221,4 @@ class SpoolListings:
             raise ServiceUnavailable(
                 "The backend's ListMultipartUploads answer could not be parsed."
             ) from exc
-        return self._response(ctx, decision, body=body)
+        return self._c.response(ctx, decision, body=body)

@@ -7,21 +7,17 @@ reads of spooled keys here, and opens spooled sources for its copies with :meth:
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from s3lanes.clock import Clock
-from s3lanes.config import Config
 from s3lanes.core.classify import Decision
 from s3lanes.core.objectread import plan_read
 from s3lanes.core.s3request import query_names
 from s3lanes.core.spool_policy import stored_object
 from s3lanes.core.spool_state import Entry
 from s3lanes.http.intake import SOURCE_HEADER, RequestContext, lane_headers
-from s3lanes.metrics import Metrics
+from s3lanes.http.spool_common import SpoolCommon
 from s3lanes.runtime.splice import DestinationGone, SourceEnded, plain_socket, send_file
-from s3lanes.runtime.spool import Spool
 
 READ_CHUNK_BYTES = 1024 * 1024
 
@@ -38,28 +34,17 @@ def close_span(files: list[tuple[int, int, int]]) -> None:
 
 
 class SpoolReads:
-    def __init__(
-        self,
-        spool: Spool,
-        cfg: Config,
-        clock: Clock,
-        metrics: Metrics,
-        *,
-        authorize_read: Callable[[RequestContext, str, str], Awaitable[None]],
-    ) -> None:
-        self.spool = spool
-        self._cfg = cfg
-        self._clock = clock
-        self._metrics = metrics
-        # The reader may see the writer's object (same backend identity), else the bucket is checked for it.
-        self._authorize_read = authorize_read
+    def __init__(self, common: SpoolCommon) -> None:
+        self._c = common
+        self.spool = common.spool
 
     async def serve(
         self, request: web.Request, ctx: RequestContext, decision: Decision, entry: Entry
     ) -> web.StreamResponse | None:
-        await self._authorize_read(ctx, entry.bucket, entry.access_key)
+        # The reader may see the writer's object (same backend identity), else the bucket is checked for it.
+        await self._c.authorize_read(ctx, entry.bucket, entry.access_key)
         query = query_names(ctx.view.raw_query)
-        plan = plan_read(stored_object(entry), request.method, ctx.view.headers, query, self._clock.wall())
+        plan = plan_read(stored_object(entry), request.method, ctx.view.headers, query, self._c.clock.wall())
         files: list[tuple[int, int, int]] = []  # (fd, offset in file, count)
         if request.method == "GET" and plan.length:
             try:
@@ -110,7 +95,7 @@ class SpoolReads:
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("Connection lost")
-        sock = plain_socket(transport) if self._cfg.server.zero_copy_min_bytes > 0 else None
+        sock = plain_socket(transport) if self._c.cfg.server.zero_copy_min_bytes > 0 else None
         # Zero-copy over plain TCP once everything written before (the headers) has left the transport.
         if sock is not None and transport.get_write_buffer_size() == 0:
             try:
@@ -121,7 +106,7 @@ class SpoolReads:
             except SourceEnded:
                 transport.abort()
                 raise ConnectionResetError("spool file ended early") from None
-            self._metrics.zero_copy_bytes.labels(lane).inc(count)
+            self._c.metrics.zero_copy_bytes.labels(lane).inc(count)
             return
         while count > 0:
             chunk = await self.spool.run_read_io(os.pread, fd, min(READ_CHUNK_BYTES, count), offset)

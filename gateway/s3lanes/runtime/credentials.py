@@ -21,13 +21,13 @@ the gateway's own, ``[[credentials]]``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from s3lanes.errors import StartupError
+from s3lanes.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("s3lanes.credentials")
 
@@ -86,11 +86,8 @@ class ChainCredentials:
         self._task = asyncio.create_task(self.run(), name=f"credentials-{self.backend_name}")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _first_snapshot(self) -> None:
         where = f"[backend{'s.' + self.backend_name if self.backend_name != 'default' else ''}]"

@@ -633,14 +633,7 @@ class Drainer:
         complete (a single PUT): from then on the upload may no longer be cancelled."""
         lane, budget, fd = await self._open_body(entry, file_id, size)
         sent = 0
-        up, zero_copy = self._metrics.bytes.labels(lane, "up"), self._metrics.zero_copy_bytes.labels(lane)
-
-        def count(n: int) -> None:  # per sendfile call: the last one may be cut by the store's answer
-            nonlocal sent
-            sent += n
-            up.inc(n)
-            zero_copy.inc(n)
-
+        up = self._metrics.bytes.labels(lane, "up")
         try:
             for offset, n in self._pieces(size, budget):
                 await budget.take(n)
@@ -651,7 +644,7 @@ class Drainer:
                     await self._wire(entry)  # the last piece completes the object: journaled first
                 self._stop_if_cut(entry)
                 sent += n
-                self._metrics.bytes.labels(lane, "up").inc(n)
+                up.inc(n)
                 if commits and sent >= size:
                     self._abortable.discard(entry.seq)
                     self._in_doubt.add(entry.seq)

@@ -13,6 +13,7 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import secrets
 import shutil
@@ -21,21 +22,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from s3lanes.clock import Clock
 from s3lanes.config import SpoolConfig
 from s3lanes.core.journal import encode_batch
 from s3lanes.core.journal_records import (
-    Abort,
     BackendIntent,
     BackendIntentEnd,
     BackendUpload,
     BackendUploadEnd,
     Complete,
-    CreateUpload,
-    Delete,
-    Part,
     Put,
     Record,
 )
@@ -51,10 +48,24 @@ from s3lanes.runtime.spool.disk import (
 from s3lanes.runtime.spool.errors import JournalAppendFailed, SpoolWriteFailed, crash_on_failure
 from s3lanes.runtime.spool.journal import GroupCommit, JournalFile
 from s3lanes.runtime.spool.recovery import RecoveryReport, recover
+from s3lanes.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("s3lanes.spool")
 
 T = TypeVar("T")
+
+P = ParamSpec("P")
+
+
+def _of_state(method: Callable[Concatenate[SpoolState, P], T]) -> Callable[Concatenate[Spool, P], T]:
+    """A method of the :class:`Spool` that is ``method`` of its state."""
+
+    @functools.wraps(method)
+    def of_state(spool: Spool, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return method(spool.state, *args, **kwargs)
+
+    return of_state
+
 
 DRAIN_RATE_WINDOW_S = 10.0
 HEAL_INTERVAL_S = 2.0
@@ -221,11 +232,8 @@ class Spool:
         return report
 
     async def close(self) -> None:
-        if self._healer is not None:
-            self._healer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._healer
-            self._healer = None
+        await cancel_and_wait(self._healer)
+        self._healer = None
         if self._group is not None:
             # Let queued records land first: their writers are waiting for the ack.
             if self._group.waiting and self.degraded is None:
@@ -413,84 +421,14 @@ class Spool:
             if held.admitted:
                 self.release(nbytes + held.grown)
 
-    # Record builders: seqs are assigned here, in the order the front asks for them.
-
-    def put_record(
-        self,
-        *,
-        bucket: str,
-        key: str,
-        file: str,
-        size: int,
-        md5: str,
-        meta: Sequence[tuple[str, str]],
-        access_key: str,
-        lane: str,
-        now_wall: float,
-    ) -> Put:
-        return self.state.put_record(
-            bucket=bucket,
-            key=key,
-            file=file,
-            size=size,
-            md5=md5,
-            meta=meta,
-            access_key=access_key,
-            lane=lane,
-            now_wall=now_wall,
-        )
-
-    def delete_record(self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float) -> Delete:
-        return self.state.delete_record(
-            bucket=bucket, key=key, access_key=access_key, lane=lane, now_wall=now_wall
-        )
-
-    def create_upload_record(
-        self,
-        *,
-        upload_id: str,
-        bucket: str,
-        key: str,
-        meta: Sequence[tuple[str, str]],
-        access_key: str,
-        lane: str,
-        now_wall: float,
-    ) -> CreateUpload:
-        return self.state.create_upload_record(
-            upload_id=upload_id,
-            bucket=bucket,
-            key=key,
-            meta=meta,
-            access_key=access_key,
-            lane=lane,
-            now_wall=now_wall,
-        )
-
-    @staticmethod
-    def part_record(
-        *, upload_id: str, number: int, file: str, size: int, md5: str, checksum: str = ""
-    ) -> Part:
-        return SpoolState.part_record(
-            upload_id=upload_id, number=number, file=file, size=size, md5=md5, checksum=checksum
-        )
-
-    @staticmethod
-    def abort_record(upload_id: str) -> Abort:
-        return SpoolState.abort_record(upload_id)
-
-    def complete_record(
-        self,
-        upload: Upload,
-        requested: Sequence[tuple[int, str]],
-        now_wall: float,
-        *,
-        part_checksums: Sequence[Mapping[str, str]] = (),
-        object_checksum: tuple[str, str] | None = None,
-    ) -> Complete:
-        """Validate a CompleteMultipartUpload part list (S3's errors); the put record that completes it."""
-        return self.state.complete_record(
-            upload, requested, now_wall, part_checksums=part_checksums, object_checksum=object_checksum
-        )
+    # Record builders: seqs are assigned here, in the order the front asks for them. Each is the state's own
+    # builder (same signature), as the front reaches the state only through the spool.
+    put_record = _of_state(SpoolState.put_record)
+    delete_record = _of_state(SpoolState.delete_record)
+    create_upload_record = _of_state(SpoolState.create_upload_record)
+    part_record = staticmethod(SpoolState.part_record)
+    abort_record = staticmethod(SpoolState.abort_record)
+    complete_record = _of_state(SpoolState.complete_record)
 
     # -- the drain asks --------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from s3lanes.core.journal import BATCH_KEY, encode_batch, file_header
 from s3lanes.core.journal_records import Record
 from s3lanes.core.spool_state import Applied
 from s3lanes.runtime.spool.errors import JournalAppendFailed, crash_on_failure
+from s3lanes.runtime.tasks import cancel_and_wait
 
 log = logging.getLogger("s3lanes.spool")
 
@@ -144,11 +145,8 @@ class GroupCommit:
         return fut
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _loop(self) -> None:
         while True:
