@@ -31,6 +31,8 @@ Cores raise these directly (they are plain data, no I/O), so the HTTP layer only
 
 from __future__ import annotations
 
+from typing import TypeVar, overload
+
 
 class GatewayError(Exception):
     """Base of every deliberate gateway error."""
@@ -66,7 +68,15 @@ class S3Error(GatewayError):
         return None
 
 
+_E = TypeVar("_E", bound=S3Error)
+
+
+@overload
+def _error(code: str, status: int, message: str) -> type[S3Error]: ...
+@overload
+def _error(code: str, status: int, message: str, base: type[_E]) -> type[_E]: ...
 def _error(code: str, status: int, message: str, base: type[S3Error] = S3Error) -> type[S3Error]:
+    """An error class that differs from its base only by its code, status and default message."""
     return type(code, (base,), {"code": code, "status": status, "default_message": message})
 
 
@@ -74,67 +84,63 @@ class AuthError(S3Error):
     status = 403
 
 
-class SignatureDoesNotMatch(AuthError):
-    code = "SignatureDoesNotMatch"
-    default_message = (
-        "The request signature we calculated does not match the signature you provided. "
-        "Check your key and signing method."
-    )
-
-
-class InvalidAccessKeyId(AuthError):
-    code = "InvalidAccessKeyId"
-    default_message = "The AWS Access Key Id you provided does not exist in our records."
-
-
-class AccessDenied(AuthError):
-    code = "AccessDenied"
-    default_message = "Access Denied"
-
-
-class RequestTimeTooSkewed(AuthError):
-    code = "RequestTimeTooSkewed"
-    default_message = "The difference between the request time and the current time is too large."
+SignatureDoesNotMatch = _error(
+    "SignatureDoesNotMatch",
+    403,
+    "The request signature we calculated does not match the signature you provided. "
+    "Check your key and signing method.",
+    AuthError,
+)
+InvalidAccessKeyId = _error(
+    "InvalidAccessKeyId", 403, "The AWS Access Key Id you provided does not exist in our records.", AuthError
+)
+AccessDenied = _error("AccessDenied", 403, "Access Denied", AuthError)
+RequestTimeTooSkewed = _error(
+    "RequestTimeTooSkewed",
+    403,
+    "The difference between the request time and the current time is too large.",
+    AuthError,
+)
 
 
 class BodyError(S3Error):
     status = 400
 
 
-class XAmzContentSHA256Mismatch(BodyError):
-    code = "XAmzContentSHA256Mismatch"
-    default_message = "The provided 'x-amz-content-sha256' header does not match what was computed."
-
-
-class BadDigest(BodyError):
-    code = "BadDigest"
-    default_message = (
-        "The Content-MD5 or checksum value that you specified did not match what the server received."
-    )
-
-
-class InvalidDigest(BodyError):
-    code = "InvalidDigest"
-    default_message = "The Content-MD5 or checksum value that you specified is not valid."
-
-
-class IncompleteBody(BodyError):
-    code = "IncompleteBody"
-    default_message = "You did not provide the number of bytes specified by the Content-Length HTTP header."
-
-
-class InvalidChunkSizeError(BodyError):
-    code = "InvalidChunkSizeError"
-    default_message = "Only the last chunk is allowed to have a size less than 8192 bytes."
-
-
-class MalformedTrailerError(BodyError):
-    code = "MalformedTrailerError"
-    default_message = (
-        "The request contained trailing data that was not well-formed "
-        "or did not conform to our published schema."
-    )
-
+XAmzContentSHA256Mismatch = _error(
+    "XAmzContentSHA256Mismatch",
+    400,
+    "The provided 'x-amz-content-sha256' header does not match what was computed.",
+    BodyError,
+)
+BadDigest = _error(
+    "BadDigest",
+    400,
+    "The Content-MD5 or checksum value that you specified did not match what the server received.",
+    BodyError,
+)
+InvalidDigest = _error(
+    "InvalidDigest", 400, "The Content-MD5 or checksum value that you specified is not valid.", BodyError
+)
+IncompleteBody = _error(
+    "IncompleteBody",
+    400,
+    "You did not provide the number of bytes specified by the Content-Length HTTP header.",
+    BodyError,
+)
+InvalidChunkSizeError = _error(
+    "InvalidChunkSizeError",
+    400,
+    "Only the last chunk is allowed to have a size less than 8192 bytes.",
+    BodyError,
+)
+MalformedTrailerError = _error(
+    "MalformedTrailerError",
+    400,
+    "The request contained trailing data that was not well-formed "
+    "or did not conform to our published schema.",
+    BodyError,
+)
 
 InvalidRequest = _error("InvalidRequest", 400, "Invalid Request")
 InvalidArgument = _error("InvalidArgument", 400, "Invalid Argument")

@@ -8,6 +8,7 @@ from the fixed S3 operation names, status codes from HTTP.
 from __future__ import annotations
 
 import asyncio
+import functools
 import platform
 from collections.abc import Callable, Iterable
 from typing import TypeVar, cast
@@ -68,79 +69,68 @@ class Metrics:
             {"version": __version__, "python": platform.python_version()}
         )
         r.register(_FnCollector(_loop_families))
-        self.requests = Counter(
+        counter = functools.partial(Counter, registry=r)
+        histogram = functools.partial(Histogram, registry=r)
+        latency_histogram = functools.partial(Histogram, buckets=LATENCY_BUCKETS_S, registry=r)
+        self.requests = counter(
             "s3lanes_requests",
             "Requests answered, by lane, S3 operation and HTTP status.",
             ["lane", "operation", "status"],
-            registry=r,
         )
-        self.duration = Histogram(
+        self.duration = latency_histogram(
             "s3lanes_request_duration_seconds",
             "Time from a request's headers to the end of its answer (bodies the gateway streams included), "
             "by lane, S3 operation and what served it (spool or backend).",
             ["lane", "operation", "served_by"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
         )
-        self.bytes = Counter(
+        self.bytes = counter(
             "s3lanes_lane_bytes",
             "Body bytes moved to or from the backend, by lane and direction.",
             ["lane", "direction"],
-            registry=r,
         )
-        self.zero_copy_bytes = Counter(
+        self.zero_copy_bytes = counter(
             "s3lanes_zero_copy_bytes",
             "Body bytes sent without a copy through the gateway (counted in s3lanes_lane_bytes too "
             "where they move to or from the backend): GET bodies spliced from the backend's socket, "
             "spooled objects sent with sendfile to clients and, by the drain, to the backend.",
             ["lane"],
-            registry=r,
         )
-        self.wait = Histogram(
+        self.wait = latency_histogram(
             "s3lanes_lane_wait_seconds",
             "Time a request waited in its lane before its backend I/O started.",
             ["lane"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
         )
-        self.backend_latency = Histogram(
+        self.backend_latency = latency_histogram(
             "s3lanes_backend_latency_seconds",
             "Backend time to response headers, by lane.",
             ["lane"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
         )
-        self.backend_errors = Counter(
+        self.backend_errors = counter(
             "s3lanes_backend_errors",
             "Backend answers >= 500 and transport failures, by lane and kind.",
             ["lane", "kind"],
-            registry=r,
         )
-        self.auth_failures = Counter(
+        self.auth_failures = counter(
             "s3lanes_auth_failures",
             "Requests refused before reaching the backend, by S3 error code.",
             ["code"],
-            registry=r,
         )
 
-        self.spool_acked = Counter(
+        self.spool_acked = counter(
             "s3lanes_spool_acked_bytes",
             "Bytes acknowledged into the write spool (durable on local disk), by lane.",
             ["lane"],
-            registry=r,
         )
-        self.spool_write_through = Counter(
+        self.spool_write_through = counter(
             "s3lanes_spool_write_through",
             "Writes of a spooled lane sent straight to the backend, by reason.",
             ["reason"],
-            registry=r,
         )
 
-        self.spool_durable_latency = Histogram(
+        self.spool_durable_latency = histogram(
             "s3lanes_spool_ack_to_durable_seconds",
             "Time from a spooled write's acknowledgement until the backend confirmed it.",
             buckets=(0.01, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200),
-            registry=r,
         )
 
     def child(self, metric: _M, *values: str) -> _M:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from s3lanes.errors import AccessDenied
+from s3lanes.errors import AccessDenied, AuthError
 
 _OBJECT_READS = frozenset(
     {
@@ -145,6 +145,6 @@ class TenantPolicy:
             raise _denied(f"{what} {bucket}/{key}")
 
 
-def _denied(what: str) -> AccessDenied:
+def _denied(what: str) -> AuthError:
     # The message names what was refused, never the policy (S3 says only "Access Denied").
     return AccessDenied(f"Access Denied: this key may not {what}.")

@@ -27,7 +27,7 @@ import binascii
 import hashlib
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from awscrt import checksums as crt_checksums
@@ -75,43 +75,33 @@ class Checksum:
         return base64.b64encode(self.digest()).decode("ascii")
 
 
-class _Crc32(Checksum):
-    algorithm = "CRC32"
+def _crc32c(data: bytes, crc: int) -> int:
+    return int(crt_checksums.crc32c(bytes(data), crc))
 
-    def __init__(self) -> None:
+
+def _crc64nvme(data: bytes, crc: int) -> int:
+    return int(crt_checksums.crc64nvme(bytes(data), crc))
+
+
+# Each CRC: its step (data, crc so far -> crc); its digest is the CRC in DIGEST_BYTES bytes, big-endian.
+_CRC_STEPS: Mapping[str, Callable[[bytes, int], int]] = {
+    "CRC32": zlib.crc32,
+    "CRC32C": _crc32c,
+    "CRC64NVME": _crc64nvme,
+}
+
+
+class _Crc(Checksum):
+    def __init__(self, algorithm: str) -> None:
+        self.algorithm = algorithm
+        self._step = _CRC_STEPS[algorithm]
         self._crc = 0
 
     def update(self, data: bytes) -> None:
-        self._crc = zlib.crc32(data, self._crc)
+        self._crc = self._step(data, self._crc)
 
     def digest(self) -> bytes:
-        return self._crc.to_bytes(4, "big")
-
-
-class _Crc32c(Checksum):
-    algorithm = "CRC32C"
-
-    def __init__(self) -> None:
-        self._crc = 0
-
-    def update(self, data: bytes) -> None:
-        self._crc = int(crt_checksums.crc32c(bytes(data), self._crc))
-
-    def digest(self) -> bytes:
-        return self._crc.to_bytes(4, "big")
-
-
-class _Crc64Nvme(Checksum):
-    algorithm = "CRC64NVME"
-
-    def __init__(self) -> None:
-        self._crc = 0
-
-    def update(self, data: bytes) -> None:
-        self._crc = int(crt_checksums.crc64nvme(bytes(data), self._crc))
-
-    def digest(self) -> bytes:
-        return self._crc.to_bytes(8, "big")
+        return self._crc.to_bytes(DIGEST_BYTES[self.algorithm], "big")
 
 
 class _Hashlib(Checksum):
@@ -141,13 +131,7 @@ def header_for(algorithm: str) -> str:
 def new_checksum(algorithm: str) -> Checksum:
     """A fresh incremental checksum for one of :data:`ALGORITHMS` (any case); else ``InvalidRequest``."""
     name = _normalise(algorithm)
-    if name == "CRC32":
-        return _Crc32()
-    if name == "CRC32C":
-        return _Crc32c()
-    if name == "CRC64NVME":
-        return _Crc64Nvme()
-    return _Hashlib(name)
+    return _Crc(name) if name in _CRC_STEPS else _Hashlib(name)
 
 
 def _valid_b64_digest(value: str, algorithm: str) -> bool:

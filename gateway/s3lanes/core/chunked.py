@@ -50,7 +50,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from s3lanes.core.sigv4 import EMPTY_SHA256, ChunkSignatureChain, ChunkSigner
-from s3lanes.errors import IncompleteBody, InvalidChunkSizeError, MalformedTrailerError, S3Error
+from s3lanes.errors import BodyError, IncompleteBody, InvalidChunkSizeError, MalformedTrailerError, S3Error
 
 DEFAULT_MAX_CHUNK_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_TRAILER_BYTES = 16 * 1024
@@ -82,7 +82,7 @@ _TRANSITIONS: dict[_State, frozenset[_State]] = {
 }
 
 
-def _framing_error(detail: str) -> IncompleteBody:
+def _framing_error(detail: str) -> BodyError:
     return IncompleteBody(f"{_MSG_TRUNCATED} ({detail}).")
 
 

@@ -1,4 +1,4 @@
-"""The spool journal's records: one frozen class per kind, each with its encoding, and :func:`decode`. Pure.
+"""The spool journal's records: one frozen class per kind, each with a table of its map keys. Pure.
 
 A record is what the spool journals before it acknowledges (or, for the drain's bookkeeping, before or after
 it acts on the store); :class:`~s3lanes.core.spool_state.SpoolState` applies records, and only records, in
@@ -42,13 +42,18 @@ the append batch, to every map it writes; it is not part of a record.
 The encoding is a compatibility promise: :meth:`encode` writes exactly the keys, in the order, that journals
 on disk hold (``tests/core/test_journal_fixture.py`` replays journals written by earlier builds and checks
 their bytes again), and :func:`decode` reads every journal ever written, older optional keys included.
+Both are driven by each class's ``KEYS`` table (:class:`_Key`: the map key, the attribute, how it is written
+and read back, when it is left out); the table's order is the order written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Final, get_args
+
+if TYPE_CHECKING:
+    from typing import Self
 
 __all__ = [
     "Abort",
@@ -73,6 +78,8 @@ DEFAULT_LANE = "checkpoint"
 
 Meta = tuple[tuple[str, str], ...]
 
+_REQUIRED: Final = object()  # a key every journal holds: its absence is a KeyError
+
 
 def _meta(raw: Any) -> Meta:
     return tuple((str(k), str(v)) for k, v in raw)
@@ -82,13 +89,90 @@ def _meta_out(meta: Meta) -> list[list[str]]:
     return [list(kv) for kv in meta]
 
 
-def _head(t: str, seq: int, bucket: str, key: str, access_key: str, lane: str, at: float) -> dict[str, Any]:
-    return {"t": t, "seq": seq, "b": bucket, "k": key, "ak": access_key, "ln": lane, "at": at}
+def _ints(raw: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in raw)
+
+
+def _strs(raw: Any) -> tuple[str, ...]:
+    return tuple(str(s) for s in raw)
+
+
+def _as_is(value: Any) -> Any:
+    return value
+
+
+def _always(record: Any) -> bool:
+    return True
 
 
 @dataclass(frozen=True, slots=True)
-class Put:
-    """An object acknowledged: its data files (one, or one per part for a compacted multipart object)."""
+class _Key:
+    """One key of a record's map: the attribute it holds, how it is written and read back.
+
+    ``missing`` is what a map without the key decodes to (older journals, keys written only when set);
+    ``present`` names the key whose absence means that (this one if empty). ``written`` says, given the
+    record, whether :meth:`_Coded.encode` writes the key at all.
+    """
+
+    name: str
+    attr: str
+    read: Callable[[Any], Any]
+    write: Callable[[Any], Any] = _as_is
+    missing: Any = _REQUIRED
+    present: str = ""
+    written: Callable[[Any], bool] = _always
+
+    def decode(self, rec: Mapping[str, Any]) -> Any:
+        if self.missing is not _REQUIRED and (self.present or self.name) not in rec:
+            return self.missing
+        return self.read(rec[self.name])
+
+
+_SEQ = _Key("seq", "seq", int)
+_SEQ_OR_0 = _Key("seq", "seq", int, missing=0)
+_BUCKET = _Key("b", "bucket", str)
+_KEY = _Key("k", "key", str)
+_ACCESS_KEY = _Key("ak", "access_key", str)
+_LANE = _Key("ln", "lane", str, missing=DEFAULT_LANE)
+_AT = _Key("at", "at", float)
+_UPLOAD = _Key("u", "upload_id", str)
+_ETAG = _Key("etag", "etag", str)
+_META = _Key("m", "meta", _meta, _meta_out, missing=())
+_TOKEN = _Key("i", "token", str)
+_S = _Key("s", "seq", int)
+_TARGET = (_BUCKET, _KEY, _ACCESS_KEY, _LANE)  # a key, whose request wrote it, in which lane
+_HEAD = (*_TARGET, _AT)  # after the seq, in every record of a client request
+
+
+class _Coded:
+    """What every record class shares: :meth:`encode` and :meth:`from_map`, driven by ``KEYS``."""
+
+    __slots__ = ()
+    KIND: ClassVar[str]  # the map's "t"
+    KEYS: ClassVar[tuple[_Key, ...]]
+
+    if TYPE_CHECKING:
+
+        def __init__(self, **values: Any) -> None: ...
+
+    def encode(self) -> dict[str, Any]:
+        rec: dict[str, Any] = {"t": self.KIND}
+        for k in self.KEYS:
+            if k.written(self):
+                rec[k.name] = k.write(getattr(self, k.attr))
+        return rec
+
+    @classmethod
+    def from_map(cls, rec: Mapping[str, Any]) -> Self:
+        return cls(**{k.attr: k.decode(rec) for k in cls.KEYS})
+
+
+@dataclass(frozen=True, slots=True)
+class _Acked(_Coded):
+    """What a record of an acknowledged client request opens with. Not a record itself: :class:`Put`,
+    :class:`Delete` and :class:`CreateUpload` are."""
+
+    KEYS: ClassVar[tuple[_Key, ...]] = (_SEQ_OR_0, *_HEAD)
 
     seq: int
     bucket: str
@@ -96,6 +180,33 @@ class Put:
     access_key: str
     lane: str
     at: float
+
+
+def _is_multipart(put: Put) -> bool:
+    return bool(put.part_sizes)
+
+
+def _has_part_checksums(put: Put) -> bool:
+    return bool(put.part_sizes and put.part_checksums)
+
+
+@dataclass(frozen=True, slots=True)
+class Put(_Acked):
+    """An object acknowledged: its data files (one, or one per part for a compacted multipart object)."""
+
+    KIND: ClassVar[str] = "put"
+    KEYS: ClassVar[tuple[_Key, ...]] = (
+        _SEQ,
+        *_HEAD,
+        _Key("f", "files", _strs, list),
+        _Key("sz", "size", int),
+        _ETAG,
+        _META,
+        _Key("ps", "part_sizes", _ints, list, missing=(), written=_is_multipart),
+        _Key("pm", "part_md5s", _strs, list, missing=(), written=_is_multipart),
+        _Key("pc", "part_checksums", _strs, list, missing=(), written=_has_part_checksums),
+    )
+
     files: tuple[str, ...]
     size: int
     etag: str  # quoted
@@ -104,20 +215,25 @@ class Put:
     part_md5s: tuple[str, ...] = ()
     part_checksums: tuple[str, ...] = ()
 
-    def encode(self) -> dict[str, Any]:
-        rec = _head("put", self.seq, self.bucket, self.key, self.access_key, self.lane, self.at)
-        rec.update(f=list(self.files), sz=self.size, etag=self.etag, m=_meta_out(self.meta))
-        if self.part_sizes:
-            rec.update(ps=list(self.part_sizes), pm=list(self.part_md5s))
-            if self.part_checksums:
-                rec.update(pc=list(self.part_checksums))
-        return rec
-
 
 @dataclass(frozen=True, slots=True)
-class Complete:
+class Complete(_Coded):
     """A client multipart upload completed from the parts numbered ``part_numbers``; ``older``: numbers
-    completed with the part their latest upload replaced."""
+    completed with the part their latest upload replaced. Journaled as a ``put`` with an upload id."""
+
+    KIND: ClassVar[str] = "put"
+    KEYS: ClassVar[tuple[_Key, ...]] = (
+        _SEQ,
+        _UPLOAD,
+        _Key("pn", "part_numbers", _ints, list),
+        _BUCKET,
+        _KEY,
+        _ETAG,
+        _ACCESS_KEY,
+        _LANE,
+        _AT,
+        _Key("po", "older", _ints, list, missing=(), written=lambda r: bool(r.older)),
+    )
 
     seq: int
     upload_id: str
@@ -130,56 +246,33 @@ class Complete:
     at: float
     older: tuple[int, ...] = ()
 
-    def encode(self) -> dict[str, Any]:
-        rec: dict[str, Any] = {
-            "t": "put",
-            "seq": self.seq,
-            "u": self.upload_id,
-            "pn": list(self.part_numbers),
-            "b": self.bucket,
-            "k": self.key,
-            "etag": self.etag,
-            "ak": self.access_key,
-            "ln": self.lane,
-            "at": self.at,
-        }
-        if self.older:
-            rec["po"] = list(self.older)
-        return rec
+
+@dataclass(frozen=True, slots=True)
+class Delete(_Acked):
+    KIND: ClassVar[str] = "del"
 
 
 @dataclass(frozen=True, slots=True)
-class Delete:
-    seq: int
-    bucket: str
-    key: str
-    access_key: str
-    lane: str
-    at: float
+class CreateUpload(_Acked):
+    KIND: ClassVar[str] = "mpu"
+    KEYS: ClassVar[tuple[_Key, ...]] = (*_Acked.KEYS, _UPLOAD, _META)
 
-    def encode(self) -> dict[str, Any]:
-        return _head("del", self.seq, self.bucket, self.key, self.access_key, self.lane, self.at)
-
-
-@dataclass(frozen=True, slots=True)
-class CreateUpload:
-    seq: int
-    bucket: str
-    key: str
-    access_key: str
-    lane: str
-    at: float
     upload_id: str
     meta: Meta = ()
 
-    def encode(self) -> dict[str, Any]:
-        rec = _head("mpu", self.seq, self.bucket, self.key, self.access_key, self.lane, self.at)
-        rec.update(u=self.upload_id, m=_meta_out(self.meta))
-        return rec
-
 
 @dataclass(frozen=True, slots=True)
-class Part:
+class Part(_Coded):
+    KIND: ClassVar[str] = "part"
+    KEYS: ClassVar[tuple[_Key, ...]] = (
+        _UPLOAD,
+        _Key("n", "number", int),
+        _Key("f", "file", str),
+        _Key("sz", "size", int),
+        _Key("md5", "md5", str),
+        _Key("ck", "checksum", str, missing="", written=lambda r: bool(r.checksum)),
+    )
+
     upload_id: str
     number: int
     file: str
@@ -187,92 +280,82 @@ class Part:
     md5: str  # hex
     checksum: str = ""  # base64, in the upload's checksum algorithm
 
-    def encode(self) -> dict[str, Any]:
-        rec: dict[str, Any] = {
-            "t": "part",
-            "u": self.upload_id,
-            "n": self.number,
-            "f": self.file,
-            "sz": self.size,
-            "md5": self.md5,
-        }
-        if self.checksum:
-            rec["ck"] = self.checksum
-        return rec
-
 
 @dataclass(frozen=True, slots=True)
-class Abort:
+class Abort(_Coded):
+    KIND: ClassVar[str] = "abort"
+    KEYS: ClassVar[tuple[_Key, ...]] = (_UPLOAD,)
+
     upload_id: str
 
-    def encode(self) -> dict[str, Any]:
-        return {"t": "abort", "u": self.upload_id}
+
+def _names_key(done: Done) -> bool:
+    return done.bucket is not None and done.key is not None
 
 
 @dataclass(frozen=True, slots=True)
-class Done:
+class Done(_Coded):
     """Entry ``seq`` is on the store. ``bucket``/``key`` (None in older journals) name its key, so that
     the key's wires are settled even if replay no longer holds the entry."""
+
+    KIND: ClassVar[str] = "done"
+    KEYS: ClassVar[tuple[_Key, ...]] = (
+        _S,
+        _Key("b", "bucket", str, missing=None, present="k", written=_names_key),
+        _Key("k", "key", str, missing=None, written=_names_key),
+    )
 
     seq: int
     bucket: str | None = None
     key: str | None = None
 
-    def encode(self) -> dict[str, Any]:
-        if self.bucket is None or self.key is None:
-            return {"t": "done", "s": self.seq}
-        return {"t": "done", "s": self.seq, "b": self.bucket, "k": self.key}
-
 
 @dataclass(frozen=True, slots=True)
-class Wire:
+class _EntryMark(_Coded):
+    """A mark on entry ``seq`` of a key. Not a record itself: :class:`Wire` and :class:`Unwire` are."""
+
+    KEYS: ClassVar[tuple[_Key, ...]] = (_BUCKET, _KEY, _S)
+
     bucket: str
     key: str
     seq: int
 
-    def encode(self) -> dict[str, Any]:
-        return {"t": "wire", "b": self.bucket, "k": self.key, "s": self.seq}
+
+@dataclass(frozen=True, slots=True)
+class Wire(_EntryMark):
+    KIND: ClassVar[str] = "wire"
 
 
 @dataclass(frozen=True, slots=True)
-class Unwire:
-    bucket: str
-    key: str
-    seq: int
-
-    def encode(self) -> dict[str, Any]:
-        return {"t": "unwire", "b": self.bucket, "k": self.key, "s": self.seq}
+class Unwire(_EntryMark):
+    KIND: ClassVar[str] = "unwire"
 
 
 @dataclass(frozen=True, slots=True)
-class BackendUpload:
+class BackendUpload(_Coded):
+    KIND: ClassVar[str] = "bmpu"
+    KEYS: ClassVar[tuple[_Key, ...]] = (_UPLOAD, *_TARGET)
+
     upload_id: str
     bucket: str
     key: str
     access_key: str
     lane: str
 
-    def encode(self) -> dict[str, Any]:
-        return {
-            "t": "bmpu",
-            "u": self.upload_id,
-            "b": self.bucket,
-            "k": self.key,
-            "ak": self.access_key,
-            "ln": self.lane,
-        }
-
 
 @dataclass(frozen=True, slots=True)
-class BackendUploadEnd:
+class BackendUploadEnd(_Coded):
+    KIND: ClassVar[str] = "bmpu_end"
+    KEYS: ClassVar[tuple[_Key, ...]] = (_UPLOAD,)
+
     upload_id: str
 
-    def encode(self) -> dict[str, Any]:
-        return {"t": "bmpu_end", "u": self.upload_id}
-
 
 @dataclass(frozen=True, slots=True)
-class BackendIntent:
+class BackendIntent(_Coded):
+    KIND: ClassVar[str] = "bmpi"
+    KEYS: ClassVar[tuple[_Key, ...]] = (_TOKEN, *_TARGET, _Key("nb", "not_before", float))
+
     token: str
     bucket: str
     key: str
@@ -280,32 +363,21 @@ class BackendIntent:
     lane: str
     not_before: float  # wall clock
 
-    def encode(self) -> dict[str, Any]:
-        return {
-            "t": "bmpi",
-            "i": self.token,
-            "b": self.bucket,
-            "k": self.key,
-            "ak": self.access_key,
-            "ln": self.lane,
-            "nb": self.not_before,
-        }
-
 
 @dataclass(frozen=True, slots=True)
-class BackendIntentEnd:
+class BackendIntentEnd(_Coded):
+    KIND: ClassVar[str] = "bmpi_end"
+    KEYS: ClassVar[tuple[_Key, ...]] = (_TOKEN,)
+
     token: str
 
-    def encode(self) -> dict[str, Any]:
-        return {"t": "bmpi_end", "i": self.token}
-
 
 @dataclass(frozen=True, slots=True)
-class SeqMark:
-    seq: int
+class SeqMark(_Coded):
+    KIND: ClassVar[str] = "seq"
+    KEYS: ClassVar[tuple[_Key, ...]] = (_SEQ_OR_0,)
 
-    def encode(self) -> dict[str, Any]:
-        return {"t": "seq", "seq": self.seq}
+    seq: int
 
 
 Record = (
@@ -325,94 +397,17 @@ Record = (
     | SeqMark
 )
 
+# Every kind but Complete, which shares Put's "put" and is told apart by its upload id.
+_BY_KIND: Final[dict[str, type[Record]]] = {cls.KIND: cls for cls in get_args(Record) if cls is not Complete}
+
 
 def decode(rec: Mapping[str, Any]) -> Record:
     """The record a journal map holds. Raises KeyError (a key missing), ValueError (an unknown kind, a
     value of the wrong shape) or TypeError."""
     kind = rec["t"]
-    if kind == "put":
-        head = (str(rec["b"]), str(rec["k"]), str(rec["ak"]), str(rec.get("ln", DEFAULT_LANE)))
-        if rec.get("u") is not None:
-            return Complete(
-                seq=int(rec["seq"]),
-                upload_id=str(rec["u"]),
-                part_numbers=tuple(int(n) for n in rec["pn"]),
-                bucket=head[0],
-                key=head[1],
-                etag=str(rec["etag"]),
-                access_key=head[2],
-                lane=head[3],
-                at=float(rec["at"]),
-                older=tuple(int(n) for n in rec.get("po", ())),
-            )
-        return Put(
-            int(rec["seq"]),
-            *head,
-            at=float(rec["at"]),
-            files=tuple(str(f) for f in rec["f"]),
-            size=int(rec["sz"]),
-            etag=str(rec["etag"]),
-            meta=_meta(rec.get("m", ())),
-            part_sizes=tuple(int(n) for n in rec.get("ps", ())),
-            part_md5s=tuple(str(m) for m in rec.get("pm", ())),
-            part_checksums=tuple(str(c) for c in rec.get("pc", ())),
-        )
-    if kind == "del":
-        return Delete(
-            int(rec.get("seq", 0)),
-            str(rec["b"]),
-            str(rec["k"]),
-            str(rec["ak"]),
-            str(rec.get("ln", DEFAULT_LANE)),
-            float(rec["at"]),
-        )
-    if kind == "mpu":
-        return CreateUpload(
-            int(rec.get("seq", 0)),
-            str(rec["b"]),
-            str(rec["k"]),
-            str(rec["ak"]),
-            str(rec.get("ln", DEFAULT_LANE)),
-            float(rec["at"]),
-            upload_id=str(rec["u"]),
-            meta=_meta(rec.get("m", ())),
-        )
-    if kind == "part":
-        return Part(
-            str(rec["u"]),
-            int(rec["n"]),
-            str(rec["f"]),
-            int(rec["sz"]),
-            str(rec["md5"]),
-            str(rec.get("ck", "")),
-        )
-    if kind == "abort":
-        return Abort(str(rec["u"]))
-    if kind == "done":
-        if "k" in rec:
-            return Done(int(rec["s"]), str(rec["b"]), str(rec["k"]))
-        return Done(int(rec["s"]))
-    if kind == "wire":
-        return Wire(str(rec["b"]), str(rec["k"]), int(rec["s"]))
-    if kind == "unwire":
-        return Unwire(str(rec["b"]), str(rec["k"]), int(rec["s"]))
-    if kind == "bmpu":
-        return BackendUpload(
-            str(rec["u"]), str(rec["b"]), str(rec["k"]), str(rec["ak"]), str(rec.get("ln", DEFAULT_LANE))
-        )
-    if kind == "bmpu_end":
-        return BackendUploadEnd(str(rec["u"]))
-    if kind == "bmpi":
-        return BackendIntent(
-            str(rec["i"]),
-            str(rec["b"]),
-            str(rec["k"]),
-            str(rec["ak"]),
-            str(rec.get("ln", DEFAULT_LANE)),
-            float(rec["nb"]),
-        )
-    if kind == "bmpi_end":
-        return BackendIntentEnd(str(rec["i"]))
-    if kind == "seq":
-        return SeqMark(int(rec.get("seq", 0)))
-    raise ValueError(f"unknown journal record type {kind!r}")
+    cls = _BY_KIND.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ValueError(f"unknown journal record type {kind!r}")
+    if cls is Put and rec.get("u") is not None:
+        return Complete.from_map(rec)
+    return cls.from_map(rec)

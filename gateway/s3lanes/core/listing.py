@@ -47,8 +47,9 @@ import re
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import NamedTuple
 from urllib.parse import quote_plus, unquote_plus
 from xml.sax.saxutils import escape
 
@@ -146,13 +147,7 @@ def parse_list_request(query: Mapping[str, str]) -> ListRequest:
     and is echoed, as the store (SeaweedFS) answers it.
     """
     version = 2 if query.get("list-type") == "2" else 1
-    encoding_type = query.get("encoding-type", "")
-    if encoding_type not in ("", "url"):
-        raise InvalidArgument(
-            "Invalid Encoding Method specified in Request",
-            ArgumentName="encoding-type",
-            ArgumentValue=encoding_type,
-        )
+    encoding_type = _parse_encoding_type(query)
     max_keys = _parse_max_keys(query.get("max-keys"))
     marker = start_after = continuation_token = ""
     fetch_owner = token_given = False
@@ -180,6 +175,17 @@ def parse_list_request(query: Mapping[str, str]) -> ListRequest:
         continuation_token=continuation_token,
         token_given=token_given,
     )
+
+
+def _parse_encoding_type(query: Mapping[str, str]) -> str:
+    encoding_type = query.get("encoding-type", "")
+    if encoding_type not in ("", "url"):
+        raise InvalidArgument(
+            "Invalid Encoding Method specified in Request",
+            ArgumentName="encoding-type",
+            ArgumentValue=encoding_type,
+        )
+    return encoding_type
 
 
 def _parse_max_keys(raw: str | None) -> int:
@@ -234,9 +240,19 @@ def continues_our_listing(q: Mapping[str, str]) -> bool:
 # -- backend --------------------------------------------------------------------------------------------
 
 
-def _backend_root(xml: bytes, root_tag: str, what: str) -> tuple[ET.Element, Callable[[str], str]]:
-    """The root element of a backend listing body, checked to be ``root_tag``, and the decoder of its
-    values (url-decoding if it says EncodingType url). Malformed bodies raise ValueError."""
+@dataclass(frozen=True, slots=True)
+class _BackendBody:
+    """What a backend listing body (ListBucketResult or ListVersionsResult) holds besides its items."""
+
+    root: ET.Element
+    decode: Callable[[str], str]  # of its key and prefix values (url-decoding if it says EncodingType url)
+    items: list[tuple[str, ET.Element]]  # the root's children other than CommonPrefixes, by local name
+    common_prefixes: list[str]
+    is_truncated: bool
+
+
+def _backend_body(xml: bytes, root_tag: str, what: str) -> _BackendBody:
+    """A backend listing body, checked to have root ``root_tag``. Malformed bodies raise ValueError."""
     try:
         root = ET.fromstring(xml)
     except ET.ParseError as exc:
@@ -248,7 +264,21 @@ def _backend_root(xml: bytes, root_tag: str, what: str) -> tuple[ET.Element, Cal
     def decode(value: str) -> str:
         return unquote_plus(value, errors="strict") if url else value
 
-    return root, decode
+    items: list[tuple[str, ET.Element]] = []
+    prefixes: list[str] = []
+    for child in root:
+        name = _local(child.tag)
+        if name != "CommonPrefixes":
+            items.append((name, child))
+            continue
+        prefix = _child_text(child, "Prefix")
+        if prefix is None:
+            raise ValueError("<CommonPrefixes> without <Prefix>")
+        prefixes.append(decode(prefix))
+    truncated = (_child_text(root, "IsTruncated") or "false").strip().lower()
+    if truncated not in ("true", "false"):
+        raise ValueError(f"<IsTruncated> is {truncated!r}")
+    return _BackendBody(root, decode, items, prefixes, truncated == "true")
 
 
 def parse_backend_listing(xml: bytes) -> BackendListing:
@@ -260,51 +290,51 @@ def parse_backend_listing(xml: bytes) -> BackendListing:
     sends a literal ``+`` as ``%2B``. botocore decodes these values with ``unquote_plus`` for the same
     reason. V1's NextMarker is not read: the shell pages the backend with V2 tokens.
     """
-    root, decode = _backend_root(xml, "ListBucketResult", "listing")
-    entries: list[ListEntry] = []
-    prefixes: list[str] = []
-    for child in root:
-        name = _local(child.tag)
-        if name == "Contents":
-            entries.append(_parse_contents(child, decode))
-        elif name == "CommonPrefixes":
-            prefix = _child_text(child, "Prefix")
-            if prefix is None:
-                raise ValueError("<CommonPrefixes> without <Prefix>")
-            prefixes.append(decode(prefix))
-    truncated = (_child_text(root, "IsTruncated") or "false").strip().lower()
-    if truncated not in ("true", "false"):
-        raise ValueError(f"<IsTruncated> is {truncated!r}")
+    body = _backend_body(xml, "ListBucketResult", "listing")
     return BackendListing(
-        entries=entries,
-        common_prefixes=prefixes,
-        is_truncated=truncated == "true",
-        next_continuation_token=_child_text(root, "NextContinuationToken") or None,
+        entries=[_parse_contents(item, body.decode) for name, item in body.items if name == "Contents"],
+        common_prefixes=body.common_prefixes,
+        is_truncated=body.is_truncated,
+        next_continuation_token=_child_text(body.root, "NextContinuationToken") or None,
     )
 
 
 def _parse_contents(element: ET.Element, decode: Callable[[str], str]) -> ListEntry:
+    f = _object_fields(element, "Contents", size_default="")
+    etag = f.etag or '""'  # a key always shows an ETag
+    return ListEntry(decode(f.key), f.size, etag, f.last_modified, f.storage_class, f.owner_id, f.owner_name)
+
+
+class _ObjectFields(NamedTuple):
+    """What a backend <Contents> and <Version> (or <DeleteMarker>) both hold."""
+
+    key: str  # as the body has it (not decoded)
+    last_modified: float
+    size: int
+    etag: str  # quoted; "" if absent
+    storage_class: str
+    owner_id: str | None
+    owner_name: str | None
+
+
+def _object_fields(element: ET.Element, what: str, *, size_default: str) -> _ObjectFields:
+    """The fields of a listed object or version. ValueError if its key, time or size is missing."""
     key = _child_text(element, "Key")
-    size = (_child_text(element, "Size") or "").strip()
+    size = (_child_text(element, "Size") or size_default).strip()
     modified = _child_text(element, "LastModified")
     if key is None or modified is None or not _DIGITS.fullmatch(size):
-        raise ValueError("<Contents> needs <Key>, <LastModified> and a numeric <Size>")
+        raise ValueError(f"<{what}> needs <Key>, <LastModified> and a numeric <Size>")
     etag = (_child_text(element, "ETag") or "").strip()
-    if not etag.startswith('"'):
+    if etag and not etag.startswith('"'):
         etag = f'"{etag}"'
     owner_id = owner_name = None
     for child in element:
         if _local(child.tag) == "Owner":
             owner_id = _child_text(child, "ID")
             owner_name = _child_text(child, "DisplayName")
-    return ListEntry(
-        key=decode(key),
-        size=int(size),
-        etag=etag,
-        last_modified=_parse_time(modified.strip()),
-        storage_class=_child_text(element, "StorageClass") or "STANDARD",
-        owner_id=owner_id,
-        owner_name=owner_name,
+    storage_class = _child_text(element, "StorageClass") or "STANDARD"
+    return _ObjectFields(
+        key, _parse_time(modified.strip()), int(size), etag, storage_class, owner_id, owner_name
     )
 
 
@@ -520,19 +550,23 @@ def render_list_xml(req: ListRequest, bucket: str, page: ListPage) -> bytes:
         out.append(_element("LastModified", iso8601(entry.last_modified)))
         out.append(_element("ETag", entry.etag))
         out.append(_element("Size", str(entry.size)))
-        if show_owner and (entry.owner_id is not None or entry.owner_name is not None):
-            out.append("<Owner>")
-            if entry.owner_id is not None:
-                out.append(_element("ID", entry.owner_id))
-            if entry.owner_name is not None:
-                out.append(_element("DisplayName", entry.owner_name))
-            out.append("</Owner>")
+        if show_owner:
+            out.append(_owner_element(entry.owner_id, entry.owner_name))
         out.append(_element("StorageClass", entry.storage_class))
         out.append("</Contents>")
     for common in page.common_prefixes:
         out.append(f"<CommonPrefixes>{_element('Prefix', prefix(common))}</CommonPrefixes>")
     out.append("</ListBucketResult>")
     return "".join(out).encode("utf-8")
+
+
+def _owner_element(owner_id: str | None, owner_name: str | None) -> str:
+    """An object's <Owner> with what is known of it; "" if nothing is."""
+    if owner_id is None and owner_name is None:
+        return ""
+    id_element = "" if owner_id is None else _element("ID", owner_id)
+    name_element = "" if owner_name is None else _element("DisplayName", owner_name)
+    return f"<Owner>{id_element}{name_element}</Owner>"
 
 
 def encode_key(key: str) -> str:
@@ -638,13 +672,7 @@ def parse_versions_request(query: Mapping[str, str]) -> VersionsRequest:
     """Validate a ListObjectVersions request (decoded query). Raises :class:`InvalidArgument` as S3 does.
 
     A version-id-marker without a key-marker is ignored, as the store (SeaweedFS) ignores it."""
-    encoding_type = query.get("encoding-type", "")
-    if encoding_type not in ("", "url"):
-        raise InvalidArgument(
-            "Invalid Encoding Method specified in Request",
-            ArgumentName="encoding-type",
-            ArgumentValue=encoding_type,
-        )
+    encoding_type = _parse_encoding_type(query)
     key_marker = query.get("key-marker", "")
     return VersionsRequest(
         prefix=query.get("prefix", ""),
@@ -660,55 +688,33 @@ def parse_backend_versions(xml: bytes) -> BackendVersions:
     """Parse one backend ListVersionsResult body (values url-decoded if it says EncodingType url).
 
     Malformed bodies raise ValueError."""
-    root, decode = _backend_root(xml, "ListVersionsResult", "version listing")
-    versions: list[VersionEntry] = []
-    prefixes: list[str] = []
-    for child in root:
-        name = _local(child.tag)
-        if name in ("Version", "DeleteMarker"):
-            versions.append(_parse_version(child, decode, delete_marker=name == "DeleteMarker"))
-        elif name == "CommonPrefixes":
-            prefix = _child_text(child, "Prefix")
-            if prefix is None:
-                raise ValueError("<CommonPrefixes> without <Prefix>")
-            prefixes.append(decode(prefix))
-    truncated = (_child_text(root, "IsTruncated") or "false").strip().lower()
-    if truncated not in ("true", "false"):
-        raise ValueError(f"<IsTruncated> is {truncated!r}")
+    body = _backend_body(xml, "ListVersionsResult", "version listing")
     return BackendVersions(
-        versions=versions,
-        common_prefixes=prefixes,
-        is_truncated=truncated == "true",
-        next_key_marker=decode(_child_text(root, "NextKeyMarker") or ""),
-        next_version_id_marker=_child_text(root, "NextVersionIdMarker") or "",
+        versions=[
+            _parse_version(item, body.decode, delete_marker=name == "DeleteMarker")
+            for name, item in body.items
+            if name in ("Version", "DeleteMarker")
+        ],
+        common_prefixes=body.common_prefixes,
+        is_truncated=body.is_truncated,
+        next_key_marker=body.decode(_child_text(body.root, "NextKeyMarker") or ""),
+        next_version_id_marker=_child_text(body.root, "NextVersionIdMarker") or "",
     )
 
 
 def _parse_version(element: ET.Element, decode: Callable[[str], str], *, delete_marker: bool) -> VersionEntry:
-    key = _child_text(element, "Key")
-    modified = _child_text(element, "LastModified")
-    size = (_child_text(element, "Size") or "0").strip()
-    if key is None or modified is None or not _DIGITS.fullmatch(size):
-        raise ValueError("<Version> needs <Key>, <LastModified> and a numeric <Size>")
-    etag = (_child_text(element, "ETag") or "").strip()
-    if etag and not etag.startswith('"'):
-        etag = f'"{etag}"'
-    owner_id = owner_name = None
-    for child in element:
-        if _local(child.tag) == "Owner":
-            owner_id = _child_text(child, "ID")
-            owner_name = _child_text(child, "DisplayName")
+    f = _object_fields(element, "Version", size_default="0")
     return VersionEntry(
-        key=decode(key),
+        key=decode(f.key),
         version_id=(_child_text(element, "VersionId") or NULL_VERSION).strip(),
         is_latest=(_child_text(element, "IsLatest") or "").strip().lower() == "true",
-        last_modified=_parse_time(modified.strip()),
+        last_modified=f.last_modified,
         delete_marker=delete_marker,
-        size=int(size),
-        etag=etag,
-        storage_class=_child_text(element, "StorageClass") or "STANDARD",
-        owner_id=owner_id,
-        owner_name=owner_name,
+        size=f.size,
+        etag=f.etag,
+        storage_class=f.storage_class,
+        owner_id=f.owner_id,
+        owner_name=f.owner_name,
     )
 
 
@@ -810,20 +816,7 @@ def merge_versions_page(
 
 
 def _not_latest(version: VersionEntry) -> VersionEntry:
-    if not version.is_latest:
-        return version
-    return VersionEntry(
-        key=version.key,
-        version_id=version.version_id,
-        is_latest=False,
-        last_modified=version.last_modified,
-        delete_marker=version.delete_marker,
-        size=version.size,
-        etag=version.etag,
-        storage_class=version.storage_class,
-        owner_id=version.owner_id,
-        owner_name=version.owner_name,
-    )
+    return replace(version, is_latest=False) if version.is_latest else version
 
 
 def render_versions_xml(req: VersionsRequest, bucket: str, page: VersionsPage) -> bytes:
@@ -855,13 +848,7 @@ def render_versions_xml(req: VersionsRequest, bucket: str, page: VersionsPage) -
         if not v.delete_marker:
             out.append(_element("ETag", v.etag))
             out.append(_element("Size", str(v.size)))
-        if v.owner_id is not None or v.owner_name is not None:
-            out.append("<Owner>")
-            if v.owner_id is not None:
-                out.append(_element("ID", v.owner_id))
-            if v.owner_name is not None:
-                out.append(_element("DisplayName", v.owner_name))
-            out.append("</Owner>")
+        out.append(_owner_element(v.owner_id, v.owner_name))
         if not v.delete_marker:
             out.append(_element("StorageClass", v.storage_class))
         out.append("</DeleteMarker>" if v.delete_marker else "</Version>")
@@ -891,6 +878,14 @@ class SpooledObject:
     etag: str
     acked_at: float
     owner: tuple[str, str] | None = None  # (ID, DisplayName) the store will list it with, if known
+
+    @property
+    def owner_id(self) -> str | None:
+        return self.owner[0] if self.owner else None
+
+    @property
+    def owner_name(self) -> str | None:
+        return self.owner[1] if self.owner else None
 
 
 def backend_query(
@@ -960,8 +955,8 @@ def merged_listing_xml(
                 last_modified=o.acked_at,
                 size=o.size,
                 etag=o.etag,
-                owner_id=o.owner[0] if o.owner else None,
-                owner_name=o.owner[1] if o.owner else None,
+                owner_id=o.owner_id,
+                owner_name=o.owner_name,
             )
             for o in spooled
         ]
@@ -969,14 +964,7 @@ def merged_listing_xml(
         page = merge_versions_page(req, backend_versions, backend_prefixes, versions, hidden_keys)
         return render_versions_xml(req, bucket, page)
     entries = [
-        ListEntry(
-            o.key,
-            o.size,
-            o.etag,
-            o.acked_at,
-            owner_id=o.owner[0] if o.owner else None,
-            owner_name=o.owner[1] if o.owner else None,
-        )
+        ListEntry(o.key, o.size, o.etag, o.acked_at, owner_id=o.owner_id, owner_name=o.owner_name)
         for o in spooled
     ]
     backend_entries = [e for e in backend_items if isinstance(e, ListEntry)]

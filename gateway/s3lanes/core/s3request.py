@@ -38,6 +38,25 @@ _BUCKET_GET_SUBRESOURCES = {
     "accelerate": "GetBucketAccelerateConfiguration",
     "policyStatus": "GetBucketPolicyStatus",
 }
+# An object's operations named by a query parameter, by method, in the order they are tested; without one
+# of them it is the method's plain operation (PUT: PutObject or CopyObject; a part: UploadPart(Copy)).
+_OBJECT_SUBRESOURCES: dict[str, tuple[tuple[str, str], ...]] = {
+    "GET": (
+        ("uploadId", "ListParts"),
+        ("tagging", "GetObjectTagging"),
+        ("acl", "GetObjectAcl"),
+        ("attributes", "GetObjectAttributes"),
+    ),
+    "PUT": (("tagging", "PutObjectTagging"), ("acl", "PutObjectAcl")),
+    "DELETE": (("uploadId", "AbortMultipartUpload"), ("tagging", "DeleteObjectTagging")),
+    "POST": (
+        ("uploads", "CreateMultipartUpload"),
+        ("uploadId", "CompleteMultipartUpload"),
+        ("restore", "RestoreObject"),
+        ("select", "SelectObjectContent"),
+    ),
+}
+_OBJECT_PLAIN = {"GET": "GetObject", "HEAD": "HeadObject", "DELETE": "DeleteObject"}
 
 _BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,254}$")
 
@@ -138,39 +157,11 @@ def operation_name(
             return "DeleteObjects"
         return f"Unknown{m.title()}"
     copy = "x-amz-copy-source" in headers
-    if m == "GET":
-        if "uploadId" in q:
-            return "ListParts"
-        if "tagging" in q:
-            return "GetObjectTagging"
-        if "acl" in q:
-            return "GetObjectAcl"
-        if "attributes" in q:
-            return "GetObjectAttributes"
-        return "GetObject"
-    if m == "HEAD":
-        return "HeadObject"
+    if m == "PUT" and "partNumber" in q and "uploadId" in q:
+        return "UploadPartCopy" if copy else "UploadPart"
+    for sub, name in _OBJECT_SUBRESOURCES.get(m, ()):
+        if sub in q:
+            return name
     if m == "PUT":
-        if "partNumber" in q and "uploadId" in q:
-            return "UploadPartCopy" if copy else "UploadPart"
-        if "tagging" in q:
-            return "PutObjectTagging"
-        if "acl" in q:
-            return "PutObjectAcl"
         return "CopyObject" if copy else "PutObject"
-    if m == "DELETE":
-        if "uploadId" in q:
-            return "AbortMultipartUpload"
-        if "tagging" in q:
-            return "DeleteObjectTagging"
-        return "DeleteObject"
-    if m == "POST":
-        if "uploads" in q:
-            return "CreateMultipartUpload"
-        if "uploadId" in q:
-            return "CompleteMultipartUpload"
-        if "restore" in q:
-            return "RestoreObject"
-        if "select" in q:
-            return "SelectObjectContent"
-    return f"Unknown{m.title()}"
+    return _OBJECT_PLAIN.get(m, f"Unknown{m.title()}")

@@ -53,6 +53,7 @@ from s3lanes.errors import (
     InvalidArgument,
     InvalidRequest,
     RequestTimeTooSkewed,
+    S3Error,
     SignatureDoesNotMatch,
 )
 
@@ -209,16 +210,14 @@ def _parse_header_auth(authorization: str, headers: Mapping[str, str]) -> AuthIn
     credential = _parse_credential(fields["Credential"])
     if credential is None:
         raise AuthorizationHeaderMalformed("The authorization header is malformed; " + _MSG_CREDENTIAL)
-    signed_headers = _parse_signed_headers(fields["SignedHeaders"])
-    if signed_headers is None:
-        raise AuthorizationHeaderMalformed(
-            "The authorization header is malformed; SignedHeaders is not a list of lower-case header names."
-        )
     signature = fields["Signature"]
-    if not _HEX64.fullmatch(signature):
-        raise AuthorizationHeaderMalformed(
-            "The authorization header is malformed; the Signature is not 64 hexadecimal digits."
-        )
+    signed_headers = _signed_headers(
+        fields["SignedHeaders"],
+        signature,
+        AuthorizationHeaderMalformed,
+        "The authorization header is malformed; ",
+        ("SignedHeaders", "the Signature"),
+    )
 
     payload_hash = headers.get("x-amz-content-sha256")
     if payload_hash is None:
@@ -226,19 +225,7 @@ def _parse_header_auth(authorization: str, headers: Mapping[str, str]) -> AuthIn
     _check_payload_hash(payload_hash)
 
     amz_date = _request_amz_date(headers)
-    access_key, scope_date, region, service = credential
-    return AuthInfo(
-        kind="header",
-        access_key=access_key,
-        scope_date=scope_date,
-        region=region,
-        service=service,
-        signed_headers=signed_headers,
-        signature=signature.lower(),
-        amz_date=amz_date,
-        expires_s=None,
-        payload_hash=payload_hash,
-    )
+    return _auth_info("header", credential, signed_headers, signature, amz_date, None, payload_hash)
 
 
 def _parse_query_auth(params: list[tuple[str, str]], headers: Mapping[str, str]) -> AuthInfo:
@@ -274,20 +261,46 @@ def _parse_query_auth(params: list[tuple[str, str]], headers: Mapping[str, str])
             "X-Amz-Expires must be less than a week (in seconds) that is; "
             f"the maximum expires is {MAX_PRESIGN_EXPIRES_S} seconds"
         )
-    signed_headers = _parse_signed_headers(found["X-Amz-SignedHeaders"])
-    if signed_headers is None:
-        raise AuthorizationQueryParametersError(
-            "X-Amz-SignedHeaders is not a list of lower-case header names."
-        )
     signature = found["X-Amz-Signature"]
-    if not _HEX64.fullmatch(signature):
-        raise AuthorizationQueryParametersError("X-Amz-Signature is not 64 hexadecimal digits.")
+    signed_headers = _signed_headers(
+        found["X-Amz-SignedHeaders"],
+        signature,
+        AuthorizationQueryParametersError,
+        "",
+        ("X-Amz-SignedHeaders", "X-Amz-Signature"),
+    )
 
     payload_hash = headers.get("x-amz-content-sha256", UNSIGNED_PAYLOAD)
     _check_payload_hash(payload_hash)
+    return _auth_info("query", credential, signed_headers, signature, amz_date, expires_s, payload_hash)
+
+
+def _signed_headers(
+    text: str, signature: str, error: type[S3Error], where: str, names: tuple[str, str]
+) -> tuple[str, ...]:
+    """The signed header names ``text`` lists. Raises ``error`` (its message: ``where``, then the field's
+    name from ``names``) if they are not a list of lower-case header names or the signature is not 64 hex
+    digits."""
+    signed_headers = _parse_signed_headers(text)
+    if signed_headers is None:
+        raise error(f"{where}{names[0]} is not a list of lower-case header names.")
+    if not _HEX64.fullmatch(signature):
+        raise error(f"{where}{names[1]} is not 64 hexadecimal digits.")
+    return signed_headers
+
+
+def _auth_info(
+    kind: Literal["header", "query"],
+    credential: tuple[str, str, str, str],
+    signed_headers: tuple[str, ...],
+    signature: str,
+    amz_date: str,
+    expires_s: int | None,
+    payload_hash: str,
+) -> AuthInfo:
     access_key, scope_date, region, service = credential
     return AuthInfo(
-        kind="query",
+        kind=kind,
         access_key=access_key,
         scope_date=scope_date,
         region=region,

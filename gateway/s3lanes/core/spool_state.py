@@ -231,6 +231,10 @@ def _glob_regex(globs: Sequence[str]) -> re.Pattern[str] | None:
 _UPLOAD_CHECKSUM_HEADERS = frozenset({"x-amz-checksum-algorithm", "x-amz-checksum-type"})
 
 
+def _pairs(meta: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    return tuple((k, v) for k, v in meta)
+
+
 def checksum_of_meta(meta: Sequence[tuple[str, str]]) -> tuple[str, str] | None:
     """``(algorithm, type)`` kept with a multipart upload's headers, or None."""
     found = dict(meta)
@@ -528,18 +532,8 @@ class SpoolState:
         lane: str,
         now_wall: float,
     ) -> Put:
-        return Put(
-            self.next_seq(),
-            bucket,
-            key,
-            access_key,
-            lane,
-            now_wall,
-            files=(file,),
-            size=size,
-            etag=f'"{md5}"',
-            meta=tuple((k, v) for k, v in meta),
-        )
+        head = (self.next_seq(), bucket, key, access_key, lane, now_wall)
+        return Put(*head, files=(file,), size=size, etag=f'"{md5}"', meta=_pairs(meta))
 
     def delete_record(self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float) -> Delete:
         return Delete(self.next_seq(), bucket, key, access_key, lane, now_wall)
@@ -555,16 +549,7 @@ class SpoolState:
         lane: str,
         now_wall: float,
     ) -> CreateUpload:
-        return CreateUpload(
-            self.next_seq(),
-            bucket,
-            key,
-            access_key,
-            lane,
-            now_wall,
-            upload_id=upload_id,
-            meta=tuple((k, v) for k, v in meta),
-        )
+        return CreateUpload(self.next_seq(), bucket, key, access_key, lane, now_wall, upload_id, _pairs(meta))
 
     @staticmethod
     def part_record(
