@@ -165,6 +165,17 @@ def test_an_older_report_wants_everything_a_stale_one_drops_out_and_the_order_do
     assert split(a, b) == split(b, a)
 
 
+def test_workers_that_know_no_capacity_yet_share_the_node_equally() -> None:
+    # Before any capacity is known (a report of 0 B/s), no lane has a rate to split: each worker gets an
+    # equal share and nothing to pace to.
+    a = replace(report("n.w0", {"dataset": C}, reads=True), capacity_bps=0.0)
+    b = replace(report("n.w1", {"checkpoint": C}, reads=False), capacity_bps=0.0)
+    s = split(a, b)
+    assert s.shares == {"n.w0": 0.5, "n.w1": 0.5}
+    assert s.capacity_bps == 0.0
+    assert all(v == 0.0 for v in s.lanes.values()), s.lanes
+
+
 def test_work_conserving_mode_keeps_no_cap_while_reads_are_active() -> None:
     def lanes(dataset: float) -> dict[str, float]:
         got = split_node_lanes(
