@@ -241,7 +241,7 @@ class ClusterMember:
         verdict = self.lease.decide(own, reports, board_now=board_now, now=self._clock.monotonic())
         now = self._clock.monotonic()
         for lane, bps in verdict.allowances.items():
-            self._scheduler.set_external_limit(lane, bps, now)
+            self._scheduler.set_external_limit(lane, bps, now, for_reads=lane in verdict.for_reads)
         if self.node_share and reports is not None:
             share = node_shares(reports, board_now, self.cfg.ttl_s).get(self.node_id)
             if share is not None and share > 0:
