@@ -40,6 +40,33 @@ Body = bytes | AsyncIterable[bytes] | Payload | None
 BackendResponse = aiohttp.ClientResponse | RawResponse
 
 
+# Linux's TCP_NOTSENT_LOWAT (socket.TCP_NOTSENT_LOWAT where Python exposes it).
+TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
+
+
+def backend_socket(addr_info: Any, *, recv_buffer_bytes: int, notsent_lowat_bytes: int) -> socket.socket:
+    """A socket for a backend connection (the HTTP client's socket factory): a small receive buffer, so the
+    store cannot push a response far ahead of the pace the gateway reads it at, and a bound on what the
+    kernel holds of a request body not yet sent. A write body is handed over piece by piece at its lane's
+    pace, but a connection that was idle for a while (between the parts of an upload) restarts in slow
+    start: what its congestion window does not let out yet piles up in the socket, up to the autotuned send
+    buffer (4 MiB), and leaves in one burst once the window has opened, over the lane's cap on the wire.
+    With ``TCP_NOTSENT_LOWAT`` the socket takes no more while that much is unsent, so the body waits in the
+    gateway, and the pace holds. Bytes in flight are not bounded by it (no cap on throughput). 0 leaves
+    either at the kernel's default."""
+    family, type_, proto = addr_info[0], addr_info[1], addr_info[2]
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    try:
+        if recv_buffer_bytes > 0:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, recv_buffer_bytes)
+        if notsent_lowat_bytes > 0 and family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, notsent_lowat_bytes)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 @dataclass(frozen=True, slots=True)
 class BackendTarget:
     scheme: str
@@ -180,14 +207,10 @@ class Backend:
                 )
         else:
             ssl_ctx = False
-        rcvbuf = self.cfg.recv_buffer_bytes
+        rcvbuf, lowat = self.cfg.recv_buffer_bytes, self.cfg.notsent_lowat_bytes
 
         def socket_factory(addr_info: Any) -> socket.socket:
-            family, type_, proto = addr_info[0], addr_info[1], addr_info[2]
-            sock = socket.socket(family=family, type=type_, proto=proto)
-            if rcvbuf > 0:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-            return sock
+            return backend_socket(addr_info, recv_buffer_bytes=rcvbuf, notsent_lowat_bytes=lowat)
 
         connector = aiohttp.TCPConnector(
             socket_factory=socket_factory,
