@@ -775,6 +775,14 @@ class Scheduler:
             ln.floor_set = fraction
             self._apply_rates(now)
 
+    def capped_for_reads(self, lane: str) -> bool:
+        """Whether ``lane`` is paced under a cap for the reads' sake now: its ``limit_while_reads_active``
+        while reads are active (``strict`` mode), or an external limit that is a share of the reads' cap
+        (:meth:`set_external_limit` with ``for_reads``). Its bodies' bytes should then leave the gateway's
+        sockets as they are granted (the shell bounds what the kernel holds unsent). As of the last call
+        that brought the scheduler up to date. Raises ``KeyError`` for an unknown lane."""
+        return self._share_cap(self._by_name[lane]) is not None
+
     def piece_bytes(self, lane: str, chunk_bytes: int) -> int:
         """How much of a body on ``lane`` to ask for (and move) at a time: ``chunk_bytes``, except on a lane
         that is not read-protected, where a piece is at most what the backend moves within the read latency
