@@ -122,6 +122,12 @@ class BackendConfig:
     # them; a small receive buffer keeps the store from pushing megabytes ahead of that pace into kernel
     # buffers, so the lane shares hold on the wire, not only in the gateway's accounting. 0 = autotuning.
     recv_buffer_bytes: int = 128 * 1024
+    # TCP_NOTSENT_LOWAT of a store connection while a spool drain's body goes out on it paced under a cap
+    # for the reads' sake: how much of it the kernel may hold not yet sent. A connection back from idle
+    # restarts in slow start, and what its congestion window does not let out piles up in the socket
+    # (megabytes with the kernel's autotuned send buffer) and then leaves at once: a burst over the lane's
+    # cap on the wire. Bounding the unsent part bounds the burst, not the bytes in flight. 0 = no bound.
+    notsent_lowat_bytes: int = 128 * 1024
     # Network planes: the local address outgoing connections are bound to (None = the kernel's choice), and
     # per lane, e.g. {"checkpoint": "10.1.0.5"} to send checkpoint drains over the storage network.
     source_address: str | None = None
@@ -591,6 +597,7 @@ SETTINGS: tuple[Setting, ...] = (
         ("read_timeout_s", "float"),
         Setting("", "bandwidth", "rate", attr="bandwidth_bps", scale=1.0, nullable=True),
         ("recv_buffer_bytes", "size"),
+        ("notsent_lowat_bytes", "size"),
         _nullable("source_address", "opt_str"),
         Setting("", "lane_source_address", "str_map", attr="lane_source_addresses"),
         _nullable("access_key", "opt_str"),

@@ -386,3 +386,18 @@ def test_lease_refuses_nonsense_settings() -> None:
         NodeLease("a", [], interval_s=0.5, ttl_s=1.5, now=0.0)
     with pytest.raises(ValueError):
         NodeLease("a", [CKPT], interval_s=0.5, ttl_s=0.5, now=0.0)
+
+
+def test_an_allowance_is_marked_a_share_of_the_reads_cap_only_while_that_cap_is_the_budget() -> None:
+    a = NodeLease("a", [CKPT], interval_s=INTERVAL, ttl_s=TTL, now=0.0)
+    quiet = a.decide(report("a"), [report("a"), report("b")], board_now=T0, now=0.0)
+    assert quiet.for_reads == frozenset()  # nobody reads: the work-conserving budget, paced at it
+    reading = a.decide(report("a"), [report("a"), report("b", reads=True)], board_now=T0, now=0.1)
+    assert reading.for_reads == frozenset({"checkpoint"})  # b reads: a's allowance is a share of its cap
+    safe = a.decide(report("a"), None, board_now=T0, now=0.2)
+    assert safe.mode is Mode.SAFE and safe.for_reads == frozenset({"checkpoint"})
+    assert CKPT.for_reads(True) and not CKPT.for_reads(False)
+    # A limit tighter than the reads' cap is the budget, a cap of its own: no headroom; work-conserving
+    # mode has no reads' cap at all.
+    assert not SharedLane("checkpoint", limit=0.2, limit_while_reads_active=0.30).for_reads(True)
+    assert not SharedLane("checkpoint", limit=None, limit_while_reads_active=None).for_reads(True)

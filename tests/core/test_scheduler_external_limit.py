@@ -100,3 +100,56 @@ def test_set_external_limit_refuses_nonsense() -> None:
         s.set_external_limit("checkpoint", -1.0, T0)
     with pytest.raises(ValueError):
         s.set_external_limit("checkpoint", float("nan"), T0)
+
+
+def test_an_allowance_of_the_reads_cap_is_paced_with_the_caps_headroom_without_local_reads() -> None:
+    # The readers are on another node: no reads here, yet the allowance is a share of their cap, and the
+    # store's queue releases the cluster's writes as unevenly as one node's.
+    s = scheduler()
+    s.set_external_limit("checkpoint", 10_000_000.0, T0, for_reads=True)
+    got, now = rate_of(s, "checkpoint", seconds=4.0, now=T0)
+    assert not s.snapshot(now).reads_active
+    assert got == pytest.approx(10_000_000.0 * (1.0 - DEFAULT_CAP_HEADROOM) / 1.05, rel=0.03)
+    # The same allowance, once nobody reads anywhere (the cluster's work-conserving budget): at the limit.
+    s.set_external_limit("checkpoint", 10_000_000.0, now)
+    got, now = rate_of(s, "checkpoint", seconds=4.0, now=now)
+    assert got == pytest.approx(10_000_000.0, rel=0.03)
+
+
+def test_a_raised_floor_stays_under_an_allowance_of_the_reads_cap_less_its_headroom() -> None:
+    s = scheduler()
+    s.set_external_limit("checkpoint", 10_000_000.0, T0, for_reads=True)
+    s.set_floor("checkpoint", 0.25, T0)  # the durability deadline asks for more than the allowance
+    got, now = rate_of(s, "checkpoint", seconds=4.0, now=T0, reads=True)
+    assert got == pytest.approx(10_000_000.0 * (1.0 - DEFAULT_CAP_HEADROOM) / 1.05, rel=0.03)
+    assert s.snapshot(now).lane("checkpoint").limit_bps == pytest.approx(
+        10_000_000.0 * (1.0 - DEFAULT_CAP_HEADROOM)
+    )
+
+
+def test_an_allowance_of_the_reads_cap_never_paces_a_lane_under_its_configured_floor() -> None:
+    s = scheduler()
+    s.set_external_limit("checkpoint", 0.01 * C, T0, for_reads=True)  # under the 2 % floor
+    got, _ = rate_of(s, "checkpoint", seconds=4.0, now=T0)
+    assert got == pytest.approx(0.02 * C, rel=0.05)
+
+
+def test_capped_for_reads_says_when_a_lanes_bodies_must_leave_as_granted() -> None:
+    s = scheduler()
+    assert not s.capped_for_reads("checkpoint")  # no reads: not capped for them
+    _, now = rate_of(s, "checkpoint", seconds=2.0, now=T0, reads=True)
+    assert s.snapshot(now).reads_active
+    assert s.capped_for_reads("checkpoint")  # limit_while_reads_active in force
+    assert not s.capped_for_reads("dataset")  # the reads themselves
+    quiet = scheduler()
+    quiet.set_external_limit("checkpoint", 10_000_000.0, T0)
+    assert not quiet.capped_for_reads("checkpoint")  # a plain limit: no reads to protect
+    quiet.set_external_limit("checkpoint", 10_000_000.0, T0, for_reads=True)
+    assert quiet.capped_for_reads("checkpoint")  # another node's readers
+    conserving = Scheduler(
+        replace(scheduler_config(Config(), C), burst_bytes=MiB, write_cap_mode="work_conserving"), T0
+    )
+    _, now = rate_of(conserving, "checkpoint", seconds=2.0, now=T0, reads=True)
+    assert conserving.snapshot(now).reads_active and not conserving.capped_for_reads("checkpoint")
+    with pytest.raises(KeyError):
+        s.capped_for_reads("nope")

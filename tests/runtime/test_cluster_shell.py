@@ -76,6 +76,15 @@ async def test_members_apportion_the_budget_and_apply_it_to_their_schedulers() -
     assert math.fsum(v for v in limits.values() if v is not None) == pytest.approx(0.30 * C)
     assert limits["n2"] == pytest.approx(0.02 * C)  # idle: its floor
     assert limits["n1"] == pytest.approx(0.30 * C - 2 * 0.02 * C)
+    # n1 does not read, but its allowance is a share of n3's readers' cap: paced under it by the cap's
+    # headroom, as its own cap would be while reads were active on n1.
+    now = cl.clock.monotonic()
+    n1 = cl.members["n1"]._scheduler.snapshot(now).lane("checkpoint")
+    assert not cl.members["n1"]._scheduler.snapshot(now).reads_active
+    headroom = cl.members["n1"]._scheduler.config.cap_headroom
+    allowance = limits["n1"]
+    assert headroom > 0 and allowance is not None
+    assert n1.limit_bps == pytest.approx(allowance * (1.0 - headroom))
     metrics = Metrics()
     metrics.add_snapshot_collector(cl.members["n1"].collector())
     values = samples(metrics)

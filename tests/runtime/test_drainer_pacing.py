@@ -23,9 +23,10 @@ import aiohttp
 import pytest
 
 from s3lanes.clock import FakeClock, SystemClock
-from s3lanes.config import SpoolConfig
+from s3lanes.config import BackendConfig, SpoolConfig
 from s3lanes.core.spool_state import Entry
 from s3lanes.metrics import Metrics
+from s3lanes.runtime.backend import TCP_NOTSENT_LOWAT
 from s3lanes.runtime.dispatcher import LaneDispatcher
 from s3lanes.runtime.drainer import (
     READ_CHUNK_BYTES,
@@ -41,6 +42,7 @@ from tests.runtime.test_spool_shell import opened, put
 
 KiB = 1024
 MiB = 1024 * KiB
+LOWAT = 64 * KiB  # [backend] notsent_lowat_bytes of the stand-in store
 
 
 class OnePool:
@@ -51,6 +53,9 @@ class OnePool:
 
     def dispatcher_for(self, bucket: str | None) -> LaneDispatcher:
         return self._dispatcher
+
+    def backend_for(self, bucket: str | None) -> types.SimpleNamespace:
+        return types.SimpleNamespace(cfg=BackendConfig(notsent_lowat_bytes=LOWAT))
 
 
 def _drainer(
@@ -553,5 +558,61 @@ async def test_a_failed_drain_is_retried_when_its_hold_is_over_on_the_drainers_c
     finally:
         await drainer.close()
         await asyncio.gather(running, return_exceptions=True)
+        dispatcher.close()
+        await spool.close()
+
+
+@pytest.mark.parametrize("zero_copy", [True, False], ids=["sendfile", "copied"])
+@pytest.mark.parametrize("capped", [True, False], ids=["capped-for-reads", "uncapped"])
+async def test_a_drain_body_bounds_its_connections_unsent_bytes_while_its_lane_is_capped_for_reads(
+    tmp_path: Path, zero_copy: bool, capped: bool
+) -> None:
+    """On a real TCP connection: while the lane is capped for the reads' sake (here by a cluster allowance
+    that is a share of the reads' cap) the socket holds at most ``notsent_lowat_bytes`` of the body unsent;
+    the bound is lifted once the body is out, before the connection could serve anything else."""
+    spool = await opened(tmp_path)
+    dispatcher = make_dispatcher(SystemClock(), capacity_bps=1e9, burst_bytes=256 * KiB)
+    if capped:
+        dispatcher.scheduler.set_external_limit("checkpoint", 5e8, SystemClock().monotonic(), for_reads=True)
+    data = os.urandom(2 * MiB + 777)
+    lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(1)
+    ours = socket.create_connection(lst.getsockname())
+    theirs, _ = lst.accept()
+    lst.close()
+    ours.setblocking(False)
+    received = bytearray()
+    seen: list[int] = []  # the sender's bound, as the peer saw it while the body arrived
+    try:
+        await put(spool, "k", data)
+        entry = spool.state.lookup("b", "k")
+        assert entry is not None
+        drainer = _drainer(spool, dispatcher, 256 * KiB, zero_copy=zero_copy)
+
+        def read_all() -> None:
+            while len(received) < len(data) and (chunk := theirs.recv(64 * KiB)):
+                received.extend(chunk)
+                seen.append(ours.getsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT))
+
+        reader = asyncio.ensure_future(asyncio.to_thread(read_all))
+        if zero_copy:
+            await drainer._send_file_body(ours.fileno(), entry, entry.files[0], entry.size, False, sock=ours)
+        else:
+            loop = asyncio.get_running_loop()
+            body = drainer._file_body(entry, entry.files[0], entry.size, sock=ours)
+            async with contextlib.aclosing(body):
+                async for piece in body:
+                    await loop.sock_sendall(ours, piece)
+        await asyncio.wait_for(reader, 10)
+        assert bytes(received) == data
+        if capped:
+            assert LOWAT in seen, seen
+        else:
+            assert LOWAT not in seen, seen
+        assert ours.getsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT) != LOWAT  # lifted once out
+    finally:
+        ours.close()
+        theirs.close()
         dispatcher.close()
         await spool.close()

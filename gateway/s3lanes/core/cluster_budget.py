@@ -249,6 +249,13 @@ class SharedLane:
             f = min(f, self.limit_while_reads_active)
         return f
 
+    def for_reads(self, reads_active: bool) -> bool:
+        """Whether the budget for this read activity is the reads' cap (``limit_while_reads_active``, no
+        looser than ``limit``): a node then paces its allowance under it with the cap's headroom, as it does
+        its own cap while reads are active (``Scheduler.set_external_limit(for_reads=True)``)."""
+        cap = self.limit_while_reads_active
+        return reads_active and cap is not None and (self.limit is None or cap <= self.limit)
+
 
 @dataclass(frozen=True, slots=True)
 class LaneBudget:
@@ -362,6 +369,9 @@ class Verdict:
     mode: Mode
     allowances: Mapping[str, float]  # shared lane -> bytes/s to apply
     view: ClusterView | None  # the view this round computed (None in safe mode)
+    # shared lanes whose allowance is a share of the reads' cap (SharedLane.for_reads; in safe mode every
+    # lane with one: safe mode heads for the reads-active budget)
+    for_reads: frozenset[str] = frozenset()
 
 
 class NodeLease:
@@ -414,7 +424,8 @@ class NodeLease:
             computed = {k: min(v, self._learn_cap[k]) for k, v in computed.items()}
         self.allowances = computed
         self.last_view = view
-        return Verdict(self.mode, dict(computed), view)
+        for_reads = frozenset(s.name for s in self.lanes if s.for_reads(view.reads_active))
+        return Verdict(self.mode, dict(computed), view, for_reads)
 
     def safe_share(self, own: NodeReport, lane: str) -> float:
         """Where safe mode is heading: the reads-active budget over the last node count, or the floor."""
@@ -434,7 +445,7 @@ class NodeLease:
             start, target = self._safe_from[s.name], self.safe_share(own, s.name)
             out[s.name] = max(_floor(own, s.name), start + (target - start) * progress)
         self.allowances = out
-        return Verdict(self.mode, dict(out), None)
+        return Verdict(self.mode, dict(out), None, frozenset(s.name for s in self.lanes if s.for_reads(True)))
 
 
 def _floor(own: NodeReport, lane: str) -> float:

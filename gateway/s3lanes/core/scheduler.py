@@ -395,6 +395,7 @@ class _Lane:
         "delivered_total",
         "done_total",
         "external_bps",
+        "external_for_reads",
         "floor_now",
         "floor_set",
         "granted_bytes_total",
@@ -440,6 +441,7 @@ class _Lane:
         self.idle_credit: float | None = 0.0
         self.ceiling = math.inf  # fraction of C
         self.external_bps: float | None = None  # set_external_limit
+        self.external_for_reads = False  # set_external_limit(for_reads=...): a share of the reads' cap
         self.floor_set = 0.0  # set_floor (the spool's durability deadline), fraction of C
         self.floor_now = spec.floor  # the floor in force (see Scheduler._floor), updated with the rates
         self.vstart = 0.0  # virtual start tag of the head (valid while backlogged)
@@ -717,17 +719,25 @@ class Scheduler:
         ln.delivered_total += nbytes
         self._delivered_seen = True
 
-    def set_external_limit(self, lane: str, bps: float | None, now: float) -> None:
+    def set_external_limit(
+        self, lane: str, bps: float | None, now: float, *, for_reads: bool = False
+    ) -> None:
         """Cap ``lane`` at ``bps`` from ``now`` on (``None`` lifts the cap), whether or not reads are active
         here: the cluster budget (``s3lanes.runtime.cluster``) hands each node its allowance this way, and the
-        readers it protects may be on another node. The lane's floor still holds. Raises ``KeyError`` for an
-        unknown lane, ``ValueError`` for a negative or NaN rate."""
+        readers it protects may be on another node. The lane's floor still holds. ``for_reads``: the
+        allowance is a share of a cap that protects reads (``limit_while_reads_active`` while some node
+        reads): the lane is then paced under it as under its own cap while reads are active here, by
+        ``cap_headroom`` and at :data:`SHARE_WINDOW_S` / (:data:`SHARE_WINDOW_S` + :data:`CEILING_DEPTH_S`)
+        of it, since the store's queue releases the cluster's writes as unevenly as one node's. Raises
+        ``KeyError`` for an unknown lane, ``ValueError`` for a negative or NaN rate."""
         ln = self._by_name[lane]
         if bps is not None and not bps >= 0:
             raise ValueError(f"an external limit must be >= 0 bytes/s, got {bps}")
         now = self._advance(now)
-        if bps != ln.external_bps:
+        for_reads = for_reads and bps is not None
+        if bps != ln.external_bps or for_reads != ln.external_for_reads:
             ln.external_bps = bps
+            ln.external_for_reads = for_reads
             self._apply_rates(now)
 
     def set_capacity_share(self, fraction: float, now: float) -> None:
@@ -777,6 +787,14 @@ class Scheduler:
         if fraction != ln.floor_set:
             ln.floor_set = fraction
             self._apply_rates(now)
+
+    def capped_for_reads(self, lane: str) -> bool:
+        """Whether ``lane`` is paced under a cap for the reads' sake now: its ``limit_while_reads_active``
+        while reads are active (``strict`` mode), or an external limit that is a share of the reads' cap
+        (:meth:`set_external_limit` with ``for_reads``). Its bodies' bytes should then leave the gateway's
+        sockets as they are granted (the shell bounds what the kernel holds unsent). As of the last call
+        that brought the scheduler up to date. Raises ``KeyError`` for an unknown lane."""
+        return self._share_cap(self._by_name[lane]) is not None
 
     def piece_bytes(self, lane: str, chunk_bytes: int) -> int:
         """How much of a body on ``lane`` to ask for (and move) at a time: ``chunk_bytes``, except on a lane
@@ -993,8 +1011,9 @@ class Scheduler:
     def _ceiling_fraction(self, ln: _Lane, now: float, *, slowdown: bool = True) -> float:
         s = ln.spec
         f = s.limit if s.limit is not None else math.inf
-        if ln.external_bps is not None:
-            f = min(f, ln.external_bps / self._capacity())
+        external = self._external_fraction(ln)
+        if external is not None:
+            f = min(f, external)
         if self._reads_active:
             if self._local_caps() and s.limit_while_reads_active is not None:
                 f = min(f, s.limit_while_reads_active * self._cap_scale)
@@ -1030,10 +1049,11 @@ class Scheduler:
         if want <= s.floor:
             return s.floor
         cap = s.limit if s.limit is not None else 1.0
-        if ln.external_bps is not None:
+        external = self._external_fraction(ln)
+        if external is not None:
             # A cluster allowance bounds what this node may raise its floor to: every node raising it to the
             # lane's cap would take the cluster's readers' share.
-            cap = min(cap, ln.external_bps / self._capacity())
+            cap = min(cap, external)
         if self._reads_active:
             # The reads' caps, with room for the store's queue releasing evenly sent bytes unevenly.
             headroom = 1.0 - self._cfg.cap_headroom
@@ -1084,15 +1104,35 @@ class Scheduler:
         the node: set_node_caps)."""
         return self._cfg.write_cap_mode == "strict" and not self._node_caps
 
+    def _external_fraction(self, ln: _Lane) -> float | None:
+        """The lane's external limit as a fraction of ``C`` (None: none), less ``cap_headroom`` when it is a
+        share of the reads' cap (``set_external_limit(for_reads=True)``)."""
+        if ln.external_bps is None:
+            return None
+        f = ln.external_bps / self._capacity()
+        if ln.external_for_reads:
+            f *= 1.0 - self._cfg.cap_headroom
+        return f
+
     def _share_cap(self, ln: _Lane) -> float | None:
-        """The lane's cap while reads are active (``limit_while_reads_active`` in ``strict`` mode, a fraction
-        of ``C``), or None: the share the reads keep in every second depends on it."""
+        """The lane's cap for the reads' sake, less its headroom (a fraction of ``C``), or None: while reads
+        are active, ``limit_while_reads_active`` in ``strict`` mode; and an external limit that is a share
+        of the reads' cap (``for_reads``), wherever the readers are. The share the reads keep in every second
+        depends on it."""
         s = ln.spec
-        if not self._reads_active or s.read_protected or s.limit_while_reads_active is None:
-            return None
-        if not self._local_caps():
-            return None
-        return s.limit_while_reads_active * self._cap_scale * (1.0 - self._cfg.cap_headroom)
+        caps: list[float] = []
+        if ln.external_for_reads and not s.read_protected:
+            external = self._external_fraction(ln)
+            assert external is not None
+            caps.append(external)
+        if (
+            self._reads_active
+            and not s.read_protected
+            and s.limit_while_reads_active is not None
+            and self._local_caps()
+        ):
+            caps.append(s.limit_while_reads_active * self._cap_scale * (1.0 - self._cfg.cap_headroom))
+        return min(caps) if caps else None
 
     def _piece_fit(self) -> int:
         """The largest piece a paced lane moves at a time (:meth:`piece_bytes`), before the chunk bound."""

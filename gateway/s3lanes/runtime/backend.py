@@ -40,6 +40,60 @@ Body = bytes | AsyncIterable[bytes] | Payload | None
 BackendResponse = aiohttp.ClientResponse | RawResponse
 
 
+# Linux's TCP_NOTSENT_LOWAT (socket.TCP_NOTSENT_LOWAT where Python exposes it).
+TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
+
+
+def backend_socket(addr_info: Any, *, recv_buffer_bytes: int) -> socket.socket:
+    """A socket for a backend connection (the HTTP client's socket factory), with a small receive buffer
+    (0: autotuning), so the store cannot push a response far ahead of the pace the gateway reads it at."""
+    family, type_, proto = addr_info[0], addr_info[1], addr_info[2]
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    try:
+        if recv_buffer_bytes > 0:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, recv_buffer_bytes)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class UnsentBound:
+    """Bounds what the kernel holds of a request body not yet sent on one store connection
+    (``TCP_NOTSENT_LOWAT``), while a body paced under a cap for the reads' sake goes out on it.
+
+    A paced body is handed over piece by piece, but a connection that was idle for a while (between the
+    parts of an upload, or in the pool) restarts in slow start: what its congestion window does not let out
+    yet piles up in the socket, up to the autotuned send buffer (4 MiB), and leaves in one burst once the
+    window has opened, over the lane's cap on the wire. With the bound the socket takes no more while that
+    much is unsent: the body waits in the gateway and the pace holds. Bytes in flight are not bounded (no
+    cap on throughput), but a writer wakes up once per ``nbytes`` sent: without a cap to keep, the bound is
+    lifted (:meth:`set`), and :meth:`close` lifts it before the connection goes back to the pool."""
+
+    __slots__ = ("_nbytes", "_on", "_sock")
+
+    def __init__(self, sock: socket.socket | None, nbytes: int) -> None:
+        usable = sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6) and nbytes > 0
+        self._sock = sock if usable else None
+        self._nbytes = nbytes
+        self._on = False
+
+    def set(self, on: bool) -> None:
+        """Bound the unsent bytes (``on``) or lift the bound (the kernel's default), if that changes."""
+        if self._sock is None or on == self._on:
+            return
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, TCP_NOTSENT_LOWAT, self._nbytes if on else 0)
+        except OSError:  # the connection is gone: nothing to bound
+            self._sock = None
+            return
+        self._on = on
+
+    def close(self) -> None:
+        self.set(False)
+        self._sock = None
+
+
 @dataclass(frozen=True, slots=True)
 class BackendTarget:
     scheme: str
@@ -183,11 +237,7 @@ class Backend:
         rcvbuf = self.cfg.recv_buffer_bytes
 
         def socket_factory(addr_info: Any) -> socket.socket:
-            family, type_, proto = addr_info[0], addr_info[1], addr_info[2]
-            sock = socket.socket(family=family, type=type_, proto=proto)
-            if rcvbuf > 0:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-            return sock
+            return backend_socket(addr_info, recv_buffer_bytes=rcvbuf)
 
         connector = aiohttp.TCPConnector(
             socket_factory=socket_factory,

@@ -243,6 +243,9 @@ class ClusterMember:
         verdict = self.lease.decide(own, reports, board_now=board_now, now=self._clock.monotonic())
         now = self._clock.monotonic()
         limits: dict[str, float | None] = dict(verdict.allowances)
+        for_reads = set(
+            verdict.for_reads
+        )  # allowances that are a share of the reads' cap: paced with headroom
         if self.node_share and reports is not None and self._scheduler.config.capacity_bps is not None:
             split = split_node_lanes(
                 reports,
@@ -255,13 +258,20 @@ class ClusterMember:
             if split is not None and self.node_id in split.shares:
                 self.node_split = split
                 self.capacity_share = split.shares[self.node_id]
+                headroom = 1.0 - self._scheduler.config.cap_headroom
                 for lane, bps in split.limits[self.node_id].items():
                     held = limits.get(lane)
-                    limits[lane] = held if bps is None else bps if held is None else min(held, bps)
+                    if bps is None:
+                        continue
+                    # The node's part already has the headroom taken off; an allowance gets it when applied.
+                    held_paced = None if held is None else held * (headroom if lane in for_reads else 1.0)
+                    if held_paced is None or bps < held_paced:
+                        limits[lane] = bps
+                        for_reads.discard(lane)
                 self._scheduler.set_node_caps(True, now)
                 self._scheduler.set_capacity_share(self.capacity_share, now)
         for lane, bps in limits.items():
-            self._scheduler.set_external_limit(lane, bps, now)
+            self._scheduler.set_external_limit(lane, bps, now, for_reads=lane in for_reads)
         if self._wake is not None:
             self._wake()
         self._last_own = own

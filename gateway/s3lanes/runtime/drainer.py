@@ -35,6 +35,7 @@ import logging
 import os
 import random
 import re
+import socket
 import types
 import xml.etree.ElementTree as ET
 from collections.abc import AsyncGenerator, Iterator, Mapping
@@ -50,6 +51,7 @@ from s3lanes.core.spool_state import Entry, EntryState
 from s3lanes.core.uri import s3_quote
 from s3lanes.errors import S3Error
 from s3lanes.metrics import Metrics
+from s3lanes.runtime.backend import UnsentBound
 from s3lanes.runtime.dispatcher import StreamBudget
 from s3lanes.runtime.pools import Pools
 from s3lanes.runtime.splice import SourceEnded, plain_socket, run_settled, send_file
@@ -144,9 +146,19 @@ class SpoolFileBody(Payload):
                 if transport is not None and transport.get_write_buffer_size() == 0:
                     sock = plain_socket(transport)
         if sock is not None:
-            await drainer._send_file_body(sock.fileno(), self._entry, self._file_id, size, self._commits)
+            await drainer._send_file_body(
+                sock.fileno(), self._entry, self._file_id, size, self._commits, sock=sock
+            )
             return
-        body = drainer._file_body(self._entry, self._file_id, size, commits=self._commits)
+        transport = writer.transport
+        conn = None if transport is None else transport.get_extra_info("socket")
+        body = drainer._file_body(
+            self._entry,
+            self._file_id,
+            size,
+            commits=self._commits,
+            sock=conn if isinstance(conn, socket.socket) else None,
+        )
         async with contextlib.aclosing(body):
             async for chunk in body:
                 await writer.write(chunk)
@@ -627,16 +639,26 @@ class Drainer:
             await close_body(body)
 
     async def _file_body(
-        self, entry: Entry, file_id: str, size: int, *, commits: bool = False
+        self,
+        entry: Entry,
+        file_id: str,
+        size: int,
+        *,
+        commits: bool = False,
+        sock: socket.socket | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """The file's bytes, paced through the lane. ``commits``: this body's last byte makes the request
-        complete (a single PUT): from then on the upload may no longer be cancelled."""
+        complete (a single PUT): from then on the upload may no longer be cancelled. ``sock``: the store
+        connection they go out on (its unsent bytes are bounded while the lane is capped for reads)."""
         lane, budget, fd = await self._open_body(entry, file_id, size)
+        bound = self._unsent_bound(entry, sock)
+        scheduler = self._pools.dispatcher_for(entry.bucket).scheduler
         sent = 0
         up = self._metrics.bytes.labels(lane, "up")
         try:
             for offset, n in self._pieces(size, budget):
                 await budget.take(n)
+                bound.set(scheduler.capped_for_reads(lane))
                 chunk = await run_settled(self._spool.run_read_io(os.pread, fd, n, offset))
                 if len(chunk) != n:
                     raise DrainError(f"spool file {file_id} ended before {offset + n} of {size} bytes")
@@ -650,6 +672,7 @@ class Drainer:
                     self._in_doubt.add(entry.seq)
                 yield chunk
         finally:
+            bound.close()
             budget.close()
             await self._close_file(fd, whole=sent >= size)
 
@@ -659,6 +682,12 @@ class Drainer:
         step = min(self._read_bytes, budget.piece_bytes)
         for offset in range(0, size, step):
             yield offset, min(step, size - offset)
+
+    def _unsent_bound(self, entry: Entry, sock: socket.socket | None) -> UnsentBound:
+        """The bound on a drain body's unsent bytes on its store connection (``[backend]
+        notsent_lowat_bytes`` of the store the entry drains to), set piece by piece while its lane is
+        capped for the reads' sake."""
+        return UnsentBound(sock, self._pools.backend_for(entry.bucket).cfg.notsent_lowat_bytes)
 
     async def _open_body(self, entry: Entry, file_id: str, size: int) -> tuple[str, StreamBudget, int]:
         """The lane, its budget for ``size`` bytes and the open file of a body about to be sent."""
@@ -682,11 +711,21 @@ class Drainer:
             await run_settled(self._spool.run_read_io(os.close, fd))
 
     async def _send_file_body(
-        self, sock_fd: int, entry: Entry, file_id: str, size: int, commits: bool
+        self,
+        sock_fd: int,
+        entry: Entry,
+        file_id: str,
+        size: int,
+        commits: bool,
+        *,
+        sock: socket.socket | None = None,
     ) -> None:
         """The file's bytes into the connection's socket with ``sendfile(2)``, in the pieces
-        :meth:`_file_body` reads, each granted before it is sent."""
+        :meth:`_file_body` reads, each granted before it is sent (``sock``: that socket, whose unsent
+        bytes are bounded while the lane is capped for reads)."""
         lane, budget, fd = await self._open_body(entry, file_id, size)
+        bound = self._unsent_bound(entry, sock)
+        scheduler = self._pools.dispatcher_for(entry.bucket).scheduler
         sent = 0
         up, zero_copy = self._metrics.bytes.labels(lane, "up"), self._metrics.zero_copy_bytes.labels(lane)
 
@@ -699,6 +738,7 @@ class Drainer:
         try:
             for offset, n in self._pieces(size, budget):
                 await budget.take(n)
+                bound.set(scheduler.capped_for_reads(lane))
                 if commits and offset + n >= size:
                     await self._wire(entry)  # the last piece completes the object: journaled first
                 self._stop_if_cut(entry)
@@ -712,6 +752,7 @@ class Drainer:
                         f"spool file {file_id} ended before {offset + n} of {size} bytes"
                     ) from None
         finally:
+            bound.close()
             budget.close()
             await self._close_file(fd, whole=sent >= size)
 
