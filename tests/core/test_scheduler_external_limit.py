@@ -109,9 +109,11 @@ def test_an_allowance_of_the_reads_cap_is_paced_with_the_caps_headroom_without_l
     s.set_external_limit("checkpoint", 10_000_000.0, T0, for_reads=True)
     got, now = rate_of(s, "checkpoint", seconds=4.0, now=T0)
     assert not s.snapshot(now).reads_active
+    assert s.snapshot(now).lane("checkpoint").external_for_reads
     assert got == pytest.approx(10_000_000.0 * (1.0 - DEFAULT_CAP_HEADROOM) / 1.05, rel=0.03)
     # The same allowance, once nobody reads anywhere (the cluster's work-conserving budget): at the limit.
     s.set_external_limit("checkpoint", 10_000_000.0, now)
+    assert not s.snapshot(now).lane("checkpoint").external_for_reads
     got, now = rate_of(s, "checkpoint", seconds=4.0, now=now)
     assert got == pytest.approx(10_000_000.0, rel=0.03)
 

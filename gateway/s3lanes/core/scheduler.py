@@ -328,6 +328,7 @@ class LaneSnapshot:
     slowdown_fraction: float | None  # the SlowDown ceiling (fraction of C) while recovering from a 503
     achieved_share: float  # of the bytes delivered over the last second (granted, if none delivered)
     external_limit_bps: float | None = None  # set_external_limit (a cluster allowance); None = none
+    external_for_reads: bool = False  # that limit is a share of the reads' cap: paced less cap_headroom
     floor_fraction: float = 0.0  # the floor in force: configured, progress or set_floor, within the cap
 
 
@@ -836,6 +837,7 @@ class Scheduler:
                     slowdown_fraction=ln.slowdown.fraction(now),
                     achieved_share=b / total if total > 0 else 0.0,
                     external_limit_bps=ln.external_bps,
+                    external_for_reads=ln.external_for_reads,
                     floor_fraction=ln.floor_now,
                 )
             )
