@@ -161,7 +161,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     )
     a = parse_sized(p, argv)
     if a.compare_tree is not None and not is_gateway_tree(a.compare_tree):
-        p.error(f"--compare-tree: {a.compare_tree} holds no gateway/s3lanes/__main__.py")
+        p.error(
+            f"--compare-tree: {a.compare_tree} holds no gateway (gateway/s3lanes/__main__.py, or "
+            "gateway/__main__.py in the layout before the package rename)"
+        )
     phases = frozenset(x.strip() for x in a.phases.split(",") if x.strip())
     if not phases or not phases <= set(PHASES):
         p.error(f"--phases: some of {','.join(PHASES)}, not {a.phases!r}")

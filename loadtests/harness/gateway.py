@@ -3,8 +3,9 @@ so, stopped by its pid (SIGTERM, then SIGKILL after a timeout).
 
 Every benchmark and load test starts ``python -m s3lanes serve --config CFG --ready-file READY`` the same
 way: in its own session (a Ctrl-C reaches the harness only, which stops the gateway in order), its output
-in a log file, from the directory holding the ``gateway`` package to run (by default the code imported
-here; another tree to compare), and waits for the ready file the gateway writes once it listens.
+in a log file, from the directory holding the gateway package to run (by default the code imported here;
+another tree to compare, ``python -m gateway`` from a tree of the layout before the package rename), and
+waits for the ready file the gateway writes once it listens.
 """
 
 from __future__ import annotations
@@ -29,13 +30,33 @@ from loadtests.harness.store import ACCESS_KEY, REGION, SECRET_KEY
 GATEWAY_SOURCE = Path(s3lanes.__file__).resolve().parent.parent
 
 
+# The import package of the gateway in a tree: `s3lanes` (gateway/s3lanes/), or `gateway` in a tree from
+# before the package rename (the package at the tree's root: gateway/__main__.py).
+PACKAGE = "s3lanes"
+OLD_PACKAGE = "gateway"
+
+
 def tree_source(tree: Path) -> Path:
-    """Where to run `python -m s3lanes` from for a checkout or an exported tree (its gateway/ folder)."""
+    """Where to run the gateway from for a checkout or an exported tree: its gateway/ folder, or the tree
+    itself for a tree of the old layout (package `gateway` at its root, run as `python -m gateway`)."""
+    if (
+        not (tree / "gateway" / PACKAGE / "__main__.py").is_file()
+        and (tree / OLD_PACKAGE / "__main__.py").is_file()
+    ):
+        return tree
     return tree / "gateway"
 
 
+def gateway_package(source: Path) -> str:
+    """The package to run with `python -m` from ``source`` (a :func:`tree_source` directory)."""
+    if not (source / PACKAGE / "__main__.py").is_file() and (source / OLD_PACKAGE / "__main__.py").is_file():
+        return OLD_PACKAGE
+    return PACKAGE
+
+
 def is_gateway_tree(tree: Path) -> bool:
-    return (tree_source(tree) / "s3lanes" / "__main__.py").is_file()
+    source = tree_source(tree)
+    return (source / gateway_package(source) / "__main__.py").is_file()
 
 
 GATEWAY_START_TIMEOUT_S = 30.0
@@ -132,7 +153,16 @@ def start_gateway(
     cfg.write_text(config_text)
     ready = directory / ready_name
     log = directory / log_name
-    argv = [sys.executable, "-m", "s3lanes", "serve", "--config", str(cfg), "--ready-file", str(ready)]
+    argv = [
+        sys.executable,
+        "-m",
+        gateway_package(source),
+        "serve",
+        "--config",
+        str(cfg),
+        "--ready-file",
+        str(ready),
+    ]
     popen = spawn(argv, log, cwd=source, env=env)
     try:
         what = "the gateway" if name == "gateway" else f"gateway {name}"
@@ -222,7 +252,7 @@ def start_spool_gateway(
     server_extra: str = "",
     source: Path = GATEWAY_SOURCE,
 ) -> GatewayProcess:
-    """A spooling gateway in ``root/gw-<name>``. ``source``: the directory holding the ``gateway`` package
+    """A spooling gateway in ``root/gw-<name>``. ``source``: the directory holding the gateway package
     to run (another tree to compare)."""
     d = root / f"gw-{name}"
     d.mkdir()

@@ -13,11 +13,17 @@ import pytest
 from loadtests.harness.cli import from_namespace, parse_sized
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
+    GATEWAY_SOURCE,
+    gateway_package,
+    is_gateway_tree,
     server_toml,
     spawn,
     spool_gateway_toml,
+    start_gateway,
+    stop_gateway,
     stop_process,
     tail,
+    tree_source,
     wait_ready,
 )
 from loadtests.harness.stats import merge_intervals
@@ -121,3 +127,47 @@ def test_options_come_from_the_parsed_namespace_unless_given() -> None:
     a = argparse.Namespace(rounds=3, label="raw", other=1)
     assert from_namespace(Opts, a) == Opts(rounds=3, label="raw")
     assert from_namespace(Opts, a, label="x", quick=True) == Opts(rounds=3, label="x", quick=True)
+
+
+# A stand-in gateway: writes its ready file naming the package it was run as and its directory, then waits.
+FAKE_MAIN = """import json, os, sys, time
+ready = sys.argv[sys.argv.index("--ready-file") + 1]
+doc = {"pid": os.getpid(), "endpoints": ["http://127.0.0.1:1"]}
+doc.update(package=__spec__.parent, cwd=os.getcwd())
+open(ready + ".tmp", "w").write(json.dumps(doc))
+os.replace(ready + ".tmp", ready)
+time.sleep(60)
+"""
+
+
+def _fake_tree(root: Path, package_dir: Path) -> Path:
+    package_dir.mkdir(parents=True)
+    (package_dir / "__init__.py").write_text("")
+    (package_dir / "__main__.py").write_text(FAKE_MAIN)
+    return root
+
+
+@pytest.mark.parametrize(
+    ("layout", "package", "source"),
+    [("gateway/s3lanes", "s3lanes", "gateway"), ("gateway", "gateway", ".")],
+    ids=["current layout", "layout before the package rename"],
+)
+def test_a_compared_tree_runs_its_own_gateway_package_from_its_source_folder(
+    tmp_path: Path, layout: str, package: str, source: str
+) -> None:
+    tree = _fake_tree(tmp_path / "tree", tmp_path / "tree" / layout)
+    assert is_gateway_tree(tree)
+    assert tree_source(tree) == tree / source
+    assert gateway_package(tree_source(tree)) == package
+    proc = start_gateway(tmp_path / "run", "", source=tree_source(tree), timeout_s=30.0)
+    try:
+        assert proc.ready["package"] == package
+        assert Path(proc.ready["cwd"]).resolve() == (tree / source).resolve()
+    finally:
+        stop_gateway(proc, 10.0)
+
+
+def test_this_checkout_and_a_folder_without_a_gateway(tmp_path: Path) -> None:
+    assert gateway_package(GATEWAY_SOURCE) == "s3lanes"
+    assert is_gateway_tree(GATEWAY_SOURCE.parent)
+    assert not is_gateway_tree(tmp_path)
