@@ -48,7 +48,7 @@ run: $(RUN_STAMP)
 ## Quick start 2: the whole test suite (starts its own SeaweedFS): the pure layers first, then the rest.
 test: $(TORCH_STAMP)
 	scripts/system-deps
-	$(BIN)/pytest $(PURE_TESTS) $(CORE_COVERAGE) $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(FAST_WORKERS) $(PURE_TESTS) $(CORE_COVERAGE) $(PYTEST_ARGS)
 	$(BIN)/pytest $(addprefix --ignore=,$(PURE_TESTS)) $(PYTEST_ARGS)
 
 PURE_TESTS := tests/core tests/sim

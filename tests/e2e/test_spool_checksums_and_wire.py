@@ -103,7 +103,9 @@ def relayed(
         tmp,
         seaweed,
         backend_endpoint=f"http://127.0.0.1:{relay.port}",
-        extra_toml="\n[spool]\nretry_base_s = 0.05\nretry_max_s = 0.3",
+        # A drain request the paused relay cut off is in doubt until the store's read timeout: 10 s, not the
+        # default 60, so the held tests wait for it that long at most.
+        extra_toml="read_timeout_s = 10\n\n[spool]\nretry_base_s = 0.05\nretry_max_s = 0.3",
     )
     try:
         yield gw, relay
