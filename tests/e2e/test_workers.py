@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import statistics
+import subprocess
 import threading
 import time
 import urllib.request
@@ -175,10 +176,10 @@ def _loop(stop: threading.Event, errors: list[BaseException], fn: Any) -> None:
         errors.append(exc)
 
 
-def test_the_write_cap_holds_for_the_node_not_per_worker(tmp_path: Path, seaweed: Any) -> None:
-    """Readers and writers on both workers, behind a byte-counting relay: the checkpoint lanes of the two
-    workers together keep to 30 % of the store's bandwidth while reads are active (each worker alone would
-    allow itself 30 %: 60 % in all), and the two together to the store's bandwidth, 70/30."""
+def _shaped_gateway(
+    tmp_path: Path, seaweed: Any
+) -> tuple[CountingRelay, subprocess.Popen[bytes], dict[str, Any], Path]:
+    """Two workers paced at BANDWIDTH_BPS in front of a byte-counting relay to the store."""
     parts = urlsplit(seaweed.endpoint_url)
     relay = CountingRelay(parts.hostname or "127.0.0.1", parts.port or 80)
     relay.start()
@@ -186,20 +187,31 @@ def test_the_write_cap_holds_for_the_node_not_per_worker(tmp_path: Path, seaweed
     toml = toml.replace('bandwidth = "1GB/s"', f'bandwidth = "{BANDWIDTH_BPS}"')
     toml += "\n[scheduler]\nlatency_target_ms = 2000\n"  # CPU contention is not store latency (test_lanes.py)
     proc, ready, log_path = start_gateway(tmp_path, toml)
+    return relay, proc, ready, log_path
+
+
+def _client(url: str, seaweed: Any) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=url,
+        aws_access_key_id=seaweed.admin.access_key,
+        aws_secret_access_key=seaweed.admin.secret_key,
+        region_name="us-east-1",
+        config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, read_timeout=60),
+    )
+
+
+def test_the_write_cap_holds_for_the_node_not_per_worker(tmp_path: Path, seaweed: Any) -> None:
+    """Readers and writers on both workers, behind a byte-counting relay: the checkpoint lanes of the two
+    workers together keep to 30 % of the store's bandwidth while reads are active (each worker alone would
+    allow itself 30 %: 60 % in all), and the two together to the store's bandwidth, 70/30."""
+    relay, proc, ready, log_path = _shaped_gateway(tmp_path, seaweed)
     w = ready["workers"]
     url = ready["endpoints"][0]
-    admin = seaweed.admin
     bucket = "workers-cap"
 
     def client() -> Any:
-        return boto3.client(
-            "s3",
-            endpoint_url=url,
-            aws_access_key_id=admin.access_key,
-            aws_secret_access_key=admin.secret_key,
-            region_name="us-east-1",
-            config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, read_timeout=60),
-        )
+        return _client(url, seaweed)
 
     stop_reads, stop_writes = threading.Event(), threading.Event()
     errors: list[BaseException] = []
@@ -277,27 +289,13 @@ def test_readers_on_one_worker_and_writers_on_the_other_keep_70_30_for_the_node(
     The node's bandwidth is split per lane (core.node_lanes), so the reads keep their 70 % of the node while
     the writes stay under 30 %, and the two together within the node's bandwidth. Once the readers stop,
     the writes take the link."""
-    parts = urlsplit(seaweed.endpoint_url)
-    relay = CountingRelay(parts.hostname or "127.0.0.1", parts.port or 80)
-    relay.start()
-    toml = _toml(tmp_path, seaweed).replace(seaweed.endpoint_url, f"http://127.0.0.1:{relay.port}")
-    toml = toml.replace('bandwidth = "1GB/s"', f'bandwidth = "{BANDWIDTH_BPS}"')
-    toml += "\n[scheduler]\nlatency_target_ms = 2000\n"  # CPU contention is not store latency (test_lanes.py)
-    proc, ready, log_path = start_gateway(tmp_path, toml)
+    relay, proc, ready, log_path = _shaped_gateway(tmp_path, seaweed)
     w = ready["workers"]
     url = ready["endpoints"][0]
-    admin = seaweed.admin
     bucket = "workers-split"
 
     def client() -> Any:
-        return boto3.client(
-            "s3",
-            endpoint_url=url,
-            aws_access_key_id=admin.access_key,
-            aws_secret_access_key=admin.secret_key,
-            region_name="us-east-1",
-            config=BotoConfig(s3={"addressing_style": "path"}, retries={"max_attempts": 1}, read_timeout=60),
-        )
+        return _client(url, seaweed)
 
     stop_reads, stop_writes = threading.Event(), threading.Event()
     errors: list[BaseException] = []
