@@ -350,3 +350,19 @@ def many_writers(progress_interval_s: float | None = 2.0) -> Scenario:
             ),
         ),
     )
+
+
+def faster_store() -> Scenario:
+    """The e2e lanes test's shape: a gateway configured at 40 MB/s in front of a store four times faster, so
+    nothing but the scheduler holds the total. Eight readers of 4 MiB objects (their weight-phase grants
+    borrow below the capacity bucket) and eight 4 MiB writers, every stream closed loop."""
+    return Scenario(
+        name="faster_store",
+        duration_s=12.0,
+        backend=BackendParams(capacity_steps=((0.0, 4 * C_SLOW),)),
+        cfg=replace(scheduler_config(Config(), C_SLOW), latency_target_s=2.0),
+        clients=(
+            ClientSpec("dataset", "read", "closed", 4 * MiB, 0.0, 12.0, streams=8),
+            ClientSpec("checkpoint", "write", "closed", 4 * MiB, 0.0, 12.0, streams=8),
+        ),
+    )

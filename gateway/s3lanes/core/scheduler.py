@@ -33,9 +33,10 @@ grant, so the total granted rate is ``C``. A weight-phase winner waits for it (n
 winner); a read-protected winner may borrow one bucket depth below zero, so a burst of reads goes at once
 while sustained overload still follows the weights. Reservation-phase grants only charge it, never wait
 for it: reservations sum to at most ``C``, and a lane within its reservation must not wait on the others
-(reads are admitted at once and charged; the others yield). A read overdraft is forgiven
-beyond what can still be in flight, so the other lanes never wait out a stale debt. Every grant also needs
-the lane's ceiling bucket (GCRA whose tau is what the ceiling rate fills in :data:`CEILING_DEPTH_S`, at
+(reads are admitted at once and charged; the others yield). A read overdraft is repaid, never forgiven:
+the debt is bounded (a weight-phase read needs the level at minus one depth, reservation grants come at
+most at ``C``), and forgiving it would let concurrent readers take the store over ``C``. Every grant also
+needs the lane's ceiling bucket (GCRA whose tau is what the ceiling rate fills in :data:`CEILING_DEPTH_S`, at
 least one piece and at most ``burst_bytes``; while reads are active a lane at its cap
 (``limit_while_reads_active``, ``strict`` mode) paces at :data:`SHARE_WINDOW_S` / (:data:`SHARE_WINDOW_S` +
 :data:`CEILING_DEPTH_S`) of it less ``cap_headroom`` (never under its configured floor), so that no second,
@@ -914,17 +915,10 @@ class Scheduler:
         ln.inflight_bytes += c
         self._inflight_tickets += 1
         self._inflight_bytes += c
+        # Every grant is charged, reads' included: an overdraft is repaid by the lanes that wait for the
+        # bucket, never forgiven, so the total granted over any stretch is C plus at most a few bucket
+        # depths (forgiving it let concurrent readers' weight-phase grants run the store 10-30 % over C).
         self._server.take(c, now)
-        if ln.spec.read_protected:
-            # Reads never wait for capacity; their overdraft makes the other lanes yield. It is forgiven
-            # beyond what can still be in flight (the window): older excess has been delivered already, and
-            # once reads stop the others must not wait out a stale debt (work conservation).
-            win = self._window_bytes()
-            bound = max(
-                self._server.depth_bytes,
-                float(win) if win is not None else self._capacity() * self._cfg.window_s,
-            )
-            self._server.level_bytes = max(self._server.level_bytes, -bound)
         ln.limit_bucket.take(c, now)
         if reserved:
             ln.res_bucket.take(c, now)
