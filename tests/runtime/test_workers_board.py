@@ -16,7 +16,7 @@ from s3lanes.clock import FakeClock
 from s3lanes.config import ClusterConfig, Config
 from s3lanes.core.cluster_budget import Mode
 from s3lanes.core.node_lanes import LANE_FLOOR
-from s3lanes.core.scheduler import Scheduler
+from s3lanes.core.scheduler import CEILING_DEPTH_S, SHARE_WINDOW_S, Scheduler, external_paced_bps
 from s3lanes.runtime.cluster import ClusterMember
 from s3lanes.runtime.wiring import scheduler_config
 from s3lanes.runtime.workers import FileBoard, clear_board
@@ -111,9 +111,15 @@ async def test_workers_split_the_node_per_lane_and_pace_each_lane_to_its_part(tm
     part = cap * C * (1 - LANE_FLOOR / 2)
     lane = writers._scheduler.snapshot(clock.monotonic()).lane("checkpoint")
     assert lane.external_limit_bps is not None
-    paced = lane.external_limit_bps * (0.9 if lane.external_for_reads else 1.0)
-    assert paced <= part * (1 + 1e-9)
-    assert paced >= 0.9 * part
+    paced = external_paced_bps(
+        lane.external_limit_bps,
+        for_reads=lane.external_for_reads,
+        headroom_taken=lane.external_headroom_taken,
+        cap_headroom=0.1,
+    )
+    at_cap = SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)
+    assert paced <= part * at_cap * (1 + 1e-9)  # the part, paced as the node's cap is: no second over it
+    assert paced >= 0.9 * part * at_cap
     snap = writers._scheduler.snapshot(clock.monotonic())
     assert snap.capacity_bps == pytest.approx(writers.capacity_share * C)
     status = readers.status()

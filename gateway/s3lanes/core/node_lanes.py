@@ -34,7 +34,11 @@ the node's readers and all its writers would give the writes 30 % of its part, n
 A lane that nobody on the node uses has no part; it is limited to ``LANE_FLOOR`` of its cap (split among
 the workers) if it has one, and otherwise only by its worker's part, so that its first requests go at once.
 Since the node split already applies the caps while reads are active, the worker's scheduler no longer
-applies them to its part (:meth:`~s3lanes.core.scheduler.Scheduler.set_node_caps`).
+applies them to its part (:meth:`~s3lanes.core.scheduler.Scheduler.set_node_caps`). A lane's part of a cap
+for the reads' sake (:func:`capped_for_reads`) is paced as that cap would be by one scheduler: at
+``SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)`` of it (``set_external_limit(for_reads=True,
+headroom_taken=True)``: the headroom is off already), so that no second, even one that starts with the
+lane's ceiling bucket full, goes over the part, and the node's lane over its cap.
 
 A report without per-lane demands (an older version's) wants the whole capacity in every lane. The node's
 capacity is the median of the reports' figures (they describe one store). Deterministic and pure: the same
@@ -69,6 +73,8 @@ class NodeLaneSplit:
     shares: Mapping[str, float]  # worker id -> its part of the node (fractions adding up to 1)
     # worker id -> lane -> the external limit the worker paces the lane to (None: its part of the node only)
     limits: Mapping[str, Mapping[str, float | None]]
+    # the lanes whose limits are parts of a cap for the reads' sake (paced as that cap would be locally)
+    for_reads: frozenset[str] = frozenset()
 
 
 def node_lane_limit(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_headroom: float) -> float:
@@ -77,6 +83,18 @@ def node_lane_limit(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_hea
     if reads_active and strict and spec.limit_while_reads_active is not None:
         f = min(f, max(spec.floor, spec.limit_while_reads_active * (1.0 - cap_headroom)))
     return f
+
+
+def capped_for_reads(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_headroom: float) -> bool:
+    """Whether the lane's cap in force on the node (:func:`node_lane_limit`) is its cap for the reads' sake
+    (``limit_while_reads_active``, no looser than ``limit``): its parts are then paced as the scheduler paces
+    that cap while reads are active, at ``SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)`` of it, so
+    that no second goes over it (the headroom is already off)."""
+    cap = spec.limit_while_reads_active
+    if not (reads_active and strict and cap is not None) or spec.read_protected:
+        return False
+    limit = spec.limit if spec.limit is not None else math.inf
+    return max(spec.floor, cap * (1.0 - cap_headroom)) <= limit
 
 
 def _worker_demand(r: NodeReport, lane: str, capacity_bps: float) -> float:
@@ -168,4 +186,9 @@ def split_node_lanes(
         parts=parts,
         shares=shares,
         limits=lane_limits,
+        for_reads=frozenset(
+            s.name
+            for s in specs
+            if capped_for_reads(s, reads_active=reads, strict=strict, cap_headroom=cap_headroom)
+        ),
     )

@@ -45,7 +45,9 @@ the bytes unevenly; and a capped lane that is not read-protected keeps, of the c
 idle, only what its ceiling delivers in ``latency_target_s``, so a checkpoint lane back from idle starts
 at its rate instead of with a burst in front of the reads). The ceiling is, as a fraction of ``C``: the
 lane's ``limit``; an *external limit* (:meth:`Scheduler.set_external_limit`: this node's allowance of a
-cluster-wide budget, in force whatever the local read activity, since the readers may be on another node);
+cluster-wide budget, or this worker's part of its node's lane, in force whatever the local read activity,
+since the readers may be on another node or worker; one that is a share of the reads' cap is paced as that
+cap is here while reads are active, its headroom taken off once);
 in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
 (checkpoint and restore 0.30); for ``paced_by_guard`` lanes, while reads are active, times the latency
 guard's multiplier ``m``; times a SlowDown cut; and never below ``floor``. A floor is also a guarantee:
@@ -283,6 +285,18 @@ def saturation_scale(delivered_fraction: float) -> float:
     return 1.0 - (x - SATURATED_FROM) * (1.0 - SATURATED_AT) / (SATURATED_AT - SATURATED_FROM)
 
 
+def external_paced_bps(bps: float, *, for_reads: bool, headroom_taken: bool, cap_headroom: float) -> float:
+    """What a lane that is not read-protected is paced at under an external limit of ``bps`` alone (before
+    its floor and its other caps), as :meth:`Scheduler.set_external_limit` takes it: a share of the reads'
+    cap less ``cap_headroom`` (unless taken off already) and at :data:`SHARE_WINDOW_S` /
+    (:data:`SHARE_WINDOW_S` + :data:`CEILING_DEPTH_S`) of that; any other limit at ``bps``. Lets a caller
+    holding two limits for one lane tell which one paces it lower."""
+    if not for_reads:
+        return bps
+    net = bps if headroom_taken else bps * (1.0 - cap_headroom)
+    return net * SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)
+
+
 # -- decisions -------------------------------------------------------------------------------------------
 
 
@@ -330,6 +344,8 @@ class LaneSnapshot:
     achieved_share: float  # of the bytes delivered over the last second (granted, if none delivered)
     external_limit_bps: float | None = None  # set_external_limit (a cluster allowance); None = none
     external_for_reads: bool = False  # that limit is a share of the reads' cap: paced less cap_headroom
+    # ... which the limit has already taken off (a node's part of a lane: core.node_lanes)
+    external_headroom_taken: bool = False
     floor_fraction: float = 0.0  # the floor in force: configured, progress or set_floor, within the cap
 
 
@@ -398,6 +414,7 @@ class _Lane:
         "done_total",
         "external_bps",
         "external_for_reads",
+        "external_headroom_taken",
         "floor_now",
         "floor_set",
         "granted_bytes_total",
@@ -444,6 +461,7 @@ class _Lane:
         self.ceiling = math.inf  # fraction of C
         self.external_bps: float | None = None  # set_external_limit
         self.external_for_reads = False  # set_external_limit(for_reads=...): a share of the reads' cap
+        self.external_headroom_taken = False  # set_external_limit(headroom_taken=...): cap_headroom is off
         self.floor_set = 0.0  # set_floor (the spool's durability deadline), fraction of C
         self.floor_now = spec.floor  # the floor in force (see Scheduler._floor), updated with the rates
         self.vstart = 0.0  # virtual start tag of the head (valid while backlogged)
@@ -722,7 +740,13 @@ class Scheduler:
         self._delivered_seen = True
 
     def set_external_limit(
-        self, lane: str, bps: float | None, now: float, *, for_reads: bool = False
+        self,
+        lane: str,
+        bps: float | None,
+        now: float,
+        *,
+        for_reads: bool = False,
+        headroom_taken: bool = False,
     ) -> None:
         """Cap ``lane`` at ``bps`` from ``now`` on (``None`` lifts the cap), whether or not reads are active
         here: the cluster budget (``s3lanes.runtime.cluster``) hands each node its allowance this way, and the
@@ -730,16 +754,23 @@ class Scheduler:
         allowance is a share of a cap that protects reads (``limit_while_reads_active`` while some node
         reads): the lane is then paced under it as under its own cap while reads are active here, by
         ``cap_headroom`` and at :data:`SHARE_WINDOW_S` / (:data:`SHARE_WINDOW_S` + :data:`CEILING_DEPTH_S`)
-        of it, since the store's queue releases the cluster's writes as unevenly as one node's. Raises
-        ``KeyError`` for an unknown lane, ``ValueError`` for a negative or NaN rate."""
+        of it, since the store's queue releases the cluster's writes as unevenly as one node's.
+        ``headroom_taken`` (with ``for_reads``): ``bps`` has ``cap_headroom`` taken off already (a worker's
+        part of a lane the node caps for its reads, :mod:`s3lanes.core.node_lanes`): it is paced at
+        :data:`SHARE_WINDOW_S` / (:data:`SHARE_WINDOW_S` + :data:`CEILING_DEPTH_S`) of ``bps``, exactly as
+        the same cap would be here, and not under the headroom twice. Raises ``KeyError`` for an unknown
+        lane, ``ValueError`` for a negative or NaN rate."""
         ln = self._by_name[lane]
         if bps is not None and not bps >= 0:
             raise ValueError(f"an external limit must be >= 0 bytes/s, got {bps}")
         now = self._advance(now)
         for_reads = for_reads and bps is not None
-        if bps != ln.external_bps or for_reads != ln.external_for_reads:
+        taken = headroom_taken and for_reads
+        held = (ln.external_bps, ln.external_for_reads, ln.external_headroom_taken)
+        if (bps, for_reads, taken) != held:
             ln.external_bps = bps
             ln.external_for_reads = for_reads
+            ln.external_headroom_taken = taken
             self._apply_rates(now)
 
     def set_capacity_share(self, fraction: float, now: float) -> None:
@@ -839,6 +870,7 @@ class Scheduler:
                     achieved_share=b / total if total > 0 else 0.0,
                     external_limit_bps=ln.external_bps,
                     external_for_reads=ln.external_for_reads,
+                    external_headroom_taken=ln.external_headroom_taken,
                     floor_fraction=ln.floor_now,
                 )
             )
@@ -1102,11 +1134,11 @@ class Scheduler:
 
     def _external_fraction(self, ln: _Lane) -> float | None:
         """The lane's external limit as a fraction of ``C`` (None: none), less ``cap_headroom`` when it is a
-        share of the reads' cap (``set_external_limit(for_reads=True)``)."""
+        share of the reads' cap (``set_external_limit(for_reads=True)``) that has not taken it off yet."""
         if ln.external_bps is None:
             return None
         f = ln.external_bps / self._capacity()
-        if ln.external_for_reads:
+        if ln.external_for_reads and not ln.external_headroom_taken:
             f *= 1.0 - self._cfg.cap_headroom
         return f
 

@@ -62,7 +62,7 @@ from s3lanes.core.cluster_budget import (
     lane_demand_bps,
 )
 from s3lanes.core.node_lanes import NodeLaneSplit, split_node_lanes
-from s3lanes.core.scheduler import Scheduler
+from s3lanes.core.scheduler import Scheduler, external_paced_bps
 from s3lanes.runtime.spool import Spool
 
 log = logging.getLogger("s3lanes.cluster")
@@ -246,6 +246,7 @@ class ClusterMember:
         for_reads = set(
             verdict.for_reads
         )  # allowances that are a share of the reads' cap: paced with headroom
+        node_parts_for_reads: set[str] = set()  # node parts of the reads' cap: their headroom is off already
         if self.node_share and reports is not None and self._scheduler.config.capacity_bps is not None:
             split = split_node_lanes(
                 reports,
@@ -258,20 +259,39 @@ class ClusterMember:
             if split is not None and self.node_id in split.shares:
                 self.node_split = split
                 self.capacity_share = split.shares[self.node_id]
-                headroom = 1.0 - self._scheduler.config.cap_headroom
+                headroom = self._scheduler.config.cap_headroom
                 for lane, bps in split.limits[self.node_id].items():
                     held = limits.get(lane)
                     if bps is None:
+                        # Nobody on the node uses the lane and it has no cap: only the worker's part bounds
+                        # it (a part set in an earlier round must not linger).
+                        limits.setdefault(lane, None)
                         continue
                     # The node's part already has the headroom taken off; an allowance gets it when applied.
-                    held_paced = None if held is None else held * (headroom if lane in for_reads else 1.0)
-                    if held_paced is None or bps < held_paced:
+                    part_reads = lane in split.for_reads
+                    paced = external_paced_bps(
+                        bps, for_reads=part_reads, headroom_taken=True, cap_headroom=headroom
+                    )
+                    held_paced = None
+                    if held is not None:
+                        held_paced = external_paced_bps(
+                            held, for_reads=lane in for_reads, headroom_taken=False, cap_headroom=headroom
+                        )
+                    if held_paced is None or paced < held_paced:
                         limits[lane] = bps
                         for_reads.discard(lane)
+                        if part_reads:
+                            node_parts_for_reads.add(lane)
                 self._scheduler.set_node_caps(True, now)
                 self._scheduler.set_capacity_share(self.capacity_share, now)
         for lane, bps in limits.items():
-            self._scheduler.set_external_limit(lane, bps, now, for_reads=lane in for_reads)
+            self._scheduler.set_external_limit(
+                lane,
+                bps,
+                now,
+                for_reads=lane in for_reads or lane in node_parts_for_reads,
+                headroom_taken=lane in node_parts_for_reads,
+            )
         if self._wake is not None:
             self._wake()
         self._last_own = own
