@@ -357,6 +357,7 @@ def _report(node: str, s: Scheduler, now: float) -> NodeReport:
             )
             for ln in snap.lanes
         },
+        guard_multiplier=snap.guard_multiplier,
     )
 
 
@@ -422,6 +423,8 @@ class _Node:
                 for w, (s, _) in self.workers.items():
                     if w not in sp.shares:
                         continue  # its report is stale: not in the split (ClusterMember applies nothing)
+                    if self.node_guard:
+                        s.set_node_guard(sp.guard_multiplier, self.now)
                     s.set_node_caps(self.node_caps, self.now)
                     s.set_capacity_share(sp.shares[w], self.now)
                     for lane, bps in sp.limits[w].items():

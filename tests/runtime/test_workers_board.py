@@ -126,3 +126,35 @@ async def test_workers_split_the_node_per_lane_and_pace_each_lane_to_its_part(tm
     assert status["capacity_share"] == readers.capacity_share
     assert status["node_lanes"]["dataset"]["node_bps"] == pytest.approx((1 - cap) * C)
     assert status["node_lanes"]["checkpoint"]["part_bps"] == pytest.approx(cap * C * LANE_FLOOR / 2)
+
+
+async def test_workers_carry_the_read_guard_to_the_node_on_the_file_board(tmp_path: Path) -> None:
+    clock = FakeClock()
+    members = workers(tmp_path, clock, {"n.w0": 0, "n.w1": 10**10}, readers={"n.w0"}, node_share=True)
+    readers, writers = members["n.w0"], members["n.w1"]
+
+    async def rounds(n: int) -> None:
+        for _ in range(n):
+            for m in members.values():
+                await m.step()
+            clock.advance(INTERVAL)
+
+    await rounds(4)
+    assert writers._scheduler.snapshot(clock.monotonic()).node_guard_multiplier == 1.0
+    # The readers' guard cuts (their reads miss their target); the writers' worker, which has no reads of
+    # its own, paces its writes by the node's multiplier from its next round on.
+    guard = readers._scheduler._guard
+    guard.multiplier, guard.last_read_at = 0.25, clock.monotonic()  # a guard that saw reads lets go after 5 s
+    await rounds(1)
+    assert readers._report(clock.monotonic()).guard_multiplier == 0.25  # what the readers' worker publishes
+    snap = writers._scheduler.snapshot(clock.monotonic())
+    assert not snap.reads_active
+    assert snap.node_guard_multiplier == 0.25
+    assert snap.lane("checkpoint").guard_multiplier == 0.25
+    assert writers.status()["node_guard_multiplier"] == 0.25
+    assert writers._report(clock.monotonic()).guard_multiplier == 1.0  # its own guard, not the node's
+    # The readers' worker stops reporting: after the ttl its cut no longer holds.
+    del members["n.w0"]
+    await rounds(4)
+    assert writers._scheduler.snapshot(clock.monotonic()).node_guard_multiplier == 1.0
+    assert writers.status()["node_guard_multiplier"] == 1.0

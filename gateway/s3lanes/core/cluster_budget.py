@@ -114,6 +114,8 @@ class NodeReport:
     demand_bps: float | None = None
     # Several workers of one node: every lane's demand on this worker (core.node_lanes), None if not sent.
     node_lanes: Mapping[str, LaneDemandReport] | None = None
+    # Several workers of one node: this worker's read-latency guard multiplier (in (0, 1]; None: not sent).
+    guard_multiplier: float | None = None
 
 
 class ReportError(ValueError):
@@ -148,6 +150,8 @@ def encode_report(r: NodeReport) -> bytes:
             name: {"rate": ln.rate_bps, "demand": ln.demand_bps, "backlog": ln.backlog_bytes}
             for name, ln in sorted(r.node_lanes.items())
         }
+    if r.guard_multiplier is not None:
+        doc["gm"] = r.guard_multiplier
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -196,7 +200,18 @@ def decode_report(raw: bytes | str) -> NodeReport:
         lanes=lanes,
         demand_bps=None if doc.get("dem") is None else float(_num(doc, "dem")),
         node_lanes=_node_lanes(doc.get("nl")),
+        guard_multiplier=_guard_multiplier(doc),
     )
+
+
+def _guard_multiplier(doc: Mapping[str, Any]) -> float | None:
+    """A worker's read-latency guard multiplier ("gm"); absent in reports of older versions (None)."""
+    if doc.get("gm") is None:
+        return None
+    m = float(_num(doc, "gm"))
+    if not 0.0 < m <= 1.0:
+        raise ReportError(f"'gm' must be within (0, 1], got {m!r}")
+    return m
 
 
 def _node_lanes(raw: Any) -> dict[str, LaneDemandReport] | None:

@@ -40,6 +40,14 @@ for the reads' sake (:func:`capped_for_reads`) is paced as that cap would be by 
 headroom_taken=True)``: the headroom is off already), so that no second, even one that starts with the
 lane's ceiling bucket full, goes over the part, and the node's lane over its cap.
 
+The read-latency guard is the node's too. Each worker's scheduler runs its own guard
+(:class:`~s3lanes.core.sched_control.LatencyGuard`) on the reads it serves, and a worker with only writers
+never sees one. So each worker publishes its guard's multiplier, and every worker paces its paced lanes
+(``paced_by_guard``) by the smallest multiplier among the live workers whose reads are active, its own
+included (:func:`node_guard_multiplier`, :meth:`~s3lanes.core.scheduler.Scheduler.set_node_guard`):
+readers missing their target on one worker cut the writes of all, and the writes grow back as that guard
+lets go, once those reads stop, or once that worker's report goes stale.
+
 A report without per-lane demands (an older version's) wants the whole capacity in every lane. The node's
 capacity is the median of the reports' figures (they describe one store). Deterministic and pure: the same
 reports give the same split on every worker; no I/O, no clock (``now`` is the board's).
@@ -75,6 +83,8 @@ class NodeLaneSplit:
     limits: Mapping[str, Mapping[str, float | None]]
     # the lanes whose limits are parts of a cap for the reads' sake (paced as that cap would be locally)
     for_reads: frozenset[str] = frozenset()
+    # the read-latency guard's multiplier for the node's paced lanes (node_guard_multiplier)
+    guard_multiplier: float = 1.0
 
 
 def node_lane_limit(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_headroom: float) -> float:
@@ -95,6 +105,14 @@ def capped_for_reads(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_he
         return False
     limit = spec.limit if spec.limit is not None else math.inf
     return max(spec.floor, cap * (1.0 - cap_headroom)) <= limit
+
+
+def node_guard_multiplier(live: Iterable[NodeReport]) -> float:
+    """The read-latency guard's multiplier for the paced lanes of every worker of the node: the smallest
+    among the workers whose reads are active (a guard that sees no reads has nothing to say), 1 if none
+    reads. A report without one (an older version's) does not cut."""
+    got = [r.guard_multiplier for r in live if r.reads_active and r.guard_multiplier is not None]
+    return min(got, default=1.0)
 
 
 def _worker_demand(r: NodeReport, lane: str, capacity_bps: float) -> float:
@@ -191,4 +209,5 @@ def split_node_lanes(
             for s in specs
             if capped_for_reads(s, reads_active=reads, strict=strict, cap_headroom=cap_headroom)
         ),
+        guard_multiplier=node_guard_multiplier(live),
     )

@@ -50,8 +50,10 @@ since the readers may be on another node or worker; one that is a share of the r
 cap is here while reads are active, its headroom taken off once);
 in ``strict`` mode, while reads are active, also ``limit_while_reads_active``
 (checkpoint and restore 0.30); for ``paced_by_guard`` lanes, while reads are active, times the latency
-guard's multiplier ``m``; times a SlowDown cut; and never below ``floor``. A floor is also a guarantee:
-the reservation used is ``max(reservation, floor)``. ``work_conserving`` mode drops
+guard's multiplier ``m`` (one of several workers of a node: also the node's, the smallest among its
+reading workers' guards, while it cuts, whatever the reads here: :meth:`Scheduler.set_node_guard`); times
+a SlowDown cut; and never below ``floor``. A floor is also a guarantee: the reservation used is
+``max(reservation, floor)``. ``work_conserving`` mode drops
 ``limit_while_reads_active``: writes take what reads leave, and the guard alone protects read latency.
 With a configured capacity, the caps in force while reads are active (``limit_while_reads_active``, and
 what a raised floor may reach) are shares of what the store *delivers* once it is saturated (it carries
@@ -366,6 +368,9 @@ class SchedulerSnapshot:
     # The caps while reads are active are shares of capacity_bps times this (saturation_scale): 1 unless a
     # configured store is saturated below its configured capacity.
     cap_scale: float = 1.0
+    # Several workers of one node: the node's guard multiplier applied to the paced lanes (set_node_guard)
+    # on top of this scheduler's own (guard_multiplier, which is what this worker publishes); 1 otherwise.
+    node_guard_multiplier: float = 1.0
 
     def lane(self, name: str) -> LaneSnapshot:
         for ln in self.lanes:
@@ -483,6 +488,7 @@ class Scheduler:
         self._cfg = cfg
         self._share = 1.0  # of a configured capacity, this process's (several workers: set_capacity_share)
         self._node_caps = False  # the caps while reads are active are the node's (set_node_caps)
+        self._node_guard = 1.0  # the node's read-latency guard multiplier (set_node_guard)
         total_w = math.fsum(s.weight for s in cfg.lanes)
         burst = float(cfg.burst_bytes)
         self._lanes = tuple(_Lane(s, i, s.weight / total_w, burst, now) for i, s in enumerate(cfg.lanes))
@@ -798,6 +804,21 @@ class Scheduler:
             self._node_caps = enabled
             self._apply_rates(now)
 
+    def set_node_guard(self, multiplier: float, now: float) -> None:
+        """Pace the lanes the guard paces (``paced_by_guard``) by ``multiplier`` from ``now`` on, whether or
+        not reads are active here: one of several workers of a node, whose readers may be on another worker
+        (:func:`s3lanes.core.node_lanes.node_guard_multiplier`: the smallest guard multiplier among the
+        node's workers with reads active, 1 when none reads). This scheduler's own guard still applies
+        while it has reads; the lower of the two wins. As with its own multiplier, a lane is never paced
+        under its floor, and the progress floor keeps its queue moving. Raises ``ValueError`` for a
+        multiplier outside (0, 1]."""
+        if not 0.0 < multiplier <= 1.0:
+            raise ValueError(f"a guard multiplier must be within (0, 1], got {multiplier}")
+        now = self._advance(now)
+        if multiplier != self._node_guard:
+            self._node_guard = multiplier
+            self._apply_rates(now)
+
     def node_capacity_bps(self) -> float:
         """The capacity ``C`` of the store (configured, or the current estimate), before any share."""
         if self._estimator is not None:
@@ -849,7 +870,7 @@ class Scheduler:
         span_s = max(self._cfg.window_s, len(self._lanes[0].hist_granted) * self._cfg.window_s)
         lanes = []
         for ln, b in zip(self._lanes, basis, strict=True):
-            paced = ln.spec.paced_by_guard and self._reads_active
+            paced = self._guarding(ln)
             lanes.append(
                 LaneSnapshot(
                     name=ln.spec.name,
@@ -865,7 +886,7 @@ class Scheduler:
                     allocation_bps=ln.allocation_bps,
                     granted_rate_bps=sum(ln.hist_granted) / span_s,
                     limit_bps=ln.ceiling * cap if math.isfinite(ln.ceiling) else None,
-                    guard_multiplier=self._guard.multiplier if paced else 1.0,
+                    guard_multiplier=self._multiplier() if paced else 1.0,
                     slowdown_fraction=ln.slowdown.fraction(now),
                     achieved_share=b / total if total > 0 else 0.0,
                     external_limit_bps=ln.external_bps,
@@ -885,6 +906,7 @@ class Scheduler:
             inflight_tickets=self._inflight_tickets,
             inflight_bytes_max=self._window_bytes(),
             guard_multiplier=self._guard.multiplier,
+            node_guard_multiplier=self._node_guard,
             read_baseline_ttfb_s=self._guard.baseline_s,
             lanes=tuple(lanes),
             cap_scale=self._cap_scale,
@@ -1019,13 +1041,21 @@ class Scheduler:
         return int(max(4 * cfg.burst_bytes, self._capacity() * AUTO_WINDOW_S))
 
     def _guarding(self, ln: _Lane) -> bool:
-        return self._reads_active and ln.spec.paced_by_guard
+        """Whether the guard paces ``ln`` now: its own while reads are active here, or the node's while it
+        cuts (some worker of the node reads: :meth:`set_node_guard`)."""
+        return ln.spec.paced_by_guard and (self._reads_active or self._node_guard < 1.0)
+
+    def _multiplier(self) -> float:
+        """The guard's multiplier for the paced lanes: this scheduler's own while reads are active here, and
+        the node's (:meth:`set_node_guard`), whichever is lower."""
+        own = self._guard.multiplier if self._reads_active else 1.0
+        return min(own, self._node_guard)
 
     def _max_concurrency(self, ln: _Lane) -> int | None:
         mc = ln.spec.max_concurrency
         if mc is None or not self._guarding(ln):
             return mc
-        return max(1, int(mc * self._guard.multiplier))
+        return max(1, int(mc * self._multiplier()))
 
     def _window_share_bytes(self, ln: _Lane) -> float | None:
         """While reads are active a paced lane may hold only its ceiling's share of the window."""
@@ -1042,11 +1072,11 @@ class Scheduler:
         external = self._external_fraction(ln)
         if external is not None:
             f = min(f, external)
-        if self._reads_active:
-            if self._local_caps() and s.limit_while_reads_active is not None:
-                f = min(f, s.limit_while_reads_active * self._cap_scale)
-            if s.paced_by_guard and self._guard.multiplier < 1.0:
-                f = min(f, 1.0) * self._guard.multiplier
+        if self._reads_active and self._local_caps() and s.limit_while_reads_active is not None:
+            f = min(f, s.limit_while_reads_active * self._cap_scale)
+        m = self._multiplier()
+        if s.paced_by_guard and m < 1.0:
+            f = min(f, 1.0) * m
         sd = ln.slowdown.fraction(now) if slowdown else None
         if sd is not None:
             f = min(f, sd)
@@ -1071,7 +1101,8 @@ class Scheduler:
         s = ln.spec
         want = ln.floor_set
         interval = self._cfg.progress_interval_s
-        if progress and interval is not None and self._reads_active and not s.read_protected:
+        paced_for_reads = self._reads_active or self._node_guard < 1.0  # reads here, or the node's guard cuts
+        if progress and interval is not None and paced_for_reads and not s.read_protected:
             round_bytes = (ln.queued_bytes + ln.inflight_bytes) * PROGRESS_HEADROOM
             want = max(want, round_bytes / interval / self._capacity())
         if want <= s.floor:

@@ -284,6 +284,7 @@ class ClusterMember:
                             node_parts_for_reads.add(lane)
                 self._scheduler.set_node_caps(True, now)
                 self._scheduler.set_capacity_share(self.capacity_share, now)
+                self._scheduler.set_node_guard(split.guard_multiplier, now)
         for lane, bps in limits.items():
             self._scheduler.set_external_limit(
                 lane,
@@ -399,6 +400,7 @@ class ClusterMember:
             lanes=lanes,
             demand_bps=demand,
             node_lanes=node_lanes,
+            guard_multiplier=snap.guard_multiplier if self.node_share else None,
         )
 
     # -- what an operator sees ----------------------------------------------------------------------------
@@ -424,6 +426,8 @@ class ClusterMember:
             "capacity_bps": None if view is None else view.capacity_bps,
             # Several workers: this worker's part of the node's capacity (1 otherwise).
             "capacity_share": self.capacity_share,
+            # Several workers: the node's read-latency guard multiplier this worker applies (1: no cut).
+            "node_guard_multiplier": None if self.node_split is None else self.node_split.guard_multiplier,
             # Several workers: the node's allocation per lane and this worker's part of each (bytes/s).
             "node_lanes": None
             if self.node_split is None or self.node_id not in self.node_split.parts
