@@ -66,10 +66,12 @@ or submitted (hysteresis, like dmclock's anticipation timeout).
 
 **In-flight window.** Granted-but-not-completed bytes and tickets are bounded (``inflight_*_max``; with an
 estimated capacity and no configured byte window, ``max(4·burst, C·10 ms)``), so queueing happens here, where
-the order is chosen, not inside the store. The window applies to the winner only: a big head is never
-overtaken by smaller tickets squeezing into the remaining space. Read-protected lanes may fill the whole
-window; a paced lane, while reads are active, only its ceiling's share of it. A lane at its
-``max_concurrency`` (scaled by ``m`` for paced lanes) is not eligible.
+the order is chosen, not inside the store. One of several workers of a node
+(:meth:`Scheduler.set_capacity_share`) keeps its capacity share of the configured windows, at least one
+piece and one request, so that the node's total in flight is what is configured. The window applies to the
+winner only: a big head is never overtaken by smaller tickets squeezing into the remaining space.
+Read-protected lanes may fill the whole window; a paced lane, while reads are active, only its ceiling's
+share of it. A lane at its ``max_concurrency`` (scaled by ``m`` for paced lanes) is not eligible.
 
 **Feedback** (:mod:`s3lanes.core.sched_control`), evaluated once per window ``Δ = window_s``: the latency
 guard (io.latency's rules on read ``extra`` = gateway wait + TTFB over baseline), the capacity estimator
@@ -368,6 +370,7 @@ class SchedulerSnapshot:
     # The caps while reads are active are shares of capacity_bps times this (saturation_scale): 1 unless a
     # configured store is saturated below its configured capacity.
     cap_scale: float = 1.0
+    inflight_requests_max: int | None = None  # the request window in force (several workers: a share)
     # Several workers of one node: the node's guard multiplier applied to the paced lanes (set_node_guard)
     # on top of this scheduler's own (guard_multiplier, which is what this worker publishes); 1 otherwise.
     node_guard_multiplier: float = 1.0
@@ -593,7 +596,7 @@ class Scheduler:
                 return ticket, False
         if self._inflight_tickets > 0:
             win_bytes = self._window_bytes()
-            win_reqs = self._cfg.inflight_requests_max
+            win_reqs = self._window_requests()
             if (win_bytes is not None and self._inflight_bytes + cost_bytes > win_bytes) or (
                 win_reqs is not None and self._inflight_tickets >= win_reqs
             ):
@@ -662,7 +665,7 @@ class Scheduler:
         head = self._head(chosen)
         if self._inflight_tickets > 0:
             win_bytes = self._window_bytes()
-            win_reqs = self._cfg.inflight_requests_max
+            win_reqs = self._window_requests()
             if (win_bytes is not None and self._inflight_bytes + head.cost > win_bytes) or (
                 win_reqs is not None and self._inflight_tickets >= win_reqs
             ):
@@ -783,7 +786,9 @@ class Scheduler:
         """Pace to ``fraction`` of the configured capacity from ``now`` on: one of several workers of a node
         in front of one store (``s3lanes.runtime.cluster`` apportions the node's capacity among them by
         demand). Every lane's share, cap and reservation then applies to that part, so the node as a whole
-        keeps to them. No effect on an estimated capacity (each worker's estimate is its own view already).
+        keeps to them, and so do the configured in-flight windows (``inflight_bytes_max``,
+        ``inflight_requests_max``: ``fraction`` of each, at least one piece and one request). No effect on an
+        estimated capacity (each worker's estimate is its own view already).
         Raises ``ValueError`` for a fraction outside (0, 1]."""
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"a capacity share must be within (0, 1], got {fraction}")
@@ -905,6 +910,7 @@ class Scheduler:
             inflight_bytes=self._inflight_bytes,
             inflight_tickets=self._inflight_tickets,
             inflight_bytes_max=self._window_bytes(),
+            inflight_requests_max=self._window_requests(),
             guard_multiplier=self._guard.multiplier,
             node_guard_multiplier=self._node_guard,
             read_baseline_ttfb_s=self._guard.baseline_s,
@@ -1036,9 +1042,27 @@ class Scheduler:
 
     def _window_bytes(self) -> int | None:
         cfg = self._cfg
-        if cfg.inflight_bytes_max is not None or self._estimator is None:
-            return cfg.inflight_bytes_max
+        if cfg.inflight_bytes_max is not None:
+            # One of several workers: its share of the node's window (the node's total is what is
+            # configured), but room for one piece (never more than configured).
+            part = int(cfg.inflight_bytes_max * self._window_share() + 1e-9)
+            return min(cfg.inflight_bytes_max, max(part, self._piece_fit()))
+        if self._estimator is None:
+            return None
         return int(max(4 * cfg.burst_bytes, self._capacity() * AUTO_WINDOW_S))
+
+    def _window_requests(self) -> int | None:
+        """The in-flight request window: ``inflight_requests_max``, or this worker's share of it (at least
+        one request) when it is one of several (:meth:`set_capacity_share`)."""
+        most = self._cfg.inflight_requests_max
+        if most is None:
+            return None
+        return max(1, int(most * self._window_share() + 1e-9))
+
+    def _window_share(self) -> float:
+        """This process's part of the node's in-flight windows: its capacity share (1 with an estimated
+        capacity, which set_capacity_share does not touch)."""
+        return self._share if self._estimator is None else 1.0
 
     def _guarding(self, ln: _Lane) -> bool:
         """Whether the guard paces ``ln`` now: its own while reads are active here, or the node's while it
