@@ -43,7 +43,7 @@ from s3lanes.http.intake import RequestContext, finish_headers
 from s3lanes.http.peer import client_gone
 from s3lanes.runtime.backend import BackendResponse
 from s3lanes.runtime.dispatcher import LaneDispatcher, StreamBudget
-from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.pools import Pools, StoreCall
 
 log = logging.getLogger("s3lanes.pools")
 
@@ -129,12 +129,7 @@ class PoolFront:
         for name in self._pools.table.backends_to_list():
             dispatcher = self._pools.dispatcher_of(name)
             resp = await self._pools.request(
-                decision.lane,
-                None,
-                None,
-                "GET",
-                {},
-                ctx.credential,
+                StoreCall(decision.lane, None, None, "GET", {}, ctx.credential),
                 backend=name,
                 cost=self._request_cost,
                 gone=lambda: client_gone(request),
@@ -203,14 +198,9 @@ class PoolFront:
             if name.startswith("x-amz-copy-source-if-")
         }
         src_dispatcher = self._pools.dispatcher_for(src_bucket)
+        src_query = f"versionId={version}" if version else ""
         src = await self._pools.request(
-            lane,
-            src_bucket,
-            src_key,
-            "GET",
-            read_headers,
-            ctx.credential,
-            raw_query=f"versionId={version}" if version else "",
+            StoreCall(lane, src_bucket, src_key, "GET", read_headers, ctx.credential, src_query),
             cost=self._request_cost,
             gone=lambda: client_gone(request),
         )
@@ -240,12 +230,7 @@ class PoolFront:
             md5 = hashlib.md5()
             body = self._paced(src, src_dispatcher, dest_dispatcher, lane, size, md5)
             put = await self._pools.request(
-                lane,
-                ctx.target.bucket,
-                ctx.target.key,
-                "PUT",
-                headers,
-                ctx.credential,
+                StoreCall(lane, ctx.target.bucket, ctx.target.key, "PUT", headers, ctx.credential),
                 body,
                 cost=self._request_cost,
                 gone=lambda: client_gone(request),

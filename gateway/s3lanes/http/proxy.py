@@ -41,7 +41,7 @@ from s3lanes.http.zerocopy import relay_spliced, splice_eligible
 from s3lanes.metrics import Metrics
 from s3lanes.runtime.backend import BackendResponse
 from s3lanes.runtime.dispatcher import LaneDispatcher, StreamBudget
-from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.pools import Pools, StoreCall
 
 log = logging.getLogger("s3lanes.http")
 
@@ -136,12 +136,19 @@ class S3Proxy:
 
         resp: BackendResponse
         try:
-            call = (lane, ctx.target.bucket, ctx.target.key, request.method, headers, ctx.credential)
-            raw_query, signed = ctx.view.raw_query, not ctx.anonymous
+            call = StoreCall(
+                lane,
+                ctx.target.bucket,
+                ctx.target.key,
+                request.method,
+                headers,
+                ctx.credential,
+                ctx.view.raw_query,
+            )
+            signed = not ctx.anonymous
             if body is None and request.method in ("GET", "HEAD"):
                 resp = await self.pools.read(
-                    *call,
-                    raw_query=raw_query,
+                    call,
                     cost=self._request_cost,
                     gone=lambda: client_gone(request),
                     admitted=admitted,
@@ -149,9 +156,8 @@ class S3Proxy:
                 )
             else:
                 resp = await self.pools.request(
-                    *call,
+                    call,
                     body,
-                    raw_query=raw_query,
                     cost=self._request_cost,
                     gone=lambda: client_gone(request),
                     account_body=True,

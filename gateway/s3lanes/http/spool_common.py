@@ -41,7 +41,7 @@ from s3lanes.http.intake import (
 )
 from s3lanes.metrics import Metrics
 from s3lanes.runtime.bucket_check import BucketCheck
-from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.pools import Pools, StoreCall
 from s3lanes.runtime.spool import Reservation, Spool, SpoolFileWriter
 
 UPLOAD_ID_PREFIX = "s3lanes-"
@@ -159,14 +159,8 @@ class SpoolCommon:
             sent = self.clock.monotonic()
 
         resp = await self.pools.request(
-            lane,
-            bucket,
-            key,
-            method,
-            headers or {},
-            ctx.credential,
+            StoreCall(lane, bucket, key, method, headers or {}, ctx.credential, raw_query),
             body,
-            raw_query=raw_query,
             cost=self._request_cost,
             admitted=admitted,
         )
