@@ -41,6 +41,7 @@ from s3lanes.errors import (
 )
 from s3lanes.http.intake import RequestContext, finish_headers
 from s3lanes.http.peer import client_gone
+from s3lanes.http.proxy import StoreAnswer
 from s3lanes.runtime.backend import BackendResponse
 from s3lanes.runtime.dispatcher import LaneDispatcher, StreamBudget
 from s3lanes.runtime.pools import Pools, StoreCall
@@ -85,16 +86,10 @@ class PoolFront:
 
     # -- answers naming a renamed bucket ------------------------------------------------------------------
 
-    async def relay_renamed(
-        self,
-        request: web.Request,
-        resp: BackendResponse,
-        ctx: RequestContext,
-        decision: Decision,
-        dispatcher: LaneDispatcher,
-    ) -> web.StreamResponse | None:
+    async def relay_renamed(self, answer: StoreAnswer) -> web.StreamResponse | None:
         """The answer with the backend's bucket name rewritten to the client's, or None: it is relayed as it
         streams (the bucket is not renamed, the answer names no bucket, or it is too large to rewrite)."""
+        request, resp, ctx, decision = answer.request, answer.resp, answer.ctx, answer.decision
         route = self._pools.route(ctx.target.bucket)
         if route is None or not route.renamed or not names_bucket(ctx.target.operation, resp):
             return None
@@ -116,7 +111,7 @@ class PoolFront:
             out.headers["Content-Length"] = str(resp.content_length)
         finish_headers(out, ctx, decision)
         if body:
-            dispatcher.observe_delivered(decision.lane, len(body))
+            answer.dispatcher.observe_delivered(decision.lane, len(body))
         return out
 
     # -- ListBuckets across stores --------------------------------------------------------------------------
