@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -272,79 +273,77 @@ def summary(rounds: list[Round], large_mib: int) -> list[dict[str, Any]]:
     return out
 
 
+def _table(header: str, rows: Iterable[str], intro: str = "") -> list[str]:
+    """A Markdown table (its separator row counted from ``header``), after a paragraph ``intro`` if any."""
+    columns = header.count("|") - 1
+    return [*(["", intro] if intro else []), "", header, "|---" * columns + "|", *rows]
+
+
+def _ratios(values: Iterable[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 def report(rows: list[dict[str, Any]], rounds: int) -> str:
     if not rows:
         raise BenchError("the objects phase recorded no rounds")
     lines = [
         f"### Objects already on the store: concurrent GETs ({rounds} rounds per side, A/B/B/A, medians)",
-        "",
-        "| objects | concurrency | direct req/s | gateway req/s | ratio (pairs) | gateway CPU per request "
-        "| store CPU per request, direct / behind the gateway | client CPU per request, direct / gateway "
-        "| other processes, cores busy |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *_table(
+            "| objects | concurrency | direct req/s | gateway req/s | ratio (pairs) "
+            "| gateway CPU per request | store CPU per request, direct / behind the gateway "
+            "| client CPU per request, direct / gateway | other processes, cores busy |",
+            (
+                f"| {x['objects']} | {x['concurrency']} | {x['direct_rps']:,.0f} | {x['gateway_rps']:,.0f} "
+                f"| {x['ratio']:.2f} ({_ratios(x['pair_ratios'])}) "
+                f"| {x['gateway_cpu_us']:,.0f} us "
+                f"| {x['store_cpu_us']['direct']:,.0f} / {x['store_cpu_us']['gateway']:,.0f} us "
+                f"| {x['client_cpu_us']['direct']:,.0f} / {x['client_cpu_us']['gateway']:,.0f} us "
+                f"| {x['other_cores']['direct']:.2f} / {x['other_cores']['gateway']:.2f} |"
+                for x in rows
+            ),
+        ),
     ]
-    for x in rows:
-        lines.append(
-            f"| {x['objects']} | {x['concurrency']} | {x['direct_rps']:,.0f} | {x['gateway_rps']:,.0f} "
-            f"| {x['ratio']:.2f} ({', '.join(f'{p:.2f}' for p in x['pair_ratios'])}) "
-            f"| {x['gateway_cpu_us']:,.0f} us "
-            f"| {x['store_cpu_us']['direct']:,.0f} / {x['store_cpu_us']['gateway']:,.0f} us "
-            f"| {x['client_cpu_us']['direct']:,.0f} / {x['client_cpu_us']['gateway']:,.0f} us "
-            f"| {x['other_cores']['direct']:.2f} / {x['other_cores']['gateway']:.2f} |"
-        )
     paced = [x for x in rows if x.get("paced")]
     if paced:
-        lines += [
-            "",
-            "SeaweedFS's CPU per request when the direct client is paced to each gateway round's req/s "
-            "(side 'direct-paced': the store's cost at the gateway's rate, same wire as direct):",
-            "",
+        lines += _table(
             "| objects | concurrency | paced req/s "
             "| store CPU per request: direct / paced direct / behind the gateway |",
-            "|---|---|---|---|",
-        ]
-        for x in paced:
-            lines.append(
+            (
                 f"| {x['objects']} | {x['concurrency']} | {x['paced']['rps']:,.0f} "
                 f"| {x['store_cpu_us']['direct']:,.0f} / {x['paced']['store_cpu_us']:,.0f} "
                 f"/ {x['store_cpu_us']['gateway']:,.0f} us |"
-            )
-    compared = [x for x in rows if x.get("compare")]
+                for x in paced
+            ),
+            "SeaweedFS's CPU per request when the direct client is paced to each gateway round's req/s "
+            "(side 'direct-paced': the store's cost at the gateway's rate, same wire as direct):",
+        )
+    compared = [(x, x["compare"]) for x in rows if x.get("compare")]
     if compared:
-        lines += [
-            "",
-            "The same rounds, the compared tree's gateway (side 'compare') next to this tree's:",
-            "",
+        lines += _table(
             "| objects | concurrency | compared req/s (ratio to direct) | this tree req/s (ratio) "
             "| gateway CPU per request, compared / this tree | this / compared, per round | store CPU per "
             "request behind the compared / this tree |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for x in compared:
-            c = x["compare"]
-            lines.append(
+            (
                 f"| {x['objects']} | {x['concurrency']} | {c['rps']:,.0f} ({c['ratio']:.2f}) "
                 f"| {x['gateway_rps']:,.0f} ({x['ratio']:.2f}) "
                 f"| {c['gateway_cpu_us']:,.0f} / {x['gateway_cpu_us']:,.0f} us "
-                f"| {', '.join(f'{p:.2f}' for p in c['gateway_cpu_pairs'])} "
+                f"| {_ratios(c['gateway_cpu_pairs'])} "
                 f"| {c['store_cpu_us']:,.0f} / {x['store_cpu_us']['gateway']:,.0f} us |"
-            )
-        mixed = [x for x in compared if x["compare"].get("mixed_cpu_us")]
+                for x, c in compared
+            ),
+            "The same rounds, the compared tree's gateway (side 'compare') next to this tree's:",
+        )
+        mixed = [(x, c) for x, c in compared if c.get("mixed_cpu_us")]
         if mixed:
-            lines += [
-                "",
-                "Both gateways serving at once (half the workers each, same seconds: the machine's load "
-                "cancels out):",
-                "",
+            lines += _table(
                 "| objects | concurrency | gateway CPU per request, compared / this tree | this / compared, "
                 "per round |",
-                "|---|---|---|---|",
-            ]
-            for x in mixed:
-                c = x["compare"]
-                pairs = ", ".join(f"{p:.2f}" for p in c["mixed_pairs"])
-                lines.append(
+                (
                     f"| {x['objects']} | {x['concurrency']} | {c['mixed_cpu_us']['compare']:,.0f} / "
-                    f"{c['mixed_cpu_us']['gateway']:,.0f} us | {pairs} |"
-                )
+                    f"{c['mixed_cpu_us']['gateway']:,.0f} us | {_ratios(c['mixed_pairs'])} |"
+                    for x, c in mixed
+                ),
+                "Both gateways serving at once (half the workers each, same seconds: the machine's load "
+                "cancels out):",
+            )
     return "\n".join(lines)

@@ -66,19 +66,32 @@ COMPARISONS: dict[str, dict[str, tuple[str, str]]] = {
 
 
 @dataclass(slots=True)
+class Timed:
+    """The saves (or the restores) of one variant: how long each took, the bytes they moved, and the
+    gateway's CPU seconds they cost."""
+
+    seconds: list[float] = field(default_factory=list)
+    bytes: int = 0
+    cpu_user_s: float = 0.0
+    cpu_sys_s: float = 0.0
+
+    def cpu_s_per_gb(self) -> dict[str, float]:
+        gb = self.bytes / GB
+        return {
+            "user": round(self.cpu_user_s / gb, 3),
+            "system": round(self.cpu_sys_s / gb, 3),
+            "total": round((self.cpu_user_s + self.cpu_sys_s) / gb, 3),
+        }
+
+
+@dataclass(slots=True)
 class Variant:
     name: str
     gateway: GatewayProcess
-    saves_s: list[float] = field(default_factory=list)
+    saves: Timed = field(default_factory=Timed)
+    restores: Timed = field(default_factory=Timed)
     round_medians_s: list[float] = field(default_factory=list)
     request_ms: dict[str, list[float]] = field(default_factory=dict)
-    cpu_user_s: float = 0.0
-    cpu_sys_s: float = 0.0
-    saved_bytes: int = 0
-    restores_s: list[float] = field(default_factory=list)
-    restore_cpu_user_s: float = 0.0
-    restore_cpu_sys_s: float = 0.0
-    restored_bytes: int = 0
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -142,23 +155,23 @@ class Bench:
                         times.append(time.monotonic() - t0)
                         if rec.error is not None:
                             raise RuntimeError(f"{v.name}: save {index} failed: {rec.error}")
-                        v.saved_bytes += rec.bytes_total
+                        v.saves.bytes += rec.bytes_total
                         ru0, rs0 = cpu_user_sys_seconds(v.gateway.pid)
                         t1 = time.monotonic()
                         await self.restore(t.s3, rec.prefix)
-                        v.restores_s.append(time.monotonic() - t1)
+                        v.restores.seconds.append(time.monotonic() - t1)
                         ru1, rs1 = cpu_user_sys_seconds(v.gateway.pid)
                         restore_user += ru1 - ru0
                         restore_sys += rs1 - rs0
-                        v.restored_bytes += rec.bytes_total
+                        v.restores.bytes += rec.bytes_total
                         index += 1
                         await asyncio.sleep(a.pause_s)
                     user1, sys1 = cpu_user_sys_seconds(v.gateway.pid)
-                    v.cpu_user_s += user1 - user0 - restore_user
-                    v.cpu_sys_s += sys1 - sys0 - restore_sys
-                    v.restore_cpu_user_s += restore_user
-                    v.restore_cpu_sys_s += restore_sys
-                    v.saves_s += times
+                    v.saves.cpu_user_s += user1 - user0 - restore_user
+                    v.saves.cpu_sys_s += sys1 - sys0 - restore_sys
+                    v.restores.cpu_user_s += restore_user
+                    v.restores.cpu_sys_s += restore_sys
+                    v.saves.seconds += times
                     v.round_medians_s.append(med(times))
                     print(
                         f"round {r} {v.name:14s}: save median {med(times):.3f} s", file=sys.stderr, flush=True
@@ -175,24 +188,14 @@ class Bench:
 def summary(variants: list[Variant]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v in variants:
-        gb = v.saved_bytes / GB
-        rgb = v.restored_bytes / GB
         out[v.name] = {
-            "restore_median_s": med(v.restores_s),
-            "restore_gateway_cpu_s_per_GB": {
-                "user": round(v.restore_cpu_user_s / rgb, 3),
-                "system": round(v.restore_cpu_sys_s / rgb, 3),
-                "total": round((v.restore_cpu_user_s + v.restore_cpu_sys_s) / rgb, 3),
-            },
-            "saves": len(v.saves_s),
-            "save_median_s": med(v.saves_s),
+            "restore_median_s": med(v.restores.seconds),
+            "restore_gateway_cpu_s_per_GB": v.restores.cpu_s_per_gb(),
+            "saves": len(v.saves.seconds),
+            "save_median_s": med(v.saves.seconds),
             "round_medians_s": [round(x, 4) for x in v.round_medians_s],
             "request_p50_ms": {k: round(med(x), 2) for k, x in sorted(v.request_ms.items())},
-            "gateway_cpu_s_per_GB": {
-                "user": round(v.cpu_user_s / gb, 3),
-                "system": round(v.cpu_sys_s / gb, 3),
-                "total": round((v.cpu_user_s + v.cpu_sys_s) / gb, 3),
-            },
+            "gateway_cpu_s_per_GB": v.saves.cpu_s_per_gb(),
         }
     base = variants[0].name
     for v in variants[1:]:
@@ -285,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(
             json.dumps(
-                {"argv": sys.argv[1:], "summary": s, "saves_s": {v.name: v.saves_s for v in variants}},
+                {"argv": sys.argv[1:], "summary": s, "saves_s": {v.name: v.saves.seconds for v in variants}},
                 indent=2,
             )
         )

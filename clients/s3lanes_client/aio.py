@@ -12,35 +12,23 @@ import random
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 from typing import Any, TypeVar
 
 import aioboto3
 import aiohttp
-import botocore.handlers
 from botocore.exceptions import ClientError
 
-from s3lanes_client._failures import failure_from_exception
+from s3lanes_client._core import ClientCore, Listing, Pause, get_params, head_info, is_not_found, plan_call
 from s3lanes_client._signing import signed_headers
 from s3lanes_client.config import ClientConfig
-from s3lanes_client.durability import (
-    POLL_S,
-    Pending,
-    Transient,
-    flush_url,
-    interpret,
-    poll_timeout_s,
-)
-from s3lanes_client.errors import NotDurableError, RetriesExhausted
-from s3lanes_client.hints import HintHooks
+from s3lanes_client.durability import POLL_S, Pending, Transient, flush_url, interpret
 from s3lanes_client.model import UNSET, DurabilityStatus, ObjectInfo, RetryEvent
-from s3lanes_client.retry import Failure, GiveUp, RetryPolicy, RetryState
-from s3lanes_client.sync import hint_params, range_header
+from s3lanes_client.retry import RetryPolicy
 
 T = TypeVar("T")
 
 
-class AsyncGatewayClient:
+class AsyncGatewayClient(ClientCore):
     """``async with AsyncGatewayClient(config) as client: await client.get_bytes(...)``."""
 
     def __init__(
@@ -52,16 +40,12 @@ class AsyncGatewayClient:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = config if config is not None else ClientConfig.from_env()
-        self._on_retry = on_retry
+        super().__init__(config, on_retry, clock, rng)
         self._sleep = sleep
-        self._clock = clock
-        self._rng = rng or random.Random()
         self._session = aioboto3.Session(**self.config.session_kwargs())
         self._client_cm: Any = None
         self._s3: Any = None
         self._http: aiohttp.ClientSession | None = None
-        self.retries = 0
 
     @property
     def s3(self) -> Any:
@@ -71,16 +55,9 @@ class AsyncGatewayClient:
         return self._s3
 
     async def __aenter__(self) -> AsyncGatewayClient:
-        self._client_cm = self._session.client(
-            "s3",
-            endpoint_url=self.config.endpoint_url,
-            config=self.config.botocore_config(),
-            verify=self.config.verify,
-        )
+        self._client_cm = self._session.client("s3", **self._s3_client_kwargs())
         s3 = await self._client_cm.__aenter__()
-        HintHooks(self.config.lane).register(s3.meta.events)
-        if not self.config.expect_100_continue:
-            s3.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
+        self._install_hooks(s3.meta.events)
         self._s3 = s3
         return self
 
@@ -107,35 +84,19 @@ class AsyncGatewayClient:
         policy: RetryPolicy | None = None,
         before_retry: Callable[[], None] | None = None,
     ) -> T:
-        state = RetryState(policy or self.config.retry, started_at=self._clock(), rng=self._rng)
+        attempts = self._attempts(what, policy)
         while True:
             try:
                 return await attempt()
             except Exception as exc:
-                failure = failure_from_exception(exc)
-                if failure is None:
-                    raise
-                await self._after_failure(what, state, failure, exc)
+                await self._pause(attempts.failed(exc, self._clock()))
                 if before_retry is not None:
                     before_retry()
 
-    async def _after_failure(
-        self, what: str, state: RetryState, failure: Failure, exc: BaseException | None
-    ) -> None:
-        now = self._clock()
-        decision = state.on_failure(failure, now)
-        if isinstance(decision, GiveUp):
-            raise RetriesExhausted(
-                what,
-                attempts=state.attempts,
-                elapsed_s=state.elapsed_s(now),
-                last_failure=failure,
-                reason=decision.reason,
-            ) from exc
-        self.retries += 1
-        if self._on_retry is not None:
-            self._on_retry(RetryEvent(what, decision.attempt, decision.delay_s, failure))
-        await self._sleep(decision.delay_s)
+    async def _pause(self, pause: Pause) -> None:
+        delay_s = self._delay_s(pause)
+        if delay_s > 0:
+            await self._sleep(delay_s)
 
     # -- operations --------------------------------------------------------------------------------------
 
@@ -151,23 +112,13 @@ class AsyncGatewayClient:
     ) -> dict[str, Any]:
         """Any S3 operation by its method name, retried under the policy (see ``GatewayClient.call``)."""
         method = getattr(self.s3, operation)
-        params.update(hint_params(lane, write_through))
-        body = params.get("Body")
-        before_retry = None
-        if body is not None and hasattr(body, "read"):
-            if hasattr(body, "seek") and hasattr(body, "tell"):
-                position = body.tell()
-
-                def before_retry() -> None:
-                    body.seek(position)
-            else:
-                policy = RetryPolicy.no_retries()
+        plan = plan_call(params, lane=lane, write_through=write_through, policy=policy)
 
         async def attempt() -> dict[str, Any]:
-            result: dict[str, Any] = await method(**params)
+            result: dict[str, Any] = await method(**plan.params)
             return result
 
-        return await self.retrying(operation, attempt, policy=policy, before_retry=before_retry)
+        return await self.retrying(operation, attempt, policy=plan.policy, before_retry=plan.before_retry)
 
     async def get_bytes(
         self,
@@ -179,12 +130,9 @@ class AsyncGatewayClient:
         lane: str | None = UNSET,
     ) -> bytes:
         """Bytes ``[start, end)`` of the object (all by default), the body read inside the retry loop."""
-        if start is not None and end is not None and end == start:
+        params = get_params(bucket, key, start=start, end=end, lane=lane)
+        if params is None:
             return b""
-        params: dict[str, Any] = {"Bucket": bucket, "Key": key, **hint_params(lane, False)}
-        rng = range_header(start, end)
-        if rng is not None:
-            params["Range"] = rng
 
         async def attempt() -> bytes:
             response = await self.s3.get_object(**params)
@@ -213,27 +161,18 @@ class AsyncGatewayClient:
         try:
             r = await self.call("head_object", Bucket=bucket, Key=key, lane=lane)
         except ClientError as exc:
-            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+            if is_not_found(exc):
                 return None
             raise
-        return ObjectInfo(key=key, size=int(r["ContentLength"]), etag=str(r.get("ETag", "")).strip('"'))
+        return head_info(key, r)
 
     async def list_objects(
         self, bucket: str, prefix: str = "", *, lane: str | None = UNSET, page_size: int = 1000
     ) -> AsyncIterator[ObjectInfo]:
-        token: str | None = None
-        while True:
-            params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
-            if token:
-                params["ContinuationToken"] = token
-            page = await self.call("list_objects_v2", lane=lane, **params)
-            for obj in page.get("Contents", []):
-                yield ObjectInfo(
-                    key=obj["Key"], size=int(obj["Size"]), etag=str(obj.get("ETag", "")).strip('"')
-                )
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return
+        listing = Listing(bucket, prefix, page_size)
+        while (params := listing.next_params()) is not None:
+            for info in listing.objects(await self.call("list_objects_v2", lane=lane, **params)):
+                yield info
 
     async def delete(self, bucket: str, key: str, *, lane: str | None = UNSET) -> None:
         await self.call("delete_object", Bucket=bucket, Key=key, lane=lane)
@@ -244,39 +183,15 @@ class AsyncGatewayClient:
         self, bucket: str, prefix: str = "", timeout_s: float = 300.0, *, raise_on_timeout: bool = True
     ) -> DurabilityStatus:
         """See :meth:`s3lanes_client.sync.GatewayClient.wait_durable`."""
-        if self.config.endpoint_url is None:
-            return DurabilityStatus(durable=True, bucket=bucket, prefix=prefix, gateway=False)
-        started = self._clock()
-        deadline = started + timeout_s
-        state = RetryState(replace(self.config.retry, total_timeout_s=timeout_s), started, rng=self._rng)
-        what = f"flush s3://{bucket}/{prefix}"
-        last: DurabilityStatus | None = None
-        while True:
-            wait_s = poll_timeout_s(deadline - self._clock())
+        wait = self._flush_wait(bucket, prefix, timeout_s, raise_on_timeout)
+        while wait.status is None:
             try:
-                outcome = await self._flush_once(bucket, prefix, wait_s)
+                outcome = await self._flush_once(bucket, prefix, wait.request_timeout_s(self._clock()))
             except Exception as exc:
-                failure = failure_from_exception(exc)
-                if failure is None:
-                    raise
-                await self._after_failure(what, state, failure, exc)
-                continue
-            if isinstance(outcome, DurabilityStatus):
-                return replace(outcome, waited_s=self._clock() - started)
-            if isinstance(outcome, Transient):
-                await self._after_failure(what, state, outcome.failure, None)
-                continue
-            assert isinstance(outcome, Pending)
-            last = outcome.status
-            now = self._clock()
-            if now >= deadline or (wait_s == 0 and deadline - now < 0.05):
-                break
-            if wait_s == 0:
-                await self._sleep(min(0.25, deadline - now))
-        status = replace(last, waited_s=self._clock() - started)
-        if raise_on_timeout:
-            raise NotDurableError(status)
-        return status
+                await self._pause(wait.failed(exc, self._clock()))
+            else:
+                await self._pause(wait.answered(outcome, self._clock()))
+        return wait.status
 
     async def _flush_once(
         self, bucket: str, prefix: str, wait_s: int

@@ -8,63 +8,31 @@ through the retry loop.
 
 from __future__ import annotations
 
-import io
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any, TypeVar
 
 import boto3
-import botocore.handlers
 from botocore.awsrequest import AWSRequest
 from botocore.exceptions import ClientError
 from botocore.httpsession import URLLib3Session
 
-from s3lanes_client._failures import failure_from_exception
+from s3lanes_client._core import ClientCore, Listing, Pause, get_params, head_info, is_not_found, plan_call
+from s3lanes_client._core import hint_params as hint_params  # re-exported: imported from here too
+from s3lanes_client._core import range_header as range_header
 from s3lanes_client._signing import signed_headers
 from s3lanes_client.config import ClientConfig, MiB
-from s3lanes_client.durability import (
-    POLL_S,
-    Pending,
-    Transient,
-    flush_url,
-    interpret,
-    poll_timeout_s,
-)
-from s3lanes_client.errors import NotDurableError, RetriesExhausted
-from s3lanes_client.hints import LANE_PARAM, WRITE_THROUGH_PARAM, HintHooks, check_lane
+from s3lanes_client.durability import POLL_S, Pending, Transient, flush_url, interpret
 from s3lanes_client.model import UNSET, DurabilityStatus, ObjectInfo, RetryEvent
 from s3lanes_client.multipart import MultipartWriter
 from s3lanes_client.reader import ObjectReader
-from s3lanes_client.retry import Failure, GiveUp, RetryPolicy, RetryState
+from s3lanes_client.retry import RetryPolicy
 
 T = TypeVar("T")
 
 
-def range_header(start: int | None, end: int | None) -> str | None:
-    """The ``Range`` header for bytes ``[start, end)`` (``end`` exclusive, None = to the end)."""
-    if start is None and end is None:
-        return None
-    first = start or 0
-    if end is None:
-        return f"bytes={first}-"
-    if end <= first:
-        raise ValueError(f"empty or negative range [{first}, {end})")
-    return f"bytes={first}-{end - 1}"
-
-
-def hint_params(lane: Any, write_through: bool) -> dict[str, Any]:
-    """The extra API parameters the hint hooks turn into headers (``lane=UNSET``: the client default)."""
-    params: dict[str, Any] = {}
-    if lane is not UNSET:
-        params[LANE_PARAM] = check_lane(lane) or ""
-    if write_through:
-        params[WRITE_THROUGH_PARAM] = True
-    return params
-
-
-class GatewayClient:
+class GatewayClient(ClientCore):
     """A synchronous S3 client for s3lanes (or any S3 endpoint).
 
     ``on_retry`` is called before every retry sleep; ``sleep``, ``clock`` and ``rng`` are injectable so tests
@@ -80,23 +48,12 @@ class GatewayClient:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
-        self.config = config if config is not None else ClientConfig.from_env()
-        self._on_retry = on_retry
+        super().__init__(config, on_retry, clock, rng)
         self._sleep = sleep
-        self._clock = clock
-        self._rng = rng or random.Random()
         self._session = boto3.session.Session(**self.config.session_kwargs())
-        self.s3: Any = self._session.client(
-            "s3",
-            endpoint_url=self.config.endpoint_url,
-            config=self.config.botocore_config(),
-            verify=self.config.verify,
-        )
-        HintHooks(self.config.lane).register(self.s3.meta.events)
-        if not self.config.expect_100_continue:
-            self.s3.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
+        self.s3: Any = self._session.client("s3", **self._s3_client_kwargs())
+        self._install_hooks(self.s3.meta.events)
         self._http: URLLib3Session | None = None
-        self.retries = 0  # retries made by this client (all operations, for metrics and tests)
 
     def __reduce__(self) -> Any:
         raise TypeError(
@@ -128,35 +85,19 @@ class GatewayClient:
     ) -> T:
         """Run ``attempt`` until it succeeds, fails with a non-retryable error (raised unchanged) or the
         policy gives up (:class:`RetriesExhausted`, the last error chained)."""
-        state = RetryState(policy or self.config.retry, started_at=self._clock(), rng=self._rng)
+        attempts = self._attempts(what, policy)
         while True:
             try:
                 return attempt()
             except Exception as exc:
-                failure = failure_from_exception(exc)
-                if failure is None:
-                    raise
-                self._after_failure(what, state, failure, exc)
+                self._pause(attempts.failed(exc, self._clock()))
                 if before_retry is not None:
                     before_retry()
 
-    def _after_failure(
-        self, what: str, state: RetryState, failure: Failure, exc: BaseException | None
-    ) -> None:
-        now = self._clock()
-        decision = state.on_failure(failure, now)
-        if isinstance(decision, GiveUp):
-            raise RetriesExhausted(
-                what,
-                attempts=state.attempts,
-                elapsed_s=state.elapsed_s(now),
-                last_failure=failure,
-                reason=decision.reason,
-            ) from exc
-        self.retries += 1
-        if self._on_retry is not None:
-            self._on_retry(RetryEvent(what, decision.attempt, decision.delay_s, failure))
-        self._sleep(decision.delay_s)
+    def _pause(self, pause: Pause) -> None:
+        delay_s = self._delay_s(pause)
+        if delay_s > 0:
+            self._sleep(delay_s)
 
     # -- operations --------------------------------------------------------------------------------------
 
@@ -176,19 +117,9 @@ class GatewayClient:
         ``Body`` is rewound before each retry; one that cannot seek gets a single attempt.
         """
         method = getattr(self.s3, operation)
-        params.update(hint_params(lane, write_through))
-        before_retry = None
-        body = params.get("Body")
-        if body is not None and hasattr(body, "read"):
-            if _seekable(body):
-                position = body.tell()
-
-                def before_retry() -> None:
-                    body.seek(position)
-            else:
-                policy = RetryPolicy.no_retries()
+        plan = plan_call(params, lane=lane, write_through=write_through, policy=policy)
         result: dict[str, Any] = self.retrying(
-            operation, lambda: method(**params), policy=policy, before_retry=before_retry
+            operation, lambda: method(**plan.params), policy=plan.policy, before_retry=plan.before_retry
         )
         return result
 
@@ -203,12 +134,9 @@ class GatewayClient:
     ) -> bytes:
         """The object's bytes ``[start, end)`` (the whole object by default). The body is read inside the
         retry loop, so a connection cut mid-body is retried too."""
-        if start is not None and end is not None and end == start:
+        params = get_params(bucket, key, start=start, end=end, lane=lane)
+        if params is None:
             return b""
-        params: dict[str, Any] = {"Bucket": bucket, "Key": key, **hint_params(lane, False)}
-        rng = range_header(start, end)
-        if rng is not None:
-            params["Range"] = rng
 
         def attempt() -> bytes:
             response = self.s3.get_object(**params)
@@ -239,28 +167,18 @@ class GatewayClient:
         try:
             r = self.call("head_object", Bucket=bucket, Key=key, lane=lane)
         except ClientError as exc:
-            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 404:
+            if is_not_found(exc):
                 return None
             raise
-        return ObjectInfo(key=key, size=int(r["ContentLength"]), etag=str(r.get("ETag", "")).strip('"'))
+        return head_info(key, r)
 
     def list_objects(
         self, bucket: str, prefix: str = "", *, lane: str | None = UNSET, page_size: int = 1000
     ) -> Iterator[ObjectInfo]:
         """Every object under ``prefix`` in key order (ListObjectsV2, each page retried on its own)."""
-        token: str | None = None
-        while True:
-            params: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "MaxKeys": page_size}
-            if token:
-                params["ContinuationToken"] = token
-            page = self.call("list_objects_v2", lane=lane, **params)
-            for obj in page.get("Contents", []):
-                yield ObjectInfo(
-                    key=obj["Key"], size=int(obj["Size"]), etag=str(obj.get("ETag", "")).strip('"')
-                )
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return
+        listing = Listing(bucket, prefix, page_size)
+        while (params := listing.next_params()) is not None:
+            yield from listing.objects(self.call("list_objects_v2", lane=lane, **params))
 
     def delete(self, bucket: str, key: str, *, lane: str | None = UNSET) -> None:
         self.call("delete_object", Bucket=bucket, Key=key, lane=lane)
@@ -319,38 +237,15 @@ class GatewayClient:
         last status with ``durable=False``). Transient failures of the flush request itself are retried with
         the client's backoff, within the same ``timeout_s``.
         """
-        if self.config.endpoint_url is None:  # AWS S3 itself: nothing stands between us and the store
-            return DurabilityStatus(durable=True, bucket=bucket, prefix=prefix, gateway=False)
-        started = self._clock()
-        deadline = started + timeout_s
-        state = RetryState(replace(self.config.retry, total_timeout_s=timeout_s), started, rng=self._rng)
-        last: DurabilityStatus | None = None
-        while True:
-            wait_s = poll_timeout_s(deadline - self._clock())
+        wait = self._flush_wait(bucket, prefix, timeout_s, raise_on_timeout)
+        while wait.status is None:
             try:
-                outcome = self._flush_once(bucket, prefix, wait_s)
+                outcome = self._flush_once(bucket, prefix, wait.request_timeout_s(self._clock()))
             except Exception as exc:
-                failure = failure_from_exception(exc)
-                if failure is None:
-                    raise
-                self._after_failure(f"flush s3://{bucket}/{prefix}", state, failure, exc)
-                continue
-            if isinstance(outcome, DurabilityStatus):
-                return replace(outcome, waited_s=self._clock() - started)
-            if isinstance(outcome, Transient):
-                self._after_failure(f"flush s3://{bucket}/{prefix}", state, outcome.failure, None)
-                continue
-            assert isinstance(outcome, Pending)
-            last = outcome.status
-            now = self._clock()
-            if now >= deadline or (wait_s == 0 and deadline - now < 0.05):
-                break
-            if wait_s == 0:  # under a second left: the gateway answered at once, do not spin
-                self._sleep(min(0.25, deadline - now))
-        status = replace(last, waited_s=self._clock() - started)
-        if raise_on_timeout:
-            raise NotDurableError(status)
-        return status
+                self._pause(wait.failed(exc, self._clock()))
+            else:
+                self._pause(wait.answered(outcome, self._clock()))
+        return wait.status
 
     def _flush_once(self, bucket: str, prefix: str, wait_s: int) -> DurabilityStatus | Pending | Transient:
         assert self.config.endpoint_url is not None
@@ -372,10 +267,3 @@ class GatewayClient:
             bucket=bucket,
             prefix=prefix,
         )
-
-
-def _seekable(stream: Any) -> bool:
-    try:
-        return bool(stream.seekable()) if hasattr(stream, "seekable") else isinstance(stream, io.IOBase)
-    except (OSError, ValueError):
-        return False

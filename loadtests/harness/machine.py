@@ -158,7 +158,7 @@ def machine_facts() -> dict[str, str]:
         where = f"commit {commit.strip()}" + (", gateway/ modified" if dirty else "") if commit else "no git"
     except OSError:
         where = "no git"
-    commit = f"{source / 'gateway'} ({where})"
+    commit = f"{source} ({where})"
     return {
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpus": f"{os.cpu_count()} (usable: {len(os.sched_getaffinity(0))}) x {cpu_model}",

@@ -3,6 +3,7 @@ network)."""
 
 from __future__ import annotations
 
+import io
 import random
 from typing import Any
 
@@ -109,3 +110,27 @@ async def test_async_wait_durable_polls_then_raises_at_the_deadline() -> None:
         with pytest.raises(NotDurableError):
             await client.wait_durable("b", "p/", timeout_s=0.5)
         assert asked == [0, 0, 0]  # under a second left: immediate polls 0.25 s apart until the deadline
+
+
+class Pipe(io.RawIOBase):
+    """Has ``seek``/``tell`` (as every IOBase) but cannot seek: a retry could not resend it."""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return 0
+
+    def seekable(self) -> bool:
+        return False
+
+
+async def test_async_client_gives_a_body_that_cannot_seek_a_single_attempt() -> None:
+    fake, events = FakeTime(), list[RetryEvent]()
+    async with make_client(fake, events) as client:
+        with AioStubber(client.s3) as stubber:
+            add_slowdown(stubber, "put_object")
+            stubber.add_response("put_object", {"ETag": '"e"'})  # what a retry would have got
+            with pytest.raises(RetriesExhausted) as info:
+                await client.call("put_object", Bucket="b", Key="k", Body=Pipe())
+    assert info.value.attempts == 1 and fake.sleeps == [] and events == []

@@ -26,8 +26,10 @@ from loadtests.harness.gateway import (
     tree_source,
     wait_ready,
 )
+from loadtests.harness.machine import machine_facts
 from loadtests.harness.stats import merge_intervals
 from loadtests.harness.store import ACCESS_KEY, SECRET_KEY
+from s3lanes import __version__
 from s3lanes.config import load_config
 
 
@@ -41,6 +43,10 @@ def test_the_spooling_gateway_config_loads_as_the_gateway_reads_it(tmp_path: Pat
     assert cfg.spool.enabled and cfg.spool.dir == tmp_path / "spool"
     assert cfg.spool.max_age_s == 60
     assert [(c.access_key, c.secret_key) for c in cfg.credentials] == [(ACCESS_KEY, SECRET_KEY)]
+
+
+def test_the_machine_facts_name_the_gateway_source_directory_the_benchmarks_run() -> None:
+    assert machine_facts()["s3lanes"].startswith(f"{__version__} from {GATEWAY_SOURCE} (")
 
 
 def test_the_server_section_names_its_settings(tmp_path: Path) -> None:

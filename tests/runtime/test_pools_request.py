@@ -14,7 +14,7 @@ from s3lanes.core.routing import RouteTable
 from s3lanes.core.scheduler import Scheduler
 from s3lanes.errors import ServiceUnavailable
 from s3lanes.runtime.dispatcher import LaneDispatcher
-from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.pools import Pools, StoreCall
 from s3lanes.runtime.wiring import scheduler_config
 
 CRED = Credential("client", "secret", "backend", "backend-secret")
@@ -80,7 +80,7 @@ def test_a_routed_bucket_goes_to_its_store_under_its_name_there_with_the_body_ac
 
     async def go() -> None:
         resp = await pools.request(
-            "dataset", "archive", "k", "PUT", {}, CRED, b"12345", cost=100, account_body=True
+            StoreCall("dataset", "archive", "k", "PUT", {}, CRED), b"12345", cost=100, account_body=True
         )
         assert resp.status == 200
 
@@ -94,7 +94,7 @@ def test_not_admitted_and_not_observed_when_asked_so_and_errors_observed_only_wh
 
     async def go(**kw: Any) -> None:
         with pytest.raises(ServiceUnavailable):
-            await pools.request("metadata", None, None, "GET", {}, CRED, backend="cold", **kw)
+            await pools.request(StoreCall("metadata", None, None, "GET", {}, CRED), backend="cold", **kw)
 
     asyncio.run(go(cost=None))
     assert d.costs == [] and d.observed == []

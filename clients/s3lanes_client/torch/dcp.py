@@ -76,6 +76,36 @@ class _ClientHolder:
         return self._client
 
 
+class _S3Storage:
+    """What the writer and the reader share: where the checkpoint lives (``s3://bucket/prefix``), the client
+    that reaches it, and the rank DCP set them up for."""
+
+    def __init__(self, uri: str, client: GatewayClient | None, config: ClientConfig | None) -> None:
+        super().__init__()
+        self._uri: S3URI = parse_s3_uri(uri)
+        self._clients = _ClientHolder(client, config)
+        self.rank: int | None = None
+        self.use_collectives = True
+
+    @property
+    def checkpoint_id(self) -> str:
+        return str(self._uri)
+
+    def _move_to(self, checkpoint_id: str | os.PathLike[str] | None) -> None:
+        """``reset(checkpoint_id)``: a new location if one is given."""
+        if checkpoint_id:
+            self._uri = parse_s3_uri(str(checkpoint_id))
+
+    def _set_up(self, kwargs: dict[str, Any]) -> None:
+        """The ``set_up_storage_*`` keyword arguments both sides read."""
+        self.rank = kwargs.get("rank")
+        self.use_collectives = kwargs.get("use_collectives", True)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return isinstance(checkpoint_id, str) and checkpoint_id.startswith("s3://")
+
+
 def _item_bytes(item: WriteItem) -> int:
     if item.tensor_data is None:
         return 0
@@ -105,7 +135,7 @@ def _split_by_size(bins: int, items: list[WriteItem]) -> list[list[WriteItem]]:
     return [b for b in out if b]
 
 
-class S3StorageWriter(StorageWriter):
+class S3StorageWriter(_S3Storage, StorageWriter):
     """``torch.distributed.checkpoint.save(state_dict,
     storage_writer=S3StorageWriter("s3://b/ckpt/step_100"))``.
 
@@ -127,11 +157,9 @@ class S3StorageWriter(StorageWriter):
         lane: str | None = "checkpoint",
         write_through: bool = False,
     ) -> None:
-        super().__init__()
         if thread_count < 1:
             raise ValueError("thread_count must be at least 1")
-        self._uri: S3URI = parse_s3_uri(uri)
-        self._clients = _ClientHolder(client, config)
+        super().__init__(uri, client, config)
         self.thread_count = thread_count
         self.part_size_bytes = part_size_bytes
         self.max_inflight_parts = max_inflight_parts
@@ -139,21 +167,13 @@ class S3StorageWriter(StorageWriter):
         self.lane = lane
         self.write_through = write_through
         self.save_id = str(uuid.uuid4())
-        self.rank: int | None = None
-        self.use_collectives = True
-
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self._uri)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
-        if checkpoint_id:
-            self._uri = parse_s3_uri(str(checkpoint_id))
+        self._move_to(checkpoint_id)
         self.save_id = str(uuid.uuid4())
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        self.rank = kwargs.get("rank")
-        self.use_collectives = kwargs.get("use_collectives", True)
+        self._set_up(kwargs)
 
     def _local_rank_for_names(self) -> int | None:
         return self.rank if not self.use_collectives and self.rank is not None else None
@@ -240,10 +260,6 @@ class S3StorageWriter(StorageWriter):
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
 
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return isinstance(checkpoint_id, str) and checkpoint_id.startswith("s3://")
-
 
 @dataclass(frozen=True, slots=True)
 class _Span:
@@ -255,7 +271,7 @@ class _Span:
     items: tuple[ReadItem, ...]
 
 
-class S3StorageReader(StorageReader):
+class S3StorageReader(_S3Storage, StorageReader):
     """``torch.distributed.checkpoint.load(state_dict,
     storage_reader=S3StorageReader("s3://b/ckpt/step_100"))``."""
 
@@ -269,27 +285,18 @@ class S3StorageReader(StorageReader):
         max_inflight_reads: int = 8,
         coalesce_bytes: int = 32 * MiB,
     ) -> None:
-        super().__init__()
         if max_inflight_reads < 1 or coalesce_bytes < 1:
             raise ValueError("max_inflight_reads and coalesce_bytes must be positive")
-        self._uri: S3URI = parse_s3_uri(uri)
-        self._clients = _ClientHolder(client, config)
+        super().__init__(uri, client, config)
         self.lane = lane
         self.max_inflight_reads = max_inflight_reads
         self.coalesce_bytes = coalesce_bytes
         self.storage_data: dict[MetadataIndex, _StorageInfo] = {}
         self.load_id = str(uuid.uuid4())
-        self.rank: int | None = None
-        self.use_collectives = True
-
-    @property
-    def checkpoint_id(self) -> str:
-        return str(self._uri)
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self.storage_data = {}
-        if checkpoint_id:
-            self._uri = parse_s3_uri(str(checkpoint_id))
+        self._move_to(checkpoint_id)
         self.load_id = str(uuid.uuid4())
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -310,8 +317,7 @@ class S3StorageReader(StorageReader):
         if metadata.storage_data is None:
             raise ValueError("the checkpoint's metadata has no storage data")
         self.storage_data = metadata.storage_data
-        self.rank = kwargs.get("rank")
-        self.use_collectives = kwargs.get("use_collectives", True)
+        self._set_up(kwargs)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
@@ -390,7 +396,3 @@ class S3StorageReader(StorageReader):
             )
         target.copy_(tensor)
         planner.commit_tensor(item, target)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
-        return isinstance(checkpoint_id, str) and checkpoint_id.startswith("s3://")

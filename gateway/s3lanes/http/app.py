@@ -45,7 +45,7 @@ from s3lanes.runtime.dispatcher import LaneDispatcher
 from s3lanes.runtime.drainer import Drainer
 from s3lanes.runtime.keyfile import CredentialsFileWatcher, KeyTables
 from s3lanes.runtime.lane_metrics import pool_collector, scheduler_collector
-from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.pools import Pools, StoreCall
 from s3lanes.runtime.reachability import ReachabilityProbe
 from s3lanes.runtime.spool import Spool, crash_on_failure
 from s3lanes.runtime.spool_deadline import DeadlineKeeper
@@ -303,7 +303,9 @@ async def bucket_exists(pools: Pools, keys: KeyTables, bucket: str, tenant: str 
     if cred is None:
         return None
     try:
-        resp = await pools.request("metadata", bucket, None, "HEAD", {}, cred, cost=None, observe=False)
+        resp = await pools.request(
+            StoreCall("metadata", bucket, None, "HEAD", {}, cred), cost=None, observe=False
+        )
     except S3Error:
         return None
     resp.release()

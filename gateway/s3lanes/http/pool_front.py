@@ -41,9 +41,10 @@ from s3lanes.errors import (
 )
 from s3lanes.http.intake import RequestContext, finish_headers
 from s3lanes.http.peer import client_gone
+from s3lanes.http.proxy import StoreAnswer
 from s3lanes.runtime.backend import BackendResponse
 from s3lanes.runtime.dispatcher import LaneDispatcher, StreamBudget
-from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.pools import Pools, StoreCall
 
 log = logging.getLogger("s3lanes.pools")
 
@@ -85,16 +86,10 @@ class PoolFront:
 
     # -- answers naming a renamed bucket ------------------------------------------------------------------
 
-    async def relay_renamed(
-        self,
-        request: web.Request,
-        resp: BackendResponse,
-        ctx: RequestContext,
-        decision: Decision,
-        dispatcher: LaneDispatcher,
-    ) -> web.StreamResponse | None:
+    async def relay_renamed(self, answer: StoreAnswer) -> web.StreamResponse | None:
         """The answer with the backend's bucket name rewritten to the client's, or None: it is relayed as it
         streams (the bucket is not renamed, the answer names no bucket, or it is too large to rewrite)."""
+        request, resp, ctx, decision = answer.request, answer.resp, answer.ctx, answer.decision
         route = self._pools.route(ctx.target.bucket)
         if route is None or not route.renamed or not names_bucket(ctx.target.operation, resp):
             return None
@@ -116,7 +111,7 @@ class PoolFront:
             out.headers["Content-Length"] = str(resp.content_length)
         finish_headers(out, ctx, decision)
         if body:
-            dispatcher.observe_delivered(decision.lane, len(body))
+            answer.dispatcher.observe_delivered(decision.lane, len(body))
         return out
 
     # -- ListBuckets across stores --------------------------------------------------------------------------
@@ -129,12 +124,7 @@ class PoolFront:
         for name in self._pools.table.backends_to_list():
             dispatcher = self._pools.dispatcher_of(name)
             resp = await self._pools.request(
-                decision.lane,
-                None,
-                None,
-                "GET",
-                {},
-                ctx.credential,
+                StoreCall(decision.lane, None, None, "GET", {}, ctx.credential),
                 backend=name,
                 cost=self._request_cost,
                 gone=lambda: client_gone(request),
@@ -203,14 +193,9 @@ class PoolFront:
             if name.startswith("x-amz-copy-source-if-")
         }
         src_dispatcher = self._pools.dispatcher_for(src_bucket)
+        src_query = f"versionId={version}" if version else ""
         src = await self._pools.request(
-            lane,
-            src_bucket,
-            src_key,
-            "GET",
-            read_headers,
-            ctx.credential,
-            raw_query=f"versionId={version}" if version else "",
+            StoreCall(lane, src_bucket, src_key, "GET", read_headers, ctx.credential, src_query),
             cost=self._request_cost,
             gone=lambda: client_gone(request),
         )
@@ -240,12 +225,7 @@ class PoolFront:
             md5 = hashlib.md5()
             body = self._paced(src, src_dispatcher, dest_dispatcher, lane, size, md5)
             put = await self._pools.request(
-                lane,
-                ctx.target.bucket,
-                ctx.target.key,
-                "PUT",
-                headers,
-                ctx.credential,
+                StoreCall(lane, ctx.target.bucket, ctx.target.key, "PUT", headers, ctx.credential),
                 body,
                 cost=self._request_cost,
                 gone=lambda: client_gone(request),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
@@ -41,19 +42,29 @@ from s3lanes.http.zerocopy import relay_spliced, splice_eligible
 from s3lanes.metrics import Metrics
 from s3lanes.runtime.backend import BackendResponse
 from s3lanes.runtime.dispatcher import LaneDispatcher, StreamBudget
-from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.pools import Pools, StoreCall
 
 log = logging.getLogger("s3lanes.http")
 
 # Operations whose backend time-to-first-byte feeds the read-latency guard.
 _READ_OPERATIONS = frozenset({"GetObject"})
 
+
+@dataclass(frozen=True, slots=True)
+class StoreAnswer:
+    """A store's answer on its way back to the client: the request it answers (with its context and lane),
+    and the dispatcher of the store's bottleneck, which paces and counts what is relayed."""
+
+    request: web.Request
+    resp: BackendResponse
+    ctx: RequestContext
+    decision: Decision
+    dispatcher: LaneDispatcher
+
+
 # The answer of a store that names a renamed bucket, rewritten for the client (storage pools), or None: the
 # answer is relayed as it streams.
-RenamedRelay = Callable[
-    [web.Request, BackendResponse, RequestContext, Decision, LaneDispatcher],
-    Awaitable[web.StreamResponse | None],
-]
+RenamedRelay = Callable[[StoreAnswer], Awaitable[web.StreamResponse | None]]
 
 
 class S3Proxy:
@@ -136,12 +147,19 @@ class S3Proxy:
 
         resp: BackendResponse
         try:
-            call = (lane, ctx.target.bucket, ctx.target.key, request.method, headers, ctx.credential)
-            raw_query, signed = ctx.view.raw_query, not ctx.anonymous
+            call = StoreCall(
+                lane,
+                ctx.target.bucket,
+                ctx.target.key,
+                request.method,
+                headers,
+                ctx.credential,
+                ctx.view.raw_query,
+            )
+            signed = not ctx.anonymous
             if body is None and request.method in ("GET", "HEAD"):
                 resp = await self.pools.read(
-                    *call,
-                    raw_query=raw_query,
+                    call,
                     cost=self._request_cost,
                     gone=lambda: client_gone(request),
                     admitted=admitted,
@@ -149,9 +167,8 @@ class S3Proxy:
                 )
             else:
                 resp = await self.pools.request(
-                    *call,
+                    call,
                     body,
-                    raw_query=raw_query,
                     cost=self._request_cost,
                     gone=lambda: client_gone(request),
                     account_body=True,
@@ -183,26 +200,21 @@ class S3Proxy:
                 dispatcher.observe_read(lane, wait_s, ttfb_s)
             if pipe is not None and pipe.failure is not None:
                 raise pipe.failure
+            answer = StoreAnswer(request, resp, ctx, decision, dispatcher)
             if self._renamed is not None:
-                renamed = await self._renamed(request, resp, ctx, decision, dispatcher)
+                renamed = await self._renamed(answer)
                 if renamed is not None:
                     return renamed
-            return await self.relay_stream(request, resp, ctx, decision, dispatcher, backend_cfg=backend.cfg)
+            return await self.relay_stream(answer, backend_cfg=backend.cfg)
         finally:
             resp.release()
 
     async def relay_stream(
-        self,
-        request: web.Request,
-        resp: BackendResponse,
-        ctx: RequestContext,
-        decision: Decision,
-        dispatcher: LaneDispatcher,
-        *,
-        backend_cfg: BackendConfig | None = None,
+        self, answer: StoreAnswer, *, backend_cfg: BackendConfig | None = None
     ) -> web.StreamResponse:
         """The backend's answer to the client as it streams, paced through the lane of its pool. A large
         plain-HTTP GET body is spliced from socket to socket (:mod:`s3lanes.http.zerocopy`)."""
+        request, resp, ctx, decision = answer.request, answer.resp, answer.ctx, answer.decision
         lane = decision.lane
         out = web.StreamResponse(status=resp.status, reason=resp.reason)
         out.headers.extend(relayed_headers(resp.headers, ctx.request_id))
@@ -230,7 +242,7 @@ class S3Proxy:
         spliced = splice_eligible(request, resp, self._cfg.server.zero_copy_min_bytes)
         await out.prepare(request)
         if request.method != "HEAD" and resp.status not in (204, 304):
-            budget = StreamBudget(dispatcher, lane, self._chunk, resp.content_length)
+            budget = StreamBudget(answer.dispatcher, lane, self._chunk, resp.content_length)
             moved = 0
             try:
                 if spliced:

@@ -15,6 +15,7 @@ Errors become S3 error answers here, and the request metrics are counted here, w
 from __future__ import annotations
 
 import logging
+from dataclasses import KW_ONLY, dataclass
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -52,60 +53,49 @@ log = logging.getLogger("s3lanes.http")
 ANONYMOUS_SETTLE_TIMEOUT_S = 30.0
 
 
+@dataclass(eq=False)
 class Router:
     """The request handler. One instance per application; holds no per-request state."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        pools: Pools,
-        clock: Clock,
-        *,
-        intake: Intake,
-        proxy: S3Proxy,
-        pool_front: PoolFront,
-        spool_front: SpoolFront | None,
-        classifier: Classifier,
-        metrics: Metrics,
-    ) -> None:
-        self._cfg = cfg
-        self.pools = pools
-        self._clock = clock
-        self._intake = intake
-        self._proxy = proxy
-        self._pool_front = pool_front
-        # The write spool's front, when the spool is enabled; it answers the operations it holds data for.
-        self.spool_front = spool_front
-        self._classifier = classifier
-        self._metrics = metrics
-        # Several workers: a worker without the spool relays what may touch it to the spool's owner
-        # (s3lanes.http.forward); the owner marks the buckets of writes in the shared spool summary.
-        self.forwarder: Forwarder | None = None
-        self.spool_summary: SummaryWriter | None = None
+    cfg: Config
+    pools: Pools
+    clock: Clock
+    _: KW_ONLY
+    intake: Intake
+    proxy: S3Proxy
+    pool_front: PoolFront
+    # The write spool's front, when the spool is enabled; it answers the operations it holds data for.
+    spool_front: SpoolFront | None
+    classifier: Classifier
+    metrics: Metrics
+    # Several workers: a worker without the spool relays what may touch it to the spool's owner
+    # (s3lanes.http.forward); the owner marks the buckets of writes in the shared spool summary.
+    forwarder: Forwarder | None = None
+    spool_summary: SummaryWriter | None = None
 
     async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
-        return await self._intake.expect_handler(request)
+        return await self.intake.expect_handler(request)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         rid = request.get(RID_KEY) or forwarded_request_id(request) or new_request_id()
         request[RID_KEY] = rid
         REQUEST_ID.set(rid)
         try:
-            ctx = self._intake.authenticate(request)
+            ctx = self.intake.authenticate(request)
         except S3Error as err:
-            self._metrics.child(self._metrics.auth_failures, err.code).inc()
-            self._metrics.child(self._metrics.requests, "none", "unauthenticated", str(err.status)).inc()
+            self.metrics.child(self.metrics.auth_failures, err.code).inc()
+            self.metrics.child(self.metrics.requests, "none", "unauthenticated", str(err.status)).inc()
             return error_response(request, err, rid)
         facts = RequestFacts.from_request(ctx.target, ctx.view.headers, ctx.auth.access_key)
-        decision = self._classifier.classify(facts)
+        decision = self.classifier.classify(facts)
         status = 500
-        started = self._clock.monotonic()
+        started = self.clock.monotonic()
         served_by = "backend"
         try:
             check_limits(
                 ctx.target.operation, query_names(ctx.view.raw_query), facts.size_bytes, len(request.headers)
             )
-            policy = self._cfg.tenant_policies.get(ctx.auth.access_key)
+            policy = self.cfg.tenant_policies.get(ctx.auth.access_key)
             if policy is not None:
                 self._check_access(policy, ctx, facts, decision)
             resp = await self._route(request, ctx, decision)
@@ -113,7 +103,7 @@ class Router:
             if resp.headers.get(SOURCE_HEADER) == "spool":
                 served_by = "spool"
             if 200 <= status < 300:
-                self._classifier.note_write_completed(facts, decision)
+                self.classifier.note_write_completed(facts, decision)
             return resp
         except S3Error as err:
             status = err.status
@@ -129,12 +119,10 @@ class Router:
             log.exception("internal error on %s %s", request.method, request.raw_path)
             return lane_headers(error_response(request, InternalError(), rid), decision)
         finally:
-            self._metrics.child(
-                self._metrics.requests, decision.lane, ctx.target.operation, str(status)
-            ).inc()
-            self._metrics.child(
-                self._metrics.duration, decision.lane, ctx.target.operation, served_by
-            ).observe(self._clock.monotonic() - started)
+            self.metrics.child(self.metrics.requests, decision.lane, ctx.target.operation, str(status)).inc()
+            self.metrics.child(self.metrics.duration, decision.lane, ctx.target.operation, served_by).observe(
+                self.clock.monotonic() - started
+            )
 
     @staticmethod
     def _check_access(
@@ -169,10 +157,10 @@ class Router:
                 return spooled
         if self.pools.routed:
             if ctx.target.operation == "ListBuckets":
-                return await self._pool_front.list_buckets(request, ctx, decision)
-            if "x-amz-copy-source" in ctx.view.headers and self._pool_front.crosses_backends(ctx):
-                return await self._pool_front.copy_across(request, ctx, decision)
-        return await self._proxy.forward(request, ctx, decision)
+                return await self.pool_front.list_buckets(request, ctx, decision)
+            if "x-amz-copy-source" in ctx.view.headers and self.pool_front.crosses_backends(ctx):
+                return await self.pool_front.copy_across(request, ctx, decision)
+        return await self.proxy.forward(request, ctx, decision)
 
     async def _settle_for_anonymous(self, ctx: RequestContext) -> None:
         """An anonymous read sees what the store holds (the spool cannot evaluate the store's policy or
@@ -191,5 +179,5 @@ class Router:
         if not result.durable:
             raise SlowDown(
                 "Acknowledged writes under this key are still being uploaded to the store; retry later.",
-                retry_after_s=self._cfg.spool.retry_after_s,
+                retry_after_s=self.cfg.spool.retry_after_s,
             )

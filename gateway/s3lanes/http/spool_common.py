@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp import web
@@ -41,7 +42,7 @@ from s3lanes.http.intake import (
 )
 from s3lanes.metrics import Metrics
 from s3lanes.runtime.bucket_check import BucketCheck
-from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.pools import Pools, StoreCall
 from s3lanes.runtime.spool import Reservation, Spool, SpoolFileWriter
 
 UPLOAD_ID_PREFIX = "s3lanes-"
@@ -49,30 +50,26 @@ UPLOAD_ID_PREFIX = "s3lanes-"
 KEY_CLEAR_TIMEOUT_S = 30.0
 
 
+@dataclass(eq=False)
 class SpoolCommon:
-    def __init__(
-        self,
-        spool: Spool,
-        cfg: Config,
-        pools: Pools,
-        clock: Clock,
-        metrics: Metrics,
-        creds: dict[str, Credential],
-    ) -> None:
-        self.spool = spool
-        self.cfg = cfg
-        self.pools = pools
-        self.clock = clock
-        self.metrics = metrics
-        self._lanes = frozenset(cfg.spool.lanes)
-        # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
-        self.creds = creds
-        self._buckets = BucketCheck(spool, clock, self._head_status)
-        self._request_cost = cfg.scheduler.request_cost_bytes
-        self.chunk = cfg.scheduler.chunk_bytes
-        self.closing = False
-        # Conditional writes of a key, one at a time: the check and the commit are not interleaved.
-        self._key_locks: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = {}  # lock, users
+    spool: Spool
+    cfg: Config
+    pools: Pools
+    clock: Clock
+    metrics: Metrics
+    # Every key that wrote (live and removed ones); shared, updated in place by credentials file reloads.
+    creds: dict[str, Credential]
+    closing: bool = field(default=False, init=False)
+    # Conditional writes of a key, one at a time: the check and the commit are not interleaved.
+    _key_locks: dict[tuple[str, str], tuple[asyncio.Lock, list[int]]] = field(
+        default_factory=dict, init=False, repr=False
+    )  # lock, users
+
+    def __post_init__(self) -> None:
+        self._lanes = frozenset(self.cfg.spool.lanes)
+        self._buckets = BucketCheck(self.spool, self.clock, self._head_status)
+        self._request_cost = self.cfg.scheduler.request_cost_bytes
+        self.chunk = self.cfg.scheduler.chunk_bytes
 
     def response(
         self, ctx: RequestContext, decision: Decision, status: int = 200, body: bytes = b""
@@ -159,14 +156,8 @@ class SpoolCommon:
             sent = self.clock.monotonic()
 
         resp = await self.pools.request(
-            lane,
-            bucket,
-            key,
-            method,
-            headers or {},
-            ctx.credential,
+            StoreCall(lane, bucket, key, method, headers or {}, ctx.credential, raw_query),
             body,
-            raw_query=raw_query,
             cost=self._request_cost,
             admitted=admitted,
         )

@@ -38,6 +38,7 @@ from s3lanes.http.intake import RequestContext, lane_headers
 from s3lanes.http.s3xml import with_request_id
 from s3lanes.http.spool_common import SpoolCommon
 from s3lanes.runtime.bucket_check import BUCKET_CHECK_TTL_S
+from s3lanes.runtime.pools import StoreCall
 
 
 class SpoolListings:
@@ -158,7 +159,10 @@ class SpoolListings:
         owner: tuple[str, str] | None = None
         try:
             resp = await self._c.pools.request(
-                "metadata", None, None, "GET", {}, cred, backend=backend.name, cost=None, observe=False
+                StoreCall("metadata", None, None, "GET", {}, cred),
+                backend=backend.name,
+                cost=None,
+                observe=False,
             )
             try:
                 data = await resp.read()

@@ -49,6 +49,7 @@ COMPLETED_UPLOADS_KEPT = 4096
 class _Completed:
     """A spooled multipart upload's completion: what a repeated CompleteMultipartUpload answers."""
 
+    upload_id: str
     bucket: str
     key: str
     etag: str  # quoted
@@ -104,7 +105,7 @@ class SpoolUploads:
         if upload is None:
             done = self._completed.get(upload_id)
             if done is not None and (done.bucket, done.key) == (ctx.target.bucket, ctx.target.key):
-                return await self._completed_upload_op(request, ctx, decision, op, upload_id, done)
+                return await self._completed_upload_op(request, ctx, decision, op, done)
             if op == "AbortMultipartUpload":
                 # The store answers 204 to an abort of an upload id it issued but no longer knows (aborted
                 # or completed before), so a repeated abort of a spooled upload answers the same.
@@ -129,7 +130,6 @@ class SpoolUploads:
         ctx: RequestContext,
         decision: Decision,
         op: str,
-        upload_id: str,
         done: _Completed,
     ) -> web.StreamResponse:
         """A request naming a spooled upload that was completed, answered as the store answers it: a
@@ -150,7 +150,7 @@ class SpoolUploads:
             if current:
                 xml = self._complete_xml(request, done.bucket, done.key, done.etag, done.checksum_fields)
                 return self._c.response(ctx, decision, body=xml)
-        raise NoSuchUpload(UploadId=upload_id)
+        raise NoSuchUpload(UploadId=done.upload_id)
 
     def _complete_xml(
         self,
@@ -263,7 +263,7 @@ class SpoolUploads:
                 )
                 fields.append((field, value))
         self._completed[upload.upload_id] = _Completed(
-            upload.bucket, upload.key, rec.etag, rec.seq, upload.access_key, tuple(fields)
+            upload.upload_id, upload.bucket, upload.key, rec.etag, rec.seq, upload.access_key, tuple(fields)
         )
         while len(self._completed) > COMPLETED_UPLOADS_KEPT:
             self._completed.popitem(last=False)

@@ -28,7 +28,7 @@ from s3lanes.core.sigv4 import QUERY_AUTH_PARAMS, UNSIGNED_PAYLOAD, sign_headers
 from s3lanes.core.uri import s3_quote
 from s3lanes.errors import GatewayTimeout, ServiceUnavailable
 from s3lanes.runtime.credentials import ChainCredentials, SigningIdentity
-from s3lanes.runtime.rawclient import RawConnectError, RawPool, RawResponse, request_head
+from s3lanes.runtime.rawclient import Dialing, RawConnectError, RawPool, RawResponse, request_head
 
 log = logging.getLogger("s3lanes.backend")
 
@@ -208,15 +208,14 @@ class Backend:
 
     def _new_raw_pool(self, source_address: str | None) -> RawPool:
         parts = urlsplit(self.endpoint)
-        return RawPool(
+        dialing = Dialing(
             parts.hostname or "localhost",
             parts.port or 80,
             source_address=source_address,
-            pool_size=self.cfg.pool_size,
             connect_timeout_s=self.cfg.connect_timeout_s,
-            read_timeout_s=self.cfg.read_timeout_s,
             recv_buffer_bytes=self.cfg.recv_buffer_bytes,
         )
+        return RawPool(dialing, pool_size=self.cfg.pool_size, read_timeout_s=self.cfg.read_timeout_s)
 
     @property
     def raw_reads(self) -> bool:

@@ -62,7 +62,7 @@ from s3lanes.core.cluster_budget import (
     lane_demand_bps,
 )
 from s3lanes.core.node_lanes import NodeLaneSplit, split_node_lanes
-from s3lanes.core.scheduler import Scheduler, external_paced_bps
+from s3lanes.core.scheduler import LaneSnapshot, Scheduler, external_paced_bps
 from s3lanes.runtime.spool import Spool
 
 log = logging.getLogger("s3lanes.cluster")
@@ -355,40 +355,38 @@ class ClusterMember:
     def _board_time(self, now: float) -> float:
         return now + self._board_offset if self._board_offset is not None else self._clock.wall()
 
+    def _lane_demand(self, ln: LaneSnapshot, capacity_bps: float) -> LaneDemandReport:
+        """A lane's rate, backlog (queued here plus pending in the spool) and demand until the next report."""
+        backlog = ln.queued_bytes + (self._backlog(ln.name) if self._backlog is not None else 0)
+        return LaneDemandReport(
+            rate_bps=ln.granted_rate_bps,
+            demand_bps=lane_demand_bps(
+                rate_bps=ln.granted_rate_bps,
+                backlog_bytes=backlog,
+                capacity_bps=capacity_bps,
+                horizon_s=self.cfg.interval_s,
+            ),
+            backlog_bytes=backlog,
+        )
+
     def _report(self, now: float) -> NodeReport:
         snap = self._scheduler.snapshot(now)
         lanes = {}
         for s in self.shared:
-            ln = snap.lane(s.name)
-            backlog = ln.queued_bytes + (self._backlog(s.name) if self._backlog is not None else 0)
+            d = self._lane_demand(snap.lane(s.name), snap.capacity_bps)
             lanes[s.name] = LaneReport(
-                rate_bps=ln.granted_rate_bps,
-                demand_bps=lane_demand_bps(
-                    rate_bps=ln.granted_rate_bps,
-                    backlog_bytes=backlog,
-                    capacity_bps=snap.capacity_bps,
-                    horizon_s=self.cfg.interval_s,
-                ),
-                backlog_bytes=backlog,
+                rate_bps=d.rate_bps,
+                demand_bps=d.demand_bps,
+                backlog_bytes=d.backlog_bytes,
                 floor_bps=s.floor * snap.capacity_bps,
                 allowance_bps=self.lease.allowances.get(s.name),
             )
         demand: float | None = None
         node_lanes: dict[str, LaneDemandReport] | None = None
         if self.node_share:
-            node_lanes = {}
-            for ln in snap.lanes:
-                backlog = ln.queued_bytes + (self._backlog(ln.name) if self._backlog is not None else 0)
-                node_lanes[ln.name] = LaneDemandReport(
-                    rate_bps=ln.granted_rate_bps,
-                    demand_bps=lane_demand_bps(
-                        rate_bps=ln.granted_rate_bps,
-                        backlog_bytes=backlog,
-                        capacity_bps=self._scheduler.node_capacity_bps(),
-                        horizon_s=self.cfg.interval_s,
-                    ),
-                    backlog_bytes=backlog,
-                )
+            node_lanes = {
+                ln.name: self._lane_demand(ln, self._scheduler.node_capacity_bps()) for ln in snap.lanes
+            }
             demand = math.fsum(ln.demand_bps for ln in node_lanes.values())
         return NodeReport(
             node_id=self.node_id,

@@ -53,7 +53,7 @@ from s3lanes.errors import S3Error
 from s3lanes.metrics import Metrics
 from s3lanes.runtime.backend import UnsentBound
 from s3lanes.runtime.dispatcher import StreamBudget
-from s3lanes.runtime.pools import Pools
+from s3lanes.runtime.pools import Pools, StoreCall
 from s3lanes.runtime.splice import SourceEnded, plain_socket, run_settled, send_file
 from s3lanes.runtime.spool import Spool, SpoolWriteFailed
 
@@ -614,14 +614,8 @@ class Drainer:
         try:
             try:
                 resp = await self._pools.request(
-                    lane,
-                    entry.bucket,
-                    key,
-                    method,
-                    headers,
-                    self._credential(entry),
+                    StoreCall(lane, entry.bucket, key, method, headers, self._credential(entry), raw_query),
                     body,
-                    raw_query=raw_query,
                     cost=self._request_cost,
                     observe_errors=True,
                     payload_hash=UNSIGNED_PAYLOAD,

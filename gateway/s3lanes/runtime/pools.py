@@ -11,6 +11,7 @@ throttles reads from another only where the configuration says they share hardwa
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -31,6 +32,21 @@ def bottleneck_of(name: str, backends: Mapping[str, BackendConfig]) -> str:
             return name
         seen.add(nxt)
         name = nxt
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCall:
+    """One request to the store holding a client-visible bucket, as :meth:`Pools.request` and
+    :meth:`Pools.read` send it: in ``lane``, signed as ``credential``. ``bucket`` is the client's name (the
+    route gives the store's); ``None`` with ``key`` ``None`` is the store's service (ListBuckets)."""
+
+    lane: str
+    bucket: str | None
+    key: str | None
+    method: str
+    headers: Mapping[str, str]
+    credential: Credential
+    raw_query: str = ""
 
 
 class Pools:
@@ -81,15 +97,9 @@ class Pools:
 
     async def request(
         self,
-        lane: str,
-        bucket: str | None,
-        key: str | None,
-        method: str,
-        headers: Mapping[str, str],
-        credential: Credential,
+        call: StoreCall,
         body: Body = None,
         *,
-        raw_query: str = "",
         cost: int | None,
         backend: str | None = None,
         gone: Callable[[], bool] | None = None,
@@ -100,8 +110,8 @@ class Pools:
         payload_hash: str = UNSIGNED_PAYLOAD,
         signed: bool = True,
     ) -> aiohttp.ClientResponse:
-        """Call the backend holding ``bucket`` through ``lane``; return its response, body unread (the caller
-        reads or streams it, and releases it).
+        """Send ``call`` to the backend holding its bucket, through its lane; return the backend's response,
+        body unread (the caller reads or streams it, and releases it).
 
         The bucket's route picks the backend and the bucket's name there; ``backend`` names one instead, for
         a request to the store's service (no bucket). The request first queues in its lane at its
@@ -114,11 +124,12 @@ class Pools:
         before the signed request goes out. The answer's status is reported to the dispatcher
         (``observe``), and so is an :class:`~s3lanes.errors.S3Error`'s (``observe_errors``).
         """
+        lane = call.lane
         if backend is not None:
             chosen = self.backends[backend]
-            target = chosen.target(None, key, raw_query)
+            target = chosen.target(None, call.key, call.raw_query)
         else:
-            chosen, target = self.target(bucket, key, raw_query)
+            chosen, target = self.target(call.bucket, call.key, call.raw_query)
         dispatcher = self.dispatcher_of(chosen.name)
         if cost is not None:
             whole = account_body and isinstance(body, bytes)
@@ -134,10 +145,10 @@ class Pools:
             admitted()
         try:
             resp = await chosen.request(
-                method,
+                call.method,
                 target,
-                headers,
-                credential,
+                call.headers,
+                call.credential,
                 body=body,
                 payload_hash=payload_hash,
                 lane=lane,
@@ -157,14 +168,8 @@ class Pools:
 
     async def read(
         self,
-        lane: str,
-        bucket: str | None,
-        key: str | None,
-        method: str,
-        headers: Mapping[str, str],
-        credential: Credential,
+        call: StoreCall,
         *,
-        raw_query: str = "",
         cost: int,
         gone: Callable[[], bool] | None = None,
         admitted: Callable[[], None] | None = None,
@@ -172,16 +177,18 @@ class Pools:
     ) -> BackendResponse:
         """A bodiless GET or HEAD as :meth:`request` sends it (same lane admission, same observations),
         through the backend's lean client where it has one (:meth:`Backend.read`)."""
-        chosen, target = self.target(bucket, key, raw_query)
+        chosen, target = self.target(call.bucket, call.key, call.raw_query)
         dispatcher = self.dispatcher_of(chosen.name)
-        ticket = await dispatcher.acquire(lane, cost, gone=gone)
+        ticket = await dispatcher.acquire(call.lane, cost, gone=gone)
         dispatcher.release(ticket)
         if admitted is not None:
             admitted()
         # A failure (S3Error) is observed by the caller, as :meth:`request` leaves it with observe_errors off.
-        resp = await chosen.read(method, target, headers, credential, lane=lane, signed=signed)
+        resp = await chosen.read(
+            call.method, target, call.headers, call.credential, lane=call.lane, signed=signed
+        )
         try:
-            dispatcher.observe_backend(lane, resp.status)
+            dispatcher.observe_backend(call.lane, resp.status)
         except BaseException:
             resp.release()
             raise

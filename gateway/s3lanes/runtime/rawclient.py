@@ -147,27 +147,27 @@ def request_head(method: str, raw_path: str, raw_query: str, headers: dict[str, 
     return "\r\n".join(lines).encode("utf-8", "surrogateescape")
 
 
+@dataclass(frozen=True, slots=True)
+class Dialing:
+    """How a :class:`RawPool` opens a connection: to ``host:port``, bound to ``source_address`` (None: the
+    kernel picks), connected within ``connect_timeout_s``, with ``recv_buffer_bytes`` of socket receive
+    buffer (0: the kernel's default)."""
+
+    host: str
+    port: int
+    source_address: str | None
+    connect_timeout_s: float
+    recv_buffer_bytes: int
+
+
 class RawPool:
     """Keep-alive connections to one ``host:port`` from one source address. Lives on one event loop."""
 
     def __init__(
-        self,
-        host: str,
-        port: int,
-        *,
-        source_address: str | None,
-        pool_size: int,
-        connect_timeout_s: float,
-        read_timeout_s: float,
-        recv_buffer_bytes: int,
-        keepalive_s: float = KEEPALIVE_S,
+        self, dialing: Dialing, *, pool_size: int, read_timeout_s: float, keepalive_s: float = KEEPALIVE_S
     ) -> None:
-        self._host = host
-        self._port = port
-        self._source = source_address
-        self._connect_timeout_s = connect_timeout_s
+        self._dialing = dialing
         self._read_timeout_s = read_timeout_s
-        self._rcvbuf = recv_buffer_bytes
         self._keepalive_s = keepalive_s
         self._idle: deque[RawConnection] = deque()
         self._slots = asyncio.Semaphore(pool_size)
@@ -238,18 +238,19 @@ class RawPool:
 
     async def _connect(self) -> RawConnection:
         loop = asyncio.get_running_loop()
+        d = self._dialing
         try:
-            async with asyncio.timeout(self._connect_timeout_s):
-                infos = await loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+            async with asyncio.timeout(d.connect_timeout_s):
+                infos = await loop.getaddrinfo(d.host, d.port, type=socket.SOCK_STREAM)
                 last: OSError | None = None
                 for family, type_, proto_no, _, addr in infos:
                     sock = socket.socket(family, type_, proto_no)
                     try:
                         sock.setblocking(False)
-                        if self._rcvbuf > 0:
-                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._rcvbuf)
-                        if self._source:
-                            sock.bind((self._source, 0))
+                        if d.recv_buffer_bytes > 0:
+                            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, d.recv_buffer_bytes)
+                        if d.source_address:
+                            sock.bind((d.source_address, 0))
                         await loop.sock_connect(sock, addr)
                     except OSError as exc:
                         sock.close()
@@ -261,11 +262,11 @@ class RawPool:
                     _, protocol = await loop.create_connection(lambda: ResponseHandler(loop), sock=sock)
                     self.opened += 1
                     return RawConnection(protocol)
-                raise last or OSError(f"no address for {self._host}")
+                raise last or OSError(f"no address for {d.host}")
         except TimeoutError as exc:
-            raise RawConnectTimeout(f"connect to {self._host}:{self._port} timed out") from exc
+            raise RawConnectTimeout(f"connect to {d.host}:{d.port} timed out") from exc
         except OSError as exc:
-            raise RawConnectError(f"cannot connect to {self._host}:{self._port}: {exc}") from exc
+            raise RawConnectError(f"cannot connect to {d.host}:{d.port}: {exc}") from exc
 
     def give_back(self, conn: RawConnection) -> None:
         self._slots.release()

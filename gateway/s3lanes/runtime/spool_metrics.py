@@ -67,20 +67,22 @@ def spool_collector(spool: Spool, clock: Clock) -> Callable[[], Iterable[Metric]
             " after a fence interval before it counts as durable.",
             value=float(fig.keys_in_doubt),
         )
-        reapplies = CounterMetricFamily(
-            "s3lanes_spool_fence_reapplies",
-            "Newest states drained again because the store showed an older one after the fence interval.",
+        # The spool's running totals since it started.
+        totals = (
+            (
+                "s3lanes_spool_fence_reapplies",
+                "Newest states drained again because the store showed an older one after the fence interval.",
+                spool.fence_reapplies,
+            ),
+            ("s3lanes_spool_acked_bytes_all", "Bytes acknowledged into the spool.", spool.acked_bytes),
+            (
+                "s3lanes_spool_drained_bytes",
+                "Bytes the drainer confirmed on the backend (rate() = drain rate).",
+                spool.drained_bytes,
+            ),
         )
-        reapplies.add_metric([], float(spool.fence_reapplies))
-        yield reapplies
-        acked = CounterMetricFamily("s3lanes_spool_acked_bytes_all", "Bytes acknowledged into the spool.")
-        acked.add_metric([], float(spool.acked_bytes))
-        yield acked
-        drained = CounterMetricFamily(
-            "s3lanes_spool_drained_bytes", "Bytes the drainer confirmed on the backend (rate() = drain rate)."
-        )
-        drained.add_metric([], float(spool.drained_bytes))
-        yield drained
+        for name, documentation, total in totals:
+            yield CounterMetricFamily(name, documentation, value=float(total))
         per_prefix = GaugeMetricFamily(
             "s3lanes_spool_prefix_pending_bytes",
             f"Pending bytes per bucket and top-level prefix (the {MAX_PREFIX_SERIES} largest).",

@@ -50,6 +50,20 @@ async def _upload_part(c: Case, key: str, upload_id: str, number: str, body: byt
     return await c.x(f"upload part {number}", c.signed("PUT", key, query=query, body=body), OK)
 
 
+async def _upload_parts(
+    c: Case, key: str, upload_id: str, count: int, max_bytes: int
+) -> list[tuple[int, str, bytes]]:
+    """Parts 1 to ``count`` of random sizes up to ``max_bytes``: (number, ETag, body) of those the gateway
+    took."""
+    parts: list[tuple[int, str, bytes]] = []
+    for n in range(1, count + 1):
+        body = c.body(c.rng.randint(1, max_bytes))
+        ans = await _upload_part(c, key, upload_id, str(n), body)
+        if ans.status == 200:
+            parts.append((n, _etag_of(ans), body))
+    return parts
+
+
 def _complete_xml(parts: Sequence[tuple[int | str, str]]) -> bytes:
     inner = "".join(
         f"<Part><PartNumber>{n}</PartNumber><ETag>&quot;{e}&quot;</ETag></Part>" for n, e in parts
@@ -87,11 +101,7 @@ async def case_part_numbers(c: Case) -> None:
     if opened is None:
         return
     key, wt, upload_id = opened
-    parts: list[tuple[int, str, bytes]] = []
-    part = c.body(c.rng.randint(1, 3000))
-    ans = await _upload_part(c, key, upload_id, "1", part)
-    if ans.status == 200:
-        parts.append((1, _etag_of(ans), part))
+    parts = await _upload_parts(c, key, upload_id, 1, 3000)
     for _ in range(c.rng.randint(1, 3)):
         variant = c.choice(["part number", "part number", "upload id", "list parts"])
         if variant == "part number":
@@ -221,12 +231,7 @@ async def case_xml_complete(c: Case) -> None:
     if opened is None:
         return
     key, wt, upload_id = opened
-    parts: list[tuple[int, str, bytes]] = []
-    for n in range(1, c.rng.choice([1, 1, 2, 3]) + 1):
-        body = c.body(c.rng.randint(1, 2000))
-        ans = await _upload_part(c, key, upload_id, str(n), body)
-        if ans.status == 200:
-            parts.append((n, _etag_of(ans), body))
+    parts = await _upload_parts(c, key, upload_id, c.rng.choice([1, 1, 2, 3]), 2000)
     good = _complete_xml([(n, e) for n, e, _ in parts])
     inner = good.decode().split(">", 1)[1].rsplit("<", 1)[0]
     variant = c.choice(["xml", "xml", "part list"])

@@ -10,26 +10,27 @@ from loadtests.fuzz_http.kinds.auth import _garbage_authorization
 from loadtests.fuzz_http.kinds.base import seed_object
 from loadtests.fuzz_http.rawhttp import Req
 
+# The methods of case_methods: HEAD, OPTIONS, WebDAV's, made up, lower case and overlong ones.
+_ODD_METHODS = (
+    "OPTIONS",
+    "PATCH",
+    "TRACE",
+    "PROPFIND",
+    "FOO",
+    "get",
+    "CONNECT",
+    "M" * 100,
+    "HEAD",
+    "MKCOL",
+    "LOCK",
+    "SEARCH",
+)
+
 
 async def case_methods(c: Case) -> None:
     """HEAD, OPTIONS and methods S3 does not know, signed and not, on the bucket and on keys."""
     key, _ = await seed_object(c)
-    method = c.choice(
-        [
-            "OPTIONS",
-            "PATCH",
-            "TRACE",
-            "PROPFIND",
-            "FOO",
-            "get",
-            "CONNECT",
-            "M" * 100,
-            "HEAD",
-            "MKCOL",
-            "LOCK",
-            "SEARCH",
-        ]
-    )
+    method = c.choice(_ODD_METHODS)
     on_key = c.rng.random() < 0.6
     signed = c.rng.random() < 0.7
     if signed:

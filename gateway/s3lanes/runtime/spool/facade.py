@@ -46,7 +46,7 @@ from s3lanes.runtime.spool.disk import (
     unlink_all,
 )
 from s3lanes.runtime.spool.errors import JournalAppendFailed, SpoolWriteFailed, crash_on_failure
-from s3lanes.runtime.spool.journal import GroupCommit, JournalFile
+from s3lanes.runtime.spool.journal import GroupCommit, JournalFile, JournalHooks
 from s3lanes.runtime.spool.recovery import RecoveryReport, recover
 from s3lanes.runtime.tasks import cancel_and_wait
 
@@ -210,15 +210,15 @@ class Spool:
             usage = await self.run_io(shutil.disk_usage, self.root)
             self.space.capacity_bytes = int(usage.free * 0.8) + self.state.bytes_on_disk
         self.space.set_used(self.state.bytes_on_disk)
-        self._group = GroupCommit(
-            self._journal,
-            self._run_journal_io,
-            batch_no=batch_no,
+        hooks = JournalHooks(
+            run_io=self._run_journal_io,
             dir_to_sync=self._take_dir_dirty,
             apply=self._apply,
             snapshot=self.state.snapshot_records,
-            compact_bytes=self.cfg.journal_compact_bytes,
             failed=self._go_degraded,
+        )
+        self._group = GroupCommit(
+            self._journal, hooks, batch_no=batch_no, compact_bytes=self.cfg.journal_compact_bytes
         )
         self._group.start()
         if report.lost_entries:

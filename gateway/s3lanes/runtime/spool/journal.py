@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,17 @@ class JournalFile:
             durable.fsync_close(fd)
 
 
+@dataclass(frozen=True, slots=True)
+class JournalHooks:
+    """What a :class:`GroupCommit` asks of the spool that owns it."""
+
+    run_io: Callable[..., Awaitable[Any]]  # runs a blocking file call on the journal's I/O thread
+    dir_to_sync: Callable[[], Path | None]  # a directory whose entries become durable with the next batch
+    apply: Callable[[Record], Applied]  # applies a durable record to the spool's state (on the loop)
+    snapshot: Callable[[], list[Record]]  # the records that rebuild the state (a compaction writes them)
+    failed: Callable[[str], None]  # the journal failed: the spool stops taking writes
+
+
 class GroupCommit:
     """Records queued by concurrent writers go to the journal together: one append and one ``fdatasync``
     per batch, numbered (``BATCH_KEY``) so that replay can tell a torn last batch from damage. Only once a
@@ -104,25 +116,12 @@ class GroupCommit:
     rewritten from ``snapshot`` once no batch is waiting."""
 
     def __init__(
-        self,
-        journal: JournalFile,
-        run_io: Callable[..., Awaitable[Any]],
-        *,
-        batch_no: int,
-        dir_to_sync: Callable[[], Path | None],
-        apply: Callable[[Record], Applied],
-        snapshot: Callable[[], list[Record]],
-        compact_bytes: int,
-        failed: Callable[[str], None],
+        self, journal: JournalFile, hooks: JournalHooks, *, batch_no: int, compact_bytes: int
     ) -> None:
         self._journal = journal
-        self._run_io = run_io
+        self._hooks = hooks
         self._batch_no = batch_no
-        self._dir_to_sync = dir_to_sync
-        self._apply = apply
-        self._snapshot = snapshot
         self._compact_bytes = compact_bytes
-        self._failed = failed
         self._queue: list[tuple[Sequence[Record], asyncio.Future[list[Applied]]]] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -160,16 +159,16 @@ class GroupCommit:
             for m in maps:
                 m[BATCH_KEY] = self._batch_no
             data = encode_batch(maps)
-            sync_dir = self._dir_to_sync()
+            sync_dir = self._hooks.dir_to_sync()
             good_bytes = self._journal.nbytes
             try:
-                await self._run_io(self._journal.append, data, sync_dir)
+                await self._hooks.run_io(self._journal.append, data, sync_dir)
             except OSError as exc:
                 # Put the journal back as it was before this batch, so that records nobody was told are
                 # durable cannot come back at the next start (best effort: the disk is failing).
                 with contextlib.suppress(OSError):
-                    await self._run_io(self._journal.truncate, good_bytes)
-                self._failed(f"journal write failed: {exc}")
+                    await self._hooks.run_io(self._journal.truncate, good_bytes)
+                self._hooks.failed(f"journal write failed: {exc}")
                 err = JournalAppendFailed()
                 for _, fut in batch:
                     if not fut.done():
@@ -177,15 +176,15 @@ class GroupCommit:
                 continue
             results: list[list[Applied]] = []
             for recs, _ in batch:
-                results.append([self._apply(rec) for rec in recs])
+                results.append([self._hooks.apply(rec) for rec in recs])
             for (_, fut), applied in zip(batch, results, strict=True):
                 if not fut.done():
                     fut.set_result(applied)
             if self._journal.nbytes > self._compact_bytes and not self._queue:
                 # The snapshot is taken here, on the loop, where the state lives; only the file work is
                 # handed to the I/O thread.
-                snapshot = self._snapshot()
+                snapshot = self._hooks.snapshot()
                 try:
-                    await self._run_io(self._journal.rewrite, snapshot)
+                    await self._hooks.run_io(self._journal.rewrite, snapshot)
                 except OSError as exc:
-                    self._failed(f"journal compaction failed: {exc}")
+                    self._hooks.failed(f"journal compaction failed: {exc}")
