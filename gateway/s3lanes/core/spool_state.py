@@ -571,7 +571,7 @@ class SpoolState:
 
     @staticmethod
     def backend_upload_record(upload_id: str, entry: Entry) -> BackendUpload:
-        return BackendUpload(upload_id, entry.bucket, entry.key, entry.access_key, entry.lane)
+        return BackendUpload(entry.bucket, entry.key, entry.access_key, entry.lane, upload_id=upload_id)
 
     @staticmethod
     def backend_upload_end_record(upload_id: str) -> BackendUploadEnd:
@@ -579,7 +579,9 @@ class SpoolState:
 
     @staticmethod
     def backend_intent_record(token: str, entry: Entry, not_before: float) -> BackendIntent:
-        return BackendIntent(token, entry.bucket, entry.key, entry.access_key, entry.lane, not_before)
+        return BackendIntent(
+            entry.bucket, entry.key, entry.access_key, entry.lane, token=token, not_before=not_before
+        )
 
     @staticmethod
     def backend_intent_end_record(token: str) -> BackendIntentEnd:
@@ -863,9 +865,9 @@ class SpoolState:
                         Part(rec.upload_id, part.number, part.file, part.size, part.md5, part.checksum)
                     )
         for upload_id, (bucket, key, access_key, lane) in self.backend_uploads.items():
-            out.append(BackendUpload(upload_id, bucket, key, access_key, lane))
+            out.append(BackendUpload(bucket, key, access_key, lane, upload_id=upload_id))
         for token, (bucket, key, access_key, lane, not_before) in self.backend_intents.items():
-            out.append(BackendIntent(token, bucket, key, access_key, lane, not_before))
+            out.append(BackendIntent(bucket, key, access_key, lane, token=token, not_before=not_before))
         for (bucket, key), wire_seqs in self.wires.items():
             out.extend(Wire(bucket, key, s) for s in sorted(wire_seqs))
         out.append(SeqMark(self.last_seq))
