@@ -65,14 +65,15 @@ import enum
 import json
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 REPORT_VERSION = 1
 DEMAND_HEADROOM = 1.25  # a lane that is not backlogged may grow by a quarter per round
 SAFE_DECAY_INTERVALS = 4  # safe mode reaches the safe share after this many intervals
 MAX_NODE_ID_CHARS = 200
+_LaneT = TypeVar("_LaneT")  # what one lane's entry of a report reads as
 
 
 # -- what nodes publish -----------------------------------------------------------------------------------
@@ -175,21 +176,7 @@ def decode_report(raw: bytes | str) -> NodeReport:
         raise ReportError(f"bad node id {node!r}")
     if not isinstance(inst, str) or not isinstance(mode, str) or not isinstance(doc.get("reads"), bool):
         raise ReportError("'inst' and 'mode' must be strings, 'reads' a boolean")
-    lanes_raw = doc.get("lanes")
-    if not isinstance(lanes_raw, dict):
-        raise ReportError("'lanes' must be a table")
-    lanes: dict[str, LaneReport] = {}
-    for name, ln in lanes_raw.items():
-        if not isinstance(ln, dict):
-            raise ReportError(f"lane {name!r} must be a table")
-        backlog = _num(ln, "backlog")
-        lanes[name] = LaneReport(
-            rate_bps=float(_num(ln, "rate")),
-            demand_bps=float(_num(ln, "demand")),
-            backlog_bytes=int(backlog),
-            floor_bps=float(_num(ln, "floor")),
-            allowance_bps=None if ln.get("allow") is None else float(_num(ln, "allow")),
-        )
+    lanes = _lane_tables(doc.get("lanes"), _lane_report, "lanes")
     return NodeReport(
         node_id=node,
         instance=inst,
@@ -219,18 +206,41 @@ def _node_lanes(raw: Any) -> dict[str, LaneDemandReport] | None:
     Unknown keys inside a lane's entry are ignored, as unknown keys of the report are."""
     if raw is None:
         return None
+    return _lane_tables(raw, _lane_demand, "nl", " of 'nl'")
+
+
+def _lane_tables(
+    raw: Any, parse: Callable[[Mapping[str, Any]], _LaneT], key: str, where: str = ""
+) -> dict[str, _LaneT]:
+    """The report's table ``key`` (``raw``): one table per lane, each read by ``parse``. ``where`` follows a
+    bad lane's name in the error."""
     if not isinstance(raw, dict):
-        raise ReportError("'nl' must be a table")
-    out: dict[str, LaneDemandReport] = {}
+        raise ReportError(f"{key!r} must be a table")
+    out: dict[str, _LaneT] = {}
     for name, ln in raw.items():
         if not isinstance(ln, dict):
-            raise ReportError(f"lane {name!r} of 'nl' must be a table")
-        out[name] = LaneDemandReport(
-            rate_bps=float(_num(ln, "rate")),
-            demand_bps=float(_num(ln, "demand")),
-            backlog_bytes=int(_num(ln, "backlog")),
-        )
+            raise ReportError(f"lane {name!r}{where} must be a table")
+        out[name] = parse(ln)
     return out
+
+
+def _lane_report(ln: Mapping[str, Any]) -> LaneReport:
+    backlog = _num(ln, "backlog")
+    return LaneReport(
+        rate_bps=float(_num(ln, "rate")),
+        demand_bps=float(_num(ln, "demand")),
+        backlog_bytes=int(backlog),
+        floor_bps=float(_num(ln, "floor")),
+        allowance_bps=None if ln.get("allow") is None else float(_num(ln, "allow")),
+    )
+
+
+def _lane_demand(ln: Mapping[str, Any]) -> LaneDemandReport:
+    return LaneDemandReport(
+        rate_bps=float(_num(ln, "rate")),
+        demand_bps=float(_num(ln, "demand")),
+        backlog_bytes=int(_num(ln, "backlog")),
+    )
 
 
 def lane_demand_bps(*, rate_bps: float, backlog_bytes: int, capacity_bps: float, horizon_s: float) -> float:

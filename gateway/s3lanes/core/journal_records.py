@@ -282,11 +282,18 @@ class Part(_Coded):
 
 
 @dataclass(frozen=True, slots=True)
-class Abort(_Coded):
-    KIND: ClassVar[str] = "abort"
+class _UploadEnd(_Coded):
+    """An upload that ended, by its id. Not a record itself: :class:`Abort` (a client's upload) and
+    :class:`BackendUploadEnd` (a drain's) are."""
+
     KEYS: ClassVar[tuple[_Key, ...]] = (_UPLOAD,)
 
     upload_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Abort(_UploadEnd):
+    KIND: ClassVar[str] = "abort"
 
 
 def _names_key(done: Done) -> bool:
@@ -332,35 +339,35 @@ class Unwire(_EntryMark):
 
 
 @dataclass(frozen=True, slots=True)
-class BackendUpload(_Coded):
+class _DrainUpload(_Coded):
+    """The key a drain multipart upload writes, and in which lane. Not a record itself: :class:`BackendUpload`
+    and :class:`BackendIntent` are (their ``KEYS`` put these after the upload id or token)."""
+
+    bucket: str
+    key: str
+    access_key: str
+    lane: str
+
+
+@dataclass(frozen=True, slots=True)
+class BackendUpload(_DrainUpload):
     KIND: ClassVar[str] = "bmpu"
     KEYS: ClassVar[tuple[_Key, ...]] = (_UPLOAD, *_TARGET)
 
     upload_id: str
-    bucket: str
-    key: str
-    access_key: str
-    lane: str
 
 
 @dataclass(frozen=True, slots=True)
-class BackendUploadEnd(_Coded):
+class BackendUploadEnd(_UploadEnd):
     KIND: ClassVar[str] = "bmpu_end"
-    KEYS: ClassVar[tuple[_Key, ...]] = (_UPLOAD,)
-
-    upload_id: str
 
 
 @dataclass(frozen=True, slots=True)
-class BackendIntent(_Coded):
+class BackendIntent(_DrainUpload):
     KIND: ClassVar[str] = "bmpi"
     KEYS: ClassVar[tuple[_Key, ...]] = (_TOKEN, *_TARGET, _Key("nb", "not_before", float))
 
     token: str
-    bucket: str
-    key: str
-    access_key: str
-    lane: str
     not_before: float  # wall clock
 
 

@@ -144,12 +144,7 @@ class LatencyGuard:
         self.last_change_at = -math.inf
         self.last_read_at = -math.inf
         self.last_p99_s: float | None = None  # of the last judged aggregate, for the snapshot
-        self._since = now
-        self._n = 0
-        self._missed = 0
-        self._backend_missed = 0
-        self._high = 0
-        self._max_extra_s = 0.0
+        self._reset(now)  # the aggregate being gathered: _since, _n, _missed, _backend_missed, _high ...
         self._window_ttfb: list[float] = []
         self._min_ttfb_s = math.inf
         self._history: deque[tuple[float, float, bool]] = deque()  # (window end, p5 TTFB, quiet)
@@ -159,6 +154,12 @@ class LatencyGuard:
         self._window_extra: list[float] = []
         self._quiet_p99: deque[tuple[float, float]] = deque()  # (window end, p99 extra) of quiet windows
         self.self_p99_s = 0.0
+
+    def _reset(self, now: float) -> None:
+        """Start a new aggregate of read samples (at construction, and whenever a tick closes one)."""
+        self._since = now
+        self._n = self._missed = self._backend_missed = self._high = 0
+        self._max_extra_s = 0.0
 
     def observe(self, wait_s: float, ttfb_s: float, now: float) -> None:
         wait_s = max(0.0, wait_s)
@@ -180,11 +181,6 @@ class LatencyGuard:
         self._max_extra_s = max(self._max_extra_s, extra)
         if len(self._window_extra) < _BASELINE_MAX_SAMPLES:
             self._window_extra.append(extra)
-
-    def _reset(self, now: float) -> None:
-        self._since = now
-        self._n = self._missed = self._backend_missed = self._high = 0
-        self._max_extra_s = 0.0
 
     def _update_self_p99(self, now: float, quiet: bool) -> None:
         extras, self._window_extra = self._window_extra, []

@@ -118,17 +118,23 @@ class IllegalTransition(AssertionError):
     pass
 
 
+# What a record of an acknowledged request opens with, and so do the entry or upload it makes (and compaction
+# makes it again from): seq, bucket, key, access key, lane, acknowledged at (wall clock).
+_Head = tuple[int, str, str, str, str, float]
+
+
 @dataclass(slots=True)
 class Entry:
-    """One acknowledged operation waiting for the backend."""
+    """One acknowledged operation waiting for the backend. Its first fields are its record's head
+    (:func:`_head`)."""
 
     seq: int
-    kind: str  # "put" or "del"
     bucket: str
     key: str
     access_key: str
     lane: str
     acked_at: float  # wall clock
+    kind: str  # "put" or "del"
     size: int = 0
     etag: str = ""  # quoted
     files: tuple[str, ...] = ()  # spool file ids, one per part
@@ -145,6 +151,10 @@ class Entry:
     not_before: float = 0.0  # monotonic time before which a failed upload is not retried
     superseded: bool = False
     last_error: str = ""
+
+    @property
+    def head(self) -> _Head:
+        return (self.seq, self.bucket, self.key, self.access_key, self.lane, self.acked_at)
 
     def move(self, to: EntryState) -> None:
         if to not in _TRANSITIONS[self.state]:
@@ -175,20 +185,25 @@ class PartFile:
 
 @dataclass(slots=True)
 class Upload:
-    """A multipart upload created in the spool and not yet completed or aborted."""
+    """A multipart upload created in the spool and not yet completed or aborted. Its first fields are its
+    record's head (:func:`_head`)."""
 
-    upload_id: str
     seq: int
     bucket: str
     key: str
     access_key: str
     lane: str
     created_at: float
+    upload_id: str
     meta: tuple[tuple[str, str], ...]
     parts: dict[int, PartFile] = field(default_factory=dict)
     # The part each number held before its latest upload, kept until the completion: two uploads of one
     # part can run at once, and the store completes with the ETag of either (not only of the last written).
     replaced: dict[int, PartFile] = field(default_factory=dict)
+
+    @property
+    def head(self) -> _Head:
+        return (self.seq, self.bucket, self.key, self.access_key, self.lane, self.created_at)
 
     @property
     def size(self) -> int:
@@ -210,6 +225,10 @@ class Applied:
     garbage: tuple[str, ...] = ()  # spool files no record refers to any more: unlink them
     cancel: tuple[int, ...] = ()  # seqs of superseded uploads in flight: cancel them
     removed: tuple[Entry, ...] = ()  # entries that left the spool (done or superseded): wake flush waiters
+
+
+def _head(rec: Put | Complete | Delete | CreateUpload) -> _Head:
+    return (rec.seq, rec.bucket, rec.key, rec.access_key, rec.lane, rec.at)
 
 
 def _intent_seq(token: str) -> int:
@@ -309,27 +328,9 @@ class SpoolState:
             case Put() | Complete():
                 return self._apply_put(rec)
             case Delete():
-                entry = Entry(
-                    seq=rec.seq,
-                    kind="del",
-                    bucket=rec.bucket,
-                    key=rec.key,
-                    access_key=rec.access_key,
-                    lane=rec.lane,
-                    acked_at=rec.at,
-                )
-                return self._add(entry)
+                return self._add(Entry(*_head(rec), kind="del"))
             case CreateUpload():
-                self.uploads[rec.upload_id] = Upload(
-                    upload_id=rec.upload_id,
-                    seq=rec.seq,
-                    bucket=rec.bucket,
-                    key=rec.key,
-                    access_key=rec.access_key,
-                    lane=rec.lane,
-                    created_at=rec.at,
-                    meta=rec.meta,
-                )
+                self.uploads[rec.upload_id] = Upload(*_head(rec), upload_id=rec.upload_id, meta=rec.meta)
                 return Applied()
             case Part():
                 upload = self.uploads.get(rec.upload_id)
@@ -429,13 +430,8 @@ class SpoolState:
             meta = rec.meta
         self.bytes_on_disk += size
         entry = Entry(
-            seq=rec.seq,
+            *_head(rec),
             kind="put",
-            bucket=rec.bucket,
-            key=rec.key,
-            access_key=rec.access_key,
-            lane=rec.lane,
-            acked_at=rec.at,
             size=size,
             etag=rec.etag,
             files=files,
@@ -571,7 +567,7 @@ class SpoolState:
 
     @staticmethod
     def backend_upload_record(upload_id: str, entry: Entry) -> BackendUpload:
-        return BackendUpload(upload_id, entry.bucket, entry.key, entry.access_key, entry.lane)
+        return BackendUpload(entry.bucket, entry.key, entry.access_key, entry.lane, upload_id=upload_id)
 
     @staticmethod
     def backend_upload_end_record(upload_id: str) -> BackendUploadEnd:
@@ -579,7 +575,9 @@ class SpoolState:
 
     @staticmethod
     def backend_intent_record(token: str, entry: Entry, not_before: float) -> BackendIntent:
-        return BackendIntent(token, entry.bucket, entry.key, entry.access_key, entry.lane, not_before)
+        return BackendIntent(
+            entry.bucket, entry.key, entry.access_key, entry.lane, token=token, not_before=not_before
+        )
 
     @staticmethod
     def backend_intent_end_record(token: str) -> BackendIntentEnd:
@@ -811,12 +809,7 @@ class SpoolState:
                     (
                         entry.seq,
                         Put(
-                            entry.seq,
-                            entry.bucket,
-                            entry.key,
-                            entry.access_key,
-                            entry.lane,
-                            entry.acked_at,
+                            *entry.head,
                             files=entry.files,
                             size=entry.size,
                             etag=entry.etag,
@@ -831,25 +824,14 @@ class SpoolState:
                 items.append(
                     (
                         entry.seq,
-                        Delete(
-                            entry.seq, entry.bucket, entry.key, entry.access_key, entry.lane, entry.acked_at
-                        ),
+                        Delete(*entry.head),
                     )
                 )
         for upload in self.uploads.values():
             items.append(
                 (
                     upload.seq,
-                    CreateUpload(
-                        upload.seq,
-                        upload.bucket,
-                        upload.key,
-                        upload.access_key,
-                        upload.lane,
-                        upload.created_at,
-                        upload_id=upload.upload_id,
-                        meta=upload.meta,
-                    ),
+                    CreateUpload(*upload.head, upload_id=upload.upload_id, meta=upload.meta),
                 )
             )
         items.sort(key=lambda item: item[0])
@@ -863,9 +845,9 @@ class SpoolState:
                         Part(rec.upload_id, part.number, part.file, part.size, part.md5, part.checksum)
                     )
         for upload_id, (bucket, key, access_key, lane) in self.backend_uploads.items():
-            out.append(BackendUpload(upload_id, bucket, key, access_key, lane))
+            out.append(BackendUpload(bucket, key, access_key, lane, upload_id=upload_id))
         for token, (bucket, key, access_key, lane, not_before) in self.backend_intents.items():
-            out.append(BackendIntent(token, bucket, key, access_key, lane, not_before))
+            out.append(BackendIntent(bucket, key, access_key, lane, token=token, not_before=not_before))
         for (bucket, key), wire_seqs in self.wires.items():
             out.extend(Wire(bucket, key, s) for s in sorted(wire_seqs))
         out.append(SeqMark(self.last_seq))
