@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from s3lanes.core.cluster_budget import NodeReport, ReportError, decode_report, encode_report
-from s3lanes.core.node_lanes import node_guard_multiplier
+from s3lanes.core.node_lanes import node_guard_multiplier, split_node_lanes
 from s3lanes.core.scheduler import Grant, Scheduler, WaitUntil
 from tests.core.test_node_lanes import CFG, T0, C, _Node, _report, report, split
 from tests.core.test_scheduler_external_limit import rate_of
@@ -92,6 +92,22 @@ def test_the_node_guard_cuts_a_paced_lane_without_reads_here_and_never_under_its
         s.set_node_guard(1.5, now)
 
 
+def test_a_worker_keeps_its_part_of_the_nodes_floor_under_the_node_guard() -> None:
+    s = Scheduler(CFG, T0)
+    s.set_node_guard(1 / 64, T0)
+    s.set_node_floor("checkpoint", 0.08, T0)  # its part of the node's floor, of its own capacity
+    assert s.snapshot(T0).lane("checkpoint").floor_fraction == pytest.approx(0.08)
+    floored, now = rate_of(s, "checkpoint", seconds=4.0, now=T0)
+    assert floored == pytest.approx(0.08 * C, rel=0.05)
+    s.set_node_floor("checkpoint", 0.0, now)  # back to the configured 2 %
+    floored, now = rate_of(s, "checkpoint", seconds=4.0, now=now)
+    assert floored == pytest.approx(0.02 * C, rel=0.05)
+    with pytest.raises(ValueError):
+        s.set_node_floor("checkpoint", 1.5, now)
+    with pytest.raises(KeyError):
+        s.set_node_floor("nope", 0.1, now)
+
+
 def test_the_node_guard_scales_a_paced_lanes_concurrency() -> None:
     lanes = tuple(replace(ln, max_concurrency=8) if ln.name == "checkpoint" else ln for ln in CFG.lanes)
     s = Scheduler(replace(CFG, lanes=lanes), T0)
@@ -114,8 +130,8 @@ def test_the_node_guard_scales_a_paced_lanes_concurrency() -> None:
 # -- two workers on one fake clock --------------------------------------------------------------------------
 
 
-def _slow_readers_on_w0() -> _Node:
-    node = _Node({"n.w0": {"dataset"}, "n.w1": {"checkpoint"}})
+def _slow_readers_on_w0(*, node_floors: bool = True) -> _Node:
+    node = _Node({"n.w0": {"dataset"}, "n.w1": {"checkpoint"}}, node_floors=node_floors)
     node.read_ttfb_s["n.w0"] = FAST_S
     node.seconds(4)  # reads become active, the guard learns its baseline, the split settles
     for sec in node.seconds(2):
@@ -128,12 +144,35 @@ def test_readers_missing_their_target_on_one_worker_cut_the_writes_on_another() 
     node = _slow_readers_on_w0()
     cut = node.seconds(4)[-1]
     assert cut["checkpoint"] <= 0.05 * C, cut  # near the floor: the guard of w0 cut w1's writes
+    # ... but not under the node's 2 % floor: w1 carries the whole checkpoint lane, so it keeps the node's
+    # floor for it, not 2 % of its own part of the node.
+    assert cut["checkpoint"] >= 0.9 * 0.02 * C, cut
     w1 = node.workers["n.w1"][0].snapshot(node.now)
     assert not w1.reads_active and w1.node_guard_multiplier < 0.1
     # Once the reads meet their target again, the guard lets go and the writes grow back.
     node.read_ttfb_s["n.w0"] = FAST_S
     back = node.seconds(6)[-1]
     assert back["checkpoint"] >= 0.2 * C, back
+
+
+def test_without_the_node_floor_a_cut_worker_would_keep_only_the_floor_of_its_own_part() -> None:
+    node = _slow_readers_on_w0(node_floors=False)
+    cut = node.seconds(4)[-1]
+    assert cut["checkpoint"] < 0.015 * C, cut  # 2 % of w1's part of the node, under the node's 2 %
+
+
+def test_a_lanes_floor_is_split_among_the_workers_as_its_allocation_is() -> None:
+    node = _Node({"n.w0": {"dataset"}, "n.w1": {"checkpoint"}})
+    node.seconds(3)
+    reps = [_report(w, s, node.now) for w, (s, _) in node.workers.items()]
+    sp = split_node_lanes(reps, CFG.lanes, now=node.now, ttl_s=1.5, cap_headroom=CFG.cap_headroom)
+    assert sp is not None and sp.floors is not None
+    # The node's 2 % checkpoint floor, in bytes/s, is carried by the worker that has the writers.
+    carried = {w: sp.floors[w]["checkpoint"] * sp.shares[w] * C for w in sp.shares}
+    assert sum(carried.values()) == pytest.approx(0.02 * C, rel=1e-6)
+    assert carried["n.w1"] >= 0.9 * 0.02 * C
+    assert sp.floors["n.w1"]["checkpoint"] > 0.02  # more than 2 % of its own part
+    assert sp.floors["n.w0"]["dataset"] == 0.0  # no configured floor: nothing to split
 
 
 def test_the_writes_grow_back_when_the_slow_reads_stop() -> None:

@@ -400,11 +400,17 @@ class _Node:
     """Two workers' schedulers on one fake clock, split per lane every round as ClusterMember does."""
 
     def __init__(
-        self, lanes: dict[str, set[str]], *, node_caps: bool = True, node_guard: bool = True
+        self,
+        lanes: dict[str, set[str]],
+        *,
+        node_caps: bool = True,
+        node_guard: bool = True,
+        node_floors: bool = True,
     ) -> None:
         self.workers = {w: (Scheduler(CFG, T0), set(ls)) for w, ls in lanes.items()}
         self.node_caps = node_caps
         self.node_guard = node_guard  # apply the node's guard multiplier (set_node_guard)
+        self.node_floors = node_floors  # apply each worker's part of the node's floors (set_node_floor)
         self.read_ttfb_s: dict[str, float] = {}  # workers whose reads report a time to first byte
         self.silent: dict[str, NodeReport] = {}  # workers that stopped reporting: their last report
         self.now = T0
@@ -425,6 +431,10 @@ class _Node:
                         continue  # its report is stale: not in the split (ClusterMember applies nothing)
                     if self.node_guard:
                         s.set_node_guard(sp.guard_multiplier, self.now)
+                    if self.node_floors:
+                        assert sp.floors is not None
+                        for lane, floor in sp.floors[w].items():
+                            s.set_node_floor(lane, floor, self.now)
                     s.set_node_caps(self.node_caps, self.now)
                     s.set_capacity_share(sp.shares[w], self.now)
                     for lane, bps in sp.limits[w].items():

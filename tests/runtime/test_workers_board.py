@@ -153,6 +153,11 @@ async def test_workers_carry_the_read_guard_to_the_node_on_the_file_board(tmp_pa
     assert snap.lane("checkpoint").guard_multiplier == 0.25
     assert writers.status()["node_guard_multiplier"] == 0.25
     assert writers._report(clock.monotonic()).guard_multiplier == 1.0  # its own guard, not the node's
+    # The writers' worker carries the node's 2 % checkpoint floor, more than 2 % of its own part of the node.
+    share = writers.capacity_share
+    floor = snap.lane("checkpoint").floor_fraction
+    assert share < 0.9 and floor > 0.02
+    assert floor * share == pytest.approx(0.02, rel=0.1)
     # The readers' worker stops reporting: after the ttl its cut no longer holds.
     del members["n.w0"]
     await rounds(4)

@@ -85,6 +85,9 @@ class NodeLaneSplit:
     for_reads: frozenset[str] = frozenset()
     # the read-latency guard's multiplier for the node's paced lanes (node_guard_multiplier)
     guard_multiplier: float = 1.0
+    # worker id -> lane -> its part of the lane's configured floor, a fraction of the worker's own part of the
+    # node (Scheduler.set_node_floor): the floor is the node's, not each worker's
+    floors: Mapping[str, Mapping[str, float]] | None = None
 
 
 def node_lane_limit(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_headroom: float) -> float:
@@ -197,6 +200,13 @@ def split_node_lanes(
     lane_limits = {
         i: {name: parts[i][name] if demand[name] > 0 else idle[name] for name in per_lane} for i in ids
     }
+    floors = {
+        i: {
+            s.name: _floor_part(s.floor, parts[i][s.name], alloc_bps, shares[i])
+            for s, alloc_bps in zip(specs, alloc, strict=True)
+        }
+        for i in ids
+    }
     return NodeLaneSplit(
         capacity_bps=cap,
         reads_active=reads,
@@ -210,4 +220,14 @@ def split_node_lanes(
             if capped_for_reads(s, reads_active=reads, strict=strict, cap_headroom=cap_headroom)
         ),
         guard_multiplier=node_guard_multiplier(live),
+        floors=floors,
     )
+
+
+def _floor_part(floor: float, part_bps: float, lane_bps: float, share: float) -> float:
+    """A worker's part of a lane's floor (a fraction of the node), as a fraction of the worker's part of the
+    node: the floor is split as the lane's allocation is (its backlogged workers carry it), so a worker that
+    has a lane's whole traffic keeps the node's floor for it, not the floor of its own part."""
+    if floor <= 0.0 or lane_bps <= 0.0:
+        return 0.0
+    return min(1.0, floor * (part_bps / lane_bps) / share)

@@ -423,6 +423,7 @@ class _Lane:
         "external_bps",
         "external_for_reads",
         "external_headroom_taken",
+        "floor_node",
         "floor_now",
         "floor_set",
         "granted_bytes_total",
@@ -471,6 +472,7 @@ class _Lane:
         self.external_for_reads = False  # set_external_limit(for_reads=...): a share of the reads' cap
         self.external_headroom_taken = False  # set_external_limit(headroom_taken=...): cap_headroom is off
         self.floor_set = 0.0  # set_floor (the spool's durability deadline), fraction of C
+        self.floor_node = 0.0  # set_node_floor (this worker's part of the node's floor), fraction of C
         self.floor_now = spec.floor  # the floor in force (see Scheduler._floor), updated with the rates
         self.vstart = 0.0  # virtual start tag of the head (valid while backlogged)
         self.vfinish = 0.0  # virtual finish tag of the last grant
@@ -824,6 +826,19 @@ class Scheduler:
             self._node_guard = multiplier
             self._apply_rates(now)
 
+    def set_node_floor(self, lane: str, fraction: float, now: float) -> None:
+        """Raise ``lane``'s floor to ``fraction`` of ``C`` from ``now`` on, as this worker's part of the
+        node's floor for the lane (:attr:`s3lanes.core.node_lanes.NodeLaneSplit.floors`; 0: the configured
+        floor alone). It acts as :meth:`set_floor` does, and the higher of the two is in force. Raises
+        ``KeyError`` for an unknown lane, ``ValueError`` for a fraction outside [0, 1]."""
+        ln = self._by_name[lane]
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"a floor must be within [0, 1], got {fraction}")
+        now = self._advance(now)
+        if fraction != ln.floor_node:
+            ln.floor_node = fraction
+            self._apply_rates(now)
+
     def node_capacity_bps(self) -> float:
         """The capacity ``C`` of the store (configured, or the current estimate), before any share."""
         if self._estimator is not None:
@@ -1118,12 +1133,13 @@ class Scheduler:
           round: what is queued and in flight (times :data:`PROGRESS_HEADROOM`). A latency guard that held
           the lane at its 2 % floor gave 16 writers on a 40 MB/s store one 192 KiB piece each every 4 s,
           and clients with a 10 s socket timeout gave up on part uploads mid-body;
-        - the floor set at run time (:meth:`Scheduler.set_floor`: the spool's durability deadline).
+        - the floor set at run time (:meth:`Scheduler.set_floor`: the spool's durability deadline);
+        - one of several workers: its part of the node's floor (:meth:`Scheduler.set_node_floor`).
 
         ``progress=False``: without the progress floor (what the lane's guarantee is raised to; see
         :meth:`_reservations`)."""
         s = ln.spec
-        want = ln.floor_set
+        want = max(ln.floor_set, ln.floor_node)
         interval = self._cfg.progress_interval_s
         paced_for_reads = self._reads_active or self._node_guard < 1.0  # reads here, or the node's guard cuts
         if progress and interval is not None and paced_for_reads and not s.read_protected:

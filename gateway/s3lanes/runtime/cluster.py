@@ -285,6 +285,8 @@ class ClusterMember:
                 self._scheduler.set_node_caps(True, now)
                 self._scheduler.set_capacity_share(self.capacity_share, now)
                 self._scheduler.set_node_guard(split.guard_multiplier, now)
+                for lane, floor in (split.floors or {}).get(self.node_id, {}).items():
+                    self._scheduler.set_node_floor(lane, floor, now)
         for lane, bps in limits.items():
             self._scheduler.set_external_limit(
                 lane,
