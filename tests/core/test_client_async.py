@@ -3,7 +3,6 @@ network)."""
 
 from __future__ import annotations
 
-import io
 import random
 from typing import Any
 
@@ -21,6 +20,7 @@ from s3lanes_client import (
 )
 from s3lanes_client.durability import Pending
 from s3lanes_client.model import DurabilityStatus
+from tests.core.test_client_core import Pipe
 
 
 class FakeTime:
@@ -110,19 +110,6 @@ async def test_async_wait_durable_polls_then_raises_at_the_deadline() -> None:
         with pytest.raises(NotDurableError):
             await client.wait_durable("b", "p/", timeout_s=0.5)
         assert asked == [0, 0, 0]  # under a second left: immediate polls 0.25 s apart until the deadline
-
-
-class Pipe(io.RawIOBase):
-    """Has ``seek``/``tell`` (as every IOBase) but cannot seek: a retry could not resend it."""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        return 0
-
-    def seekable(self) -> bool:
-        return False
 
 
 async def test_async_client_gives_a_body_that_cannot_seek_a_single_attempt() -> None:

@@ -831,13 +831,7 @@ class Scheduler:
         node's floor for the lane (:attr:`s3lanes.core.node_lanes.NodeLaneSplit.floors`; 0: the configured
         floor alone). It acts as :meth:`set_floor` does, and the higher of the two is in force. Raises
         ``KeyError`` for an unknown lane, ``ValueError`` for a fraction outside [0, 1]."""
-        ln = self._by_name[lane]
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"a floor must be within [0, 1], got {fraction}")
-        now = self._advance(now)
-        if fraction != ln.floor_node:
-            ln.floor_node = fraction
-            self._apply_rates(now)
+        self._raise_floor(lane, fraction, now, node=True)
 
     def node_capacity_bps(self) -> float:
         """The capacity ``C`` of the store (configured, or the current estimate), before any share."""
@@ -854,12 +848,19 @@ class Scheduler:
         the read-protected lanes' reservations. The spool's durability deadline
         (:mod:`s3lanes.core.spool_deadline`) sets it. Raises ``KeyError`` for an unknown lane,
         ``ValueError`` for a fraction outside [0, 1]."""
+        self._raise_floor(lane, fraction, now, node=False)
+
+    def _raise_floor(self, lane: str, fraction: float, now: float, *, node: bool) -> None:
+        """:meth:`set_floor` (``node=False``) and :meth:`set_node_floor` (``node=True``)."""
         ln = self._by_name[lane]
         if not 0.0 <= fraction <= 1.0:
             raise ValueError(f"a floor must be within [0, 1], got {fraction}")
         now = self._advance(now)
-        if fraction != ln.floor_set:
-            ln.floor_set = fraction
+        if fraction != (ln.floor_node if node else ln.floor_set):
+            if node:
+                ln.floor_node = fraction
+            else:
+                ln.floor_set = fraction
             self._apply_rates(now)
 
     def capped_for_reads(self, lane: str) -> bool:
