@@ -349,7 +349,7 @@ def _range_span(header: str, size: int) -> _Span | None:
     """The span of a single byte range, None when S3 ignores the header, InvalidRange if unsatisfiable.
 
     S3 ignores (answers 200 with the whole object) what it cannot parse as one byte range: other units,
-    several ranges (aws-c-s3 issue 257, riak_cs PR 304: S3 sends the whole object with 200), and garbage
+    several ranges (S3 does not serve multipart/byteranges: it sends the whole object with 200), and garbage
     (RFC 7233 section 3.1 lets a server ignore Range); ``a-b`` with b < a is 416, as the store answers it.
     Choices the docs do not settle:
     the unit name is case-insensitive (RFC 7233 section 2), whitespace around the value and around the
