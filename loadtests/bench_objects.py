@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.errors import BenchError
-from loadtests.harness.gateway import GatewayProcess, start_spool_gateway, stop_gateway, tree_source
+from loadtests.harness.gateway import (
+    GatewayProcess,
+    SpoolGatewaySpec,
+    start_spool_gateway,
+    stop_gateway,
+    tree_source,
+)
 from loadtests.harness.machine import CpuMeter
 from loadtests.harness.rawclient import expect
 from loadtests.harness.stats import MIB, Round, abba, med, run_all
@@ -86,9 +92,8 @@ async def object_phase(bench: Bench) -> None:
     bench.log(
         f"objects: set-up done in {time.perf_counter() - t0:.1f} s; starting a gateway with the spool on"
     )
-    gw: GatewayProcess = await asyncio.to_thread(
-        start_spool_gateway, stack.tmp, "objects", stack.weed.endpoint_url, stack.tmp / "spool-objects", None
-    )
+    spec = SpoolGatewaySpec(stack.weed.endpoint_url, stack.tmp / "spool-objects")
+    gw: GatewayProcess = await asyncio.to_thread(start_spool_gateway, stack.tmp, "objects", spec)
     other: GatewayProcess | None = None
     try:
         store = stack.weed.pid or 0
@@ -96,10 +101,11 @@ async def object_phase(bench: Bench) -> None:
         eps = {"direct": direct, "gateway": gw.endpoint}
         bench.results.facts["objects gateway"] = "its own s3lanes serve, default config with [spool] enabled"
         if o.compare_tree is not None:
+            spec = SpoolGatewaySpec(stack.weed.endpoint_url, stack.tmp / "spool-objects-compare")
+            source = tree_source(o.compare_tree.resolve())
             other = await asyncio.to_thread(
-                start_spool_gateway, stack.tmp, "objects-compare", stack.weed.endpoint_url,
-                stack.tmp / "spool-objects-compare", None, source=tree_source(o.compare_tree.resolve()),
-            )  # fmt: skip
+                start_spool_gateway, stack.tmp, "objects-compare", spec, source=source
+            )
             meters["compare"] = CpuMeter({"gateway": other.pid, "seaweedfs": store})
             eps["compare"] = other.endpoint
             bench.results.facts["objects compare"] = f"the same, run from {o.compare_tree} (side 'compare')"

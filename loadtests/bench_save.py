@@ -46,7 +46,7 @@ from loadtests.harness.checkpoint import (
     marker_key,
     shard_key,
 )
-from loadtests.harness.gateway import GatewayProcess, start_spool_gateway, stop_gateway
+from loadtests.harness.gateway import GatewayProcess, SpoolGatewaySpec, start_spool_gateway, stop_gateway
 from loadtests.harness.machine import cpu_user_sys_seconds, machine_facts
 from loadtests.harness.s3client import S3
 from loadtests.harness.stats import GB, MIB, med
@@ -264,15 +264,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         variants = []
         for name, (server_extra, spool_extra) in COMPARISONS[args.compare].items():
             slug = name.replace(" ", "-").replace("_", "")
-            gw = start_spool_gateway(
-                tmp,
-                slug,
+            spec = SpoolGatewaySpec(
                 weed.endpoint_url,
                 tmp / f"spool-{slug}",
                 args.trickle,
                 spool_extra=spool_extra,
                 server_extra=server_extra,
             )
+            gw = start_spool_gateway(tmp, slug, spec)
             gateways.append(gw)
             variants.append(Variant(name, gw))
         uvloop.run(Bench(args, variants).run())

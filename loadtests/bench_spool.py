@@ -84,6 +84,7 @@ from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
     SPOOL_DRAIN_CONCURRENCY,
     GatewayProcess,
+    SpoolGatewaySpec,
     spawn,
     start_spool_gateway,
     stop_gateway,
@@ -547,7 +548,8 @@ class Bench:
         self, name: str, spool_dir: Path, bandwidth_bps: float | None, backend_url: str | None = None
     ) -> GatewayProcess:
         url = backend_url or self.weed.endpoint_url
-        gw = await asyncio.to_thread(start_spool_gateway, self.tmp, name, url, spool_dir, bandwidth_bps)
+        spec = SpoolGatewaySpec(url, spool_dir, bandwidth_bps)
+        gw = await asyncio.to_thread(start_spool_gateway, self.tmp, name, spec)
         self.procs[name] = gw
         self.results.configs[name] = gw.config_text
         self.log(f"gateway {name}: pid {gw.pid} at {gw.endpoint.netloc}, spool {spool_dir}")

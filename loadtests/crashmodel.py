@@ -78,6 +78,7 @@ import botocore.auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from loadtests.harness.endpoint import Endpoint
 from loadtests.harness.gateway import server_toml, stop_process
 
 KiB = 1024
@@ -260,11 +261,8 @@ class S3Client:
     def __init__(
         self, endpoint_url: str, access_key: str, secret_key: str, timeout_s: float = REQUEST_TIMEOUT_S
     ) -> None:
-        parts = urllib.parse.urlsplit(endpoint_url)
-        assert parts.scheme == "http" and parts.hostname and parts.port
-        self.host = parts.hostname
-        self.port = parts.port
-        self.netloc = parts.netloc
+        assert endpoint_url.startswith("http://"), endpoint_url
+        self.endpoint = Endpoint.from_url(endpoint_url)
         self._creds = Credentials(access_key, secret_key)
         self.timeout_s = timeout_s
 
@@ -275,19 +273,16 @@ class S3Client:
         query: str = "",
         body: bytes = b"",
         headers: dict[str, str] | None = None,
-        *,
-        sign: bool = True,
     ) -> Reply:
         target = path + ("?" + query if query else "")
-        hdrs = {"Host": self.netloc, **(headers or {})}
+        hdrs = {"Host": self.endpoint.netloc, **(headers or {})}
         if body or method in ("PUT", "POST"):
             hdrs["Content-Length"] = str(len(body))
-        if sign:
-            hdrs["X-Amz-Content-SHA256"] = hashlib.sha256(body).hexdigest()
-            req = AWSRequest(method=method, url=f"http://{self.netloc}{target}", headers=hdrs)
-            _LiteralS3Auth(self._creds, "s3", REGION).add_auth(req)
-            hdrs = dict(req.headers.items())
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        hdrs["X-Amz-Content-SHA256"] = hashlib.sha256(body).hexdigest()
+        req = AWSRequest(method=method, url=f"http://{self.endpoint.netloc}{target}", headers=hdrs)
+        _LiteralS3Auth(self._creds, "s3", REGION).add_auth(req)
+        hdrs = dict(req.headers.items())
+        conn = http.client.HTTPConnection(self.endpoint.host, self.endpoint.port, timeout=self.timeout_s)
         try:
             try:
                 conn.connect()

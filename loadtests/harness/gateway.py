@@ -214,27 +214,32 @@ drain_on_shutdown_s = 0
 """
 
 
-def spool_gateway_toml(
-    d: Path,
-    backend_url: str,
-    spool_dir: Path,
-    bandwidth_bps: float | None,
-    spool_extra: str = "",
-    server_extra: str = "",
-) -> str:
-    """The config of a spooling gateway in ``d`` in front of ``backend_url``, with the bench credentials."""
-    bandwidth = f"bandwidth = {bandwidth_bps:.0f}  # bytes/s\n" if bandwidth_bps else ""
-    return f"""{server_toml(d / "state")}{server_extra}
+@dataclass(frozen=True, slots=True)
+class SpoolGatewaySpec:
+    """A spooling gateway under test: the store it fronts, its spool directory, the store's bandwidth as
+    the gateway limits it (None: no limit) and lines added to its ``[spool]`` and ``[server]`` sections."""
+
+    backend_url: str
+    spool_dir: Path
+    bandwidth_bps: float | None = None
+    spool_extra: str = ""
+    server_extra: str = ""
+
+
+def spool_gateway_toml(d: Path, spec: SpoolGatewaySpec) -> str:
+    """The config of the spooling gateway ``spec`` in ``d``, with the bench credentials."""
+    bandwidth = f"bandwidth = {spec.bandwidth_bps:.0f}  # bytes/s\n" if spec.bandwidth_bps else ""
+    return f"""{server_toml(d / "state")}{spec.server_extra}
 
 [backend]
-endpoint = "{backend_url}"
+endpoint = "{spec.backend_url}"
 region = "{REGION}"
 {bandwidth}
 [spool]
 enabled = true
-dir = "{spool_dir}"
+dir = "{spec.spool_dir}"
 drain_concurrency = {SPOOL_DRAIN_CONCURRENCY}
-{spool_extra}
+{spec.spool_extra}
 [[credentials]]
 access_key = "{ACCESS_KEY}"
 secret_key = "{SECRET_KEY}"
@@ -242,19 +247,11 @@ secret_key = "{SECRET_KEY}"
 
 
 def start_spool_gateway(
-    root: Path,
-    name: str,
-    backend_url: str,
-    spool_dir: Path,
-    bandwidth_bps: float | None,
-    *,
-    spool_extra: str = "",
-    server_extra: str = "",
-    source: Path = GATEWAY_SOURCE,
+    root: Path, name: str, spec: SpoolGatewaySpec, *, source: Path = GATEWAY_SOURCE
 ) -> GatewayProcess:
-    """A spooling gateway in ``root/gw-<name>``. ``source``: the directory holding the gateway package
-    to run (another tree to compare)."""
+    """The spooling gateway ``spec`` in ``root/gw-<name>``. ``source``: the directory holding the gateway
+    package to run (another tree to compare)."""
     d = root / f"gw-{name}"
     d.mkdir()
-    text = spool_gateway_toml(d, backend_url, spool_dir, bandwidth_bps, spool_extra, server_extra)
-    return start_gateway(d, text, name=name, source=source, spool_dir=spool_dir)
+    text = spool_gateway_toml(d, spec)
+    return start_gateway(d, text, name=name, source=source, spool_dir=spec.spool_dir)

@@ -14,6 +14,7 @@ from loadtests.harness.cli import from_namespace, parse_sized
 from loadtests.harness.errors import BenchError
 from loadtests.harness.gateway import (
     GATEWAY_SOURCE,
+    SpoolGatewaySpec,
     gateway_package,
     is_gateway_tree,
     server_toml,
@@ -34,9 +35,8 @@ from s3lanes.config import load_config
 
 
 def test_the_spooling_gateway_config_loads_as_the_gateway_reads_it(tmp_path: Path) -> None:
-    text = spool_gateway_toml(
-        tmp_path, "http://127.0.0.1:8333", tmp_path / "spool", 50e6, spool_extra="max_age_s = 60\n"
-    )
+    spec = SpoolGatewaySpec("http://127.0.0.1:8333", tmp_path / "spool", 50e6, spool_extra="max_age_s = 60\n")
+    text = spool_gateway_toml(tmp_path, spec)
     (tmp_path / "s3lanes.toml").write_text(text)
     cfg = load_config(tmp_path / "s3lanes.toml", env={})
     assert cfg.server.state_dir == tmp_path / "state"
