@@ -618,10 +618,6 @@ class VersionEntry:
     is_latest: bool
     delete_marker: bool = False
 
-    @property
-    def key(self) -> str:
-        return self.entry.key
-
 
 @dataclass(frozen=True, slots=True)
 class VersionsRequest:
@@ -741,8 +737,9 @@ def merge_versions_page(
     versions, delete markers and common prefixes; 0 gives an empty, untruncated page (as ListObjects)."""
     by_key: dict[str, list[VersionEntry]] = {}
     for version in backend_versions:
-        if version.key.startswith(req.prefix):
-            by_key.setdefault(version.key, []).append(version)
+        key = version.entry.key
+        if key.startswith(req.prefix):
+            by_key.setdefault(key, []).append(version)
     for key in hidden_keys:
         kept = [v for v in by_key.get(key, []) if v.version_id != NULL_VERSION]
         if kept:
@@ -750,10 +747,11 @@ def merge_versions_page(
         else:
             by_key.pop(key, None)
     for spooled in spool_versions:
-        if not spooled.key.startswith(req.prefix):
+        key = spooled.entry.key
+        if not key.startswith(req.prefix):
             continue
-        older = [_not_latest(v) for v in by_key.get(spooled.key, []) if v.version_id != spooled.version_id]
-        by_key[spooled.key] = [spooled, *older]
+        older = [_not_latest(v) for v in by_key.get(key, []) if v.version_id != spooled.version_id]
+        by_key[key] = [spooled, *older]
 
     start = req.key_marker
     prefixes: set[str] = {
@@ -794,7 +792,7 @@ def merge_versions_page(
                 last = (name, "")
             else:
                 page_versions.append(item)
-                last = (item.key, item.version_id)
+                last = (item.entry.key, item.version_id)
         if truncated:
             break
     if not truncated:
