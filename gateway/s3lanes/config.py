@@ -876,12 +876,9 @@ def load_config(
     policies = parse_tenant_policies(tenants_raw, src, lane_problems)
     problems.items.extend(lane_problems)
 
-    backends = _parse_backends(backends_raw, src, problems)
-    routes = _parse_routes(routes_raw, src, problems)
-
     cfg = Config(
-        backends=backends,
-        routes=routes,
+        backends=_parse_backends(backends_raw, src, problems),
+        routes=_parse_routes(routes_raw, src, problems),
         lanes=lanes,
         rules=rules,
         tenant_lanes=tenants,

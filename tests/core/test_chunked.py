@@ -24,6 +24,7 @@ from s3lanes.core.sigv4 import (
     AuthInfo,
     ChunkSignatureChain,
     ChunkSigner,
+    RequestCredential,
     Verified,
     parse_auth,
     signing_key,
@@ -78,10 +79,9 @@ def make_verified(seed: str = "1" * 64) -> Verified:
     key = signing_key("secret", "20240517", "us-east-1", "s3")
     auth = AuthInfo(
         kind="header",
-        access_key="AK",
-        scope_date="20240517",
-        region="us-east-1",
-        service="s3",
+        credential=RequestCredential(
+            access_key="AK", scope_date="20240517", region="us-east-1", service="s3"
+        ),
         signed_headers=("host",),
         signature=seed,
         amz_date="20240517T093015Z",

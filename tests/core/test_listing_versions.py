@@ -36,7 +36,7 @@ T0 = 1_790_000_000.0
 
 
 def v(key: str, vid: str = NULL_VERSION, latest: bool = True, etag: str = '"b"') -> VersionEntry:
-    return VersionEntry(key=key, version_id=vid, is_latest=latest, last_modified=T0, size=1, etag=etag)
+    return VersionEntry(ListEntry(key, 1, etag, T0), version_id=vid, is_latest=latest)
 
 
 def req(**query: str) -> VersionsRequest:
@@ -44,7 +44,7 @@ def req(**query: str) -> VersionsRequest:
 
 
 def names(page_versions: list[VersionEntry]) -> list[tuple[str, str, bool, str]]:
-    return [(x.key, x.version_id, x.is_latest, x.etag) for x in page_versions]
+    return [(x.entry.key, x.version_id, x.is_latest, x.entry.etag) for x in page_versions]
 
 
 def test_a_spooled_key_replaces_the_backend_null_version_and_a_tombstone_removes_it() -> None:
@@ -75,7 +75,7 @@ def test_pages_follow_key_and_version_markers_without_repeating_or_skipping() ->
     query: dict[str, str] = {"max-keys": "2"}
     for _ in range(5):
         page = merge_versions_page(parse_versions_request(query), backend, [], spool, set())
-        seen += [(x.key, x.version_id) for x in page.versions]
+        seen += [(x.entry.key, x.version_id) for x in page.versions]
         if not page.is_truncated:
             break
         query = {"max-keys": "2", "key-marker": page.next_key_marker}
@@ -130,14 +130,14 @@ def test_backend_answer_parses_and_rendering_round_trips() -> None:
     )
     parsed = parse_backend_versions(body)
     assert parsed.is_truncated and (parsed.next_key_marker, parsed.next_version_id_marker) == ("k", "null")
-    assert [(x.key, x.delete_marker, x.owner_id, x.etag) for x in parsed.versions] == [
+    assert [(x.entry.key, x.delete_marker, x.entry.owner_id, x.entry.etag) for x in parsed.versions] == [
         ("k", False, "admin", '"e"'),
         ("m", True, None, ""),
     ]
     r = req(encoding_type="url")
     page = merge_versions_page(r, parsed.versions, parsed.common_prefixes, [v("a b")], set())
     again = parse_backend_versions(render_versions_xml(r, "bk", page))
-    assert [(x.key, x.version_id, x.delete_marker) for x in again.versions] == [
+    assert [(x.entry.key, x.version_id, x.delete_marker) for x in again.versions] == [
         ("a b", "null", False),
         ("k", "null", False),
         ("m", "v9", True),
@@ -238,8 +238,8 @@ def test_one_merge_path_serves_both_listings() -> None:
     spooled = [SpooledObject("k2", 3, '"s"', T0, owner=("id", "me"))]
     backend_versions = [v("k1"), v("gone")]
     body = merged_listing_xml(req(), "bk", backend_versions, [], spooled, {"gone"})
-    assert [x.key for x in parse_backend_versions(body).versions] == ["k1", "k2"]
-    assert parse_backend_versions(body).versions[1].owner_id == "id"
+    assert [x.entry.key for x in parse_backend_versions(body).versions] == ["k1", "k2"]
+    assert parse_backend_versions(body).versions[1].entry.owner_id == "id"
     listing = parse_list_request({"list-type": "2", "fetch-owner": "true"})
     entries = [ListEntry("k1", 1, '"b"', T0), ListEntry("gone", 1, '"b"', T0)]
     parsed = parse_backend_listing(merged_listing_xml(listing, "bk", entries, [], spooled, {"gone"}))
@@ -303,16 +303,16 @@ def test_a_backend_version_with_an_unquoted_etag_and_a_zoneless_date_reads_as_th
         "<LastModified>2026-01-01T00:00:00</LastModified><ETag>abc</ETag><Size>3</Size></Version>"
     )
     (got,) = parse_backend_versions(body).versions
-    assert got.etag == '"abc"'
+    assert got.entry.etag == '"abc"'
     assert (
-        got.last_modified
-        == parse_backend_versions(body.replace(b":00</Last", b":00Z</Last")).versions[0].last_modified
+        got.entry.last_modified
+        == parse_backend_versions(body.replace(b":00</Last", b":00Z</Last")).versions[0].entry.last_modified
     )  # UTC when the store names no zone
 
 
 def test_the_merge_skips_backend_and_spooled_versions_outside_the_prefix() -> None:
     page = merge_versions_page(req(prefix="p/"), [v("p/a"), v("q/b")], [], [v("r/c"), v("p/d")], set())
-    assert [x.key for x in page.versions] == ["p/a", "p/d"]
+    assert [x.entry.key for x in page.versions] == ["p/a", "p/d"]
 
 
 def test_a_key_deleted_in_the_spool_keeps_its_versions_other_than_null() -> None:
@@ -326,14 +326,14 @@ def test_a_version_id_marker_not_among_the_keys_versions_or_at_its_last_one_list
 ):
     backend = [v("k", "v2"), v("k", "v1", latest=False), v("m", "v9")]
     unknown = merge_versions_page(req(key_marker="k", version_id_marker="v0"), backend, [], [], set())
-    assert [(x.key, x.version_id) for x in unknown.versions] == [("m", "v9")]
+    assert [(x.entry.key, x.version_id) for x in unknown.versions] == [("m", "v9")]
     last = merge_versions_page(req(key_marker="k", version_id_marker="v1"), backend, [], [], set())
-    assert [(x.key, x.version_id) for x in last.versions] == [("m", "v9")]
+    assert [(x.entry.key, x.version_id) for x in last.versions] == [("m", "v9")]
 
 
 def test_a_truncated_versions_page_names_where_the_next_one_starts_and_owners_show_what_is_known() -> None:
-    only_id = VersionEntry("a", "v1", True, T0, size=1, etag='"e"', owner_id="id1")
-    only_name = VersionEntry("b", "v2", True, T0, size=1, etag='"e"', owner_name="n2")
+    only_id = VersionEntry(ListEntry("a", 1, '"e"', T0, owner_id="id1"), "v1", is_latest=True)
+    only_name = VersionEntry(ListEntry("b", 1, '"e"', T0, owner_name="n2"), "v2", is_latest=True)
     page = merge_versions_page(req(max_keys="2"), [only_id, only_name, v("c", "v3")], [], [], set())
     assert page.is_truncated and (page.next_key_marker, page.next_version_id_marker) == ("b", "v2")
     xml = render_versions_xml(req(max_keys="2"), "bkt", page).decode()

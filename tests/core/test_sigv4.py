@@ -44,6 +44,7 @@ from s3lanes.core.sigv4 import (
     AuthInfo,
     ChunkSignatureChain,
     ChunkSigner,
+    RequestCredential,
     RequestView,
     Verified,
     canonical_query,
@@ -223,7 +224,8 @@ def test_aws_suite_vector_verifies(case: tuple[Any, ...]) -> None:
     req = suite_request(method, path, query, wire_headers, body, signed, signature)
     auth = parse_auth(req)
     assert auth is not None
-    assert (auth.access_key, auth.region, auth.service) == ("AKIDEXAMPLE", "us-east-1", "service")
+    c = auth.credential
+    assert (c.access_key, c.region, c.service) == ("AKIDEXAMPLE", "us-east-1", "service")
     verified = verify(req, auth, SUITE_SECRET, SUITE_NOW)
     assert verified.seed_signature == signature
     assert verified.scope == "20150830/us-east-1/service/aws4_request"
@@ -406,10 +408,9 @@ def test_s3_doc_presigned_url_verifies_until_it_expires() -> None:
     auth = parse_auth(req)
     assert auth == AuthInfo(
         kind="query",
-        access_key=S3_ACCESS,
-        scope_date="20130524",
-        region="us-east-1",
-        service="s3",
+        credential=RequestCredential(
+            access_key=S3_ACCESS, scope_date="20130524", region="us-east-1", service="s3"
+        ),
         signed_headers=("host",),
         signature="aeeed9bbccd4d02ee5c0109b86d86835f995330da4c265957d157751f604d404",
         amz_date=S3_DATE,

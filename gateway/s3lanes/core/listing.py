@@ -49,7 +49,6 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import NamedTuple
 from urllib.parse import quote_plus, unquote_plus
 from xml.sax.saxutils import escape
 
@@ -300,25 +299,15 @@ def parse_backend_listing(xml: bytes) -> BackendListing:
 
 
 def _parse_contents(element: ET.Element, decode: Callable[[str], str]) -> ListEntry:
-    f = _object_fields(element, "Contents", size_default="")
-    etag = f.etag or '""'  # a key always shows an ETag
-    return ListEntry(decode(f.key), f.size, etag, f.last_modified, f.storage_class, f.owner_id, f.owner_name)
+    entry = _listed_object(element, "Contents", decode, size_default="")
+    return entry if entry.etag else replace(entry, etag='""')  # a key always shows an ETag
 
 
-class _ObjectFields(NamedTuple):
-    """What a backend <Contents> and <Version> (or <DeleteMarker>) both hold."""
-
-    key: str  # as the body has it (not decoded)
-    last_modified: float
-    size: int
-    etag: str  # quoted; "" if absent
-    storage_class: str
-    owner_id: str | None
-    owner_name: str | None
-
-
-def _object_fields(element: ET.Element, what: str, *, size_default: str) -> _ObjectFields:
-    """The fields of a listed object or version. ValueError if its key, time or size is missing."""
+def _listed_object(
+    element: ET.Element, what: str, decode: Callable[[str], str], *, size_default: str
+) -> ListEntry:
+    """What a backend <Contents> and <Version> (or <DeleteMarker>) both hold, the key decoded; the ETag
+    quoted, "" if absent. ValueError if its key, time or size is missing."""
     key = _child_text(element, "Key")
     size = (_child_text(element, "Size") or size_default).strip()
     modified = _child_text(element, "LastModified")
@@ -333,8 +322,14 @@ def _object_fields(element: ET.Element, what: str, *, size_default: str) -> _Obj
             owner_id = _child_text(child, "ID")
             owner_name = _child_text(child, "DisplayName")
     storage_class = _child_text(element, "StorageClass") or "STANDARD"
-    return _ObjectFields(
-        key, _parse_time(modified.strip()), int(size), etag, storage_class, owner_id, owner_name
+    return ListEntry(
+        decode(key),
+        int(size),
+        etag=etag,
+        last_modified=_parse_time(modified.strip()),
+        storage_class=storage_class,
+        owner_id=owner_id,
+        owner_name=owner_name,
     )
 
 
@@ -615,18 +610,13 @@ NULL_VERSION = "null"
 
 @dataclass(frozen=True, slots=True)
 class VersionEntry:
-    """One version or delete marker as ListObjectVersions shows it."""
+    """One version or delete marker as ListObjectVersions shows it: the object as a listing shows it (a
+    delete marker's with size 0 and ETag ""), and which version of it this is."""
 
-    key: str
+    entry: ListEntry
     version_id: str
     is_latest: bool
-    last_modified: float  # epoch seconds
     delete_marker: bool = False
-    size: int = 0
-    etag: str = ""  # quoted; "" for a delete marker
-    storage_class: str = "STANDARD"
-    owner_id: str | None = None
-    owner_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -703,18 +693,11 @@ def parse_backend_versions(xml: bytes) -> BackendVersions:
 
 
 def _parse_version(element: ET.Element, decode: Callable[[str], str], *, delete_marker: bool) -> VersionEntry:
-    f = _object_fields(element, "Version", size_default="0")
     return VersionEntry(
-        key=decode(f.key),
+        _listed_object(element, "Version", decode, size_default="0"),
         version_id=(_child_text(element, "VersionId") or NULL_VERSION).strip(),
         is_latest=(_child_text(element, "IsLatest") or "").strip().lower() == "true",
-        last_modified=f.last_modified,
         delete_marker=delete_marker,
-        size=f.size,
-        etag=f.etag,
-        storage_class=f.storage_class,
-        owner_id=f.owner_id,
-        owner_name=f.owner_name,
     )
 
 
@@ -754,8 +737,9 @@ def merge_versions_page(
     versions, delete markers and common prefixes; 0 gives an empty, untruncated page (as ListObjects)."""
     by_key: dict[str, list[VersionEntry]] = {}
     for version in backend_versions:
-        if version.key.startswith(req.prefix):
-            by_key.setdefault(version.key, []).append(version)
+        key = version.entry.key
+        if key.startswith(req.prefix):
+            by_key.setdefault(key, []).append(version)
     for key in hidden_keys:
         kept = [v for v in by_key.get(key, []) if v.version_id != NULL_VERSION]
         if kept:
@@ -763,10 +747,11 @@ def merge_versions_page(
         else:
             by_key.pop(key, None)
     for spooled in spool_versions:
-        if not spooled.key.startswith(req.prefix):
+        key = spooled.entry.key
+        if not key.startswith(req.prefix):
             continue
-        older = [_not_latest(v) for v in by_key.get(spooled.key, []) if v.version_id != spooled.version_id]
-        by_key[spooled.key] = [spooled, *older]
+        older = [_not_latest(v) for v in by_key.get(key, []) if v.version_id != spooled.version_id]
+        by_key[key] = [spooled, *older]
 
     start = req.key_marker
     prefixes: set[str] = {
@@ -807,7 +792,7 @@ def merge_versions_page(
                 last = (name, "")
             else:
                 page_versions.append(item)
-                last = (item.key, item.version_id)
+                last = (item.entry.key, item.version_id)
         if truncated:
             break
     if not truncated:
@@ -840,17 +825,18 @@ def render_versions_xml(req: VersionsRequest, bucket: str, page: VersionsPage) -
         out.append(_element("Delimiter", req.delimiter))
     out.append(_element("IsTruncated", "true" if page.is_truncated else "false"))
     for v in page.versions:
+        e = v.entry
         out.append("<DeleteMarker>" if v.delete_marker else "<Version>")
-        out.append(_element("Key", v.key))
+        out.append(_element("Key", e.key))
         out.append(_element("VersionId", v.version_id))
         out.append(_element("IsLatest", "true" if v.is_latest else "false"))
-        out.append(_element("LastModified", iso8601(v.last_modified)))
+        out.append(_element("LastModified", iso8601(e.last_modified)))
         if not v.delete_marker:
-            out.append(_element("ETag", v.etag))
-            out.append(_element("Size", str(v.size)))
-        out.append(_owner_element(v.owner_id, v.owner_name))
+            out.append(_element("ETag", e.etag))
+            out.append(_element("Size", str(e.size)))
+        out.append(_owner_element(e.owner_id, e.owner_name))
         if not v.delete_marker:
-            out.append(_element("StorageClass", v.storage_class))
+            out.append(_element("StorageClass", e.storage_class))
         out.append("</DeleteMarker>" if v.delete_marker else "</Version>")
     for prefix in page.common_prefixes:
         out.append(f"<CommonPrefixes>{_element('Prefix', prefix)}</CommonPrefixes>")
@@ -886,6 +872,13 @@ class SpooledObject:
     @property
     def owner_name(self) -> str | None:
         return self.owner[1] if self.owner else None
+
+    @property
+    def entry(self) -> ListEntry:
+        """The object as listings show it once drained."""
+        return ListEntry(
+            self.key, self.size, self.etag, self.acked_at, owner_id=self.owner_id, owner_name=self.owner_name
+        )
 
 
 def backend_query(
@@ -947,26 +940,11 @@ def merged_listing_xml(
     :func:`merge_versions_page`), rendered. A spooled object is listed as the store will list it once
     drained: a key, or its one version ``null``, the latest."""
     if isinstance(req, VersionsRequest):
-        versions = [
-            VersionEntry(
-                key=o.key,
-                version_id=NULL_VERSION,
-                is_latest=True,
-                last_modified=o.acked_at,
-                size=o.size,
-                etag=o.etag,
-                owner_id=o.owner_id,
-                owner_name=o.owner_name,
-            )
-            for o in spooled
-        ]
+        versions = [VersionEntry(o.entry, NULL_VERSION, is_latest=True) for o in spooled]
         backend_versions = [v for v in backend_items if isinstance(v, VersionEntry)]
         page = merge_versions_page(req, backend_versions, backend_prefixes, versions, hidden_keys)
         return render_versions_xml(req, bucket, page)
-    entries = [
-        ListEntry(o.key, o.size, o.etag, o.acked_at, owner_id=o.owner_id, owner_name=o.owner_name)
-        for o in spooled
-    ]
+    entries = [o.entry for o in spooled]
     backend_entries = [e for e in backend_items if isinstance(e, ListEntry)]
     page_ = merge_page(req, backend_entries, backend_prefixes, entries, hidden_keys)
     return render_list_xml(req, bucket, page_)

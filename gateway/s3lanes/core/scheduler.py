@@ -485,6 +485,19 @@ class _Lane:
         self.allocation_bps = 0.0
 
 
+@dataclass(slots=True)
+class _WindowStats:
+    """What the current window has seen, for the capacity estimator and the reads' busy history. The
+    scheduler starts a fresh one at every window's end."""
+
+    window_wait_s: float = 0.0  # time with work held back by the in-flight window
+    throttled_s: float = 0.0  # time with work held back by the server bucket
+    reads_idle_s: float = 0.0  # time with no read ticket queued or in flight
+    errors: int = 0  # busy answers from the store (BUSY_STATUSES)
+    requests: int = 0  # grants
+    done_bytes: int = 0  # bytes the completed tickets used
+
+
 class Scheduler:
     """mClock-ordered, capacity-paced grants of backend budget to lanes. Not thread-safe; see the module
     docstring. Methods never block; times are the caller's monotonic clock, in seconds."""
@@ -522,14 +535,9 @@ class Scheduler:
         self._acct_at = now
         self._blocked_window = False
         self._blocked_server = False
-        self._win_window_wait_s = 0.0
-        self._win_throttled_s = 0.0
-        self._win_errors = 0
-        self._win_requests = 0
-        self._win_done = 0
+        self._win = _WindowStats()
         self._delivered_seen = False
         self._cap_scale = 1.0  # saturation_scale of the last second (configured capacity only)
-        self._win_reads_idle_s = 0.0  # of this window, time with no read ticket queued or in flight
         self._hist_reads_busy: deque[float] = deque(maxlen=SHARE_HISTORY_WINDOWS)  # busy fraction per window
         self._apply_rates(now)
 
@@ -687,9 +695,7 @@ class Scheduler:
         if t is None:
             return
         if t.state is _TicketState.WAITING:
-            ln = t.lane
-            t.to(_TicketState.FINISHED)
-            del self._tickets[t.id]
+            ln = self._retire(t)
             ln.queued_tickets -= 1
             ln.queued_bytes -= t.cost
             self._queued_total -= 1
@@ -735,7 +741,7 @@ class Scheduler:
         ln = self._by_name[lane]
         now = self._advance(now)
         if status in BUSY_STATUSES:
-            self._win_errors += 1
+            self._win.errors += 1
         if status == 503:
             current = ln.ceiling if math.isfinite(ln.ceiling) else self._achieved_fraction(ln, now)
             current = max(current, ln.spec.floor)
@@ -1005,19 +1011,23 @@ class Scheduler:
         ln.granted_tickets_total += 1
         ln.granted_bytes_total += c
         ln.win_granted += c
-        self._win_requests += 1
+        self._win.requests += 1
         return Grant(ticket=t.id, lane=ln.spec.name, cost_bytes=c)
 
-    def _finish(self, t: _Ticket, used: int, now: float) -> None:
-        ln = t.lane
+    def _retire(self, t: _Ticket) -> _Lane:
+        """Take ``t`` off the books, finished (completed or cancelled); its lane's counts are the caller's."""
         t.to(_TicketState.FINISHED)
         del self._tickets[t.id]
+        return t.lane
+
+    def _finish(self, t: _Ticket, used: int, now: float) -> None:
+        ln = self._retire(t)
         ln.inflight_tickets -= 1
         ln.inflight_bytes -= t.cost
         self._inflight_tickets -= 1
         self._inflight_bytes -= t.cost
         ln.done_total += used
-        self._win_done += used
+        self._win.done_bytes += used
         unused = t.cost - used
         if unused > 0:
             self._server.give(unused, now)
@@ -1285,11 +1295,11 @@ class Scheduler:
         dt = t - self._acct_at
         if dt > 0:
             if self._blocked_window:
-                self._win_window_wait_s += dt
+                self._win.window_wait_s += dt
             if self._blocked_server:
-                self._win_throttled_s += dt
+                self._win.throttled_s += dt
             if not any(ln.queued_tickets or ln.inflight_tickets for ln in self._read_lanes):
-                self._win_reads_idle_s += dt
+                self._win.reads_idle_s += dt
             self._acct_at = t
 
     def _deactivation_time(self) -> float:
@@ -1369,15 +1379,15 @@ class Scheduler:
         verdict = self._guard.tick(t, quiet=quiet, read_share=read_share, can_cut=self._reads_active)
         if self._estimator is not None:
             delivered = (
-                sum(ln.win_delivered for ln in self._lanes) if self._delivered_seen else self._win_done
+                sum(ln.win_delivered for ln in self._lanes) if self._delivered_seen else self._win.done_bytes
             )
             self._estimator.tick(
                 t,
                 delivered_bytes=delivered,
-                window_wait_s=self._win_window_wait_s,
-                throttled_s=self._win_throttled_s,
-                errors=self._win_errors,
-                requests=self._win_requests,
+                window_wait_s=self._win.window_wait_s,
+                throttled_s=self._win.throttled_s,
+                errors=self._win.errors,
+                requests=self._win.requests,
                 # A miss is a capacity signal only once the guard has nothing left to cut, and only while a
                 # paced lane has work: with none, reads missing their target are reads queueing behind reads
                 # (or a busy host), and a lower estimate would only throttle those reads against nobody (one
@@ -1387,8 +1397,7 @@ class Scheduler:
                 # low estimate, would otherwise lower it further (fuzz runs sank to 1 MiB/s that way).
                 guard_missed=verdict.backend_missed and self._guard.multiplier <= GUARD_M_MIN and paced_work,
             )
-        self._hist_reads_busy.append(max(0.0, 1.0 - self._win_reads_idle_s / cfg.window_s))
-        self._win_reads_idle_s = 0.0
+        self._hist_reads_busy.append(max(0.0, 1.0 - self._win.reads_idle_s / cfg.window_s))
         self._cap_scale = self._measured_cap_scale()
         for ln in self._lanes:
             ln.slowdown.recover(t, self._ceiling_fraction(ln, t, slowdown=False))
@@ -1406,7 +1415,6 @@ class Scheduler:
         for ln, a in zip(self._lanes, allocate(cap, demands), strict=True):
             ln.allocation_bps = a
             ln.win_granted = ln.win_delivered = ln.win_submitted = 0
-        self._win_window_wait_s = self._win_throttled_s = 0.0
-        self._win_errors = self._win_requests = self._win_done = 0
+        self._win = _WindowStats()
         self._window_start = t
         self._next_tick = t + cfg.window_s

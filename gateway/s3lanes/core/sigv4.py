@@ -132,14 +132,26 @@ class RequestView:
 
 
 @dataclass(frozen=True, slots=True)
-class AuthInfo:
-    """What a request claims about its signature. Parsed, not yet verified."""
+class RequestCredential:
+    """The credential a signature names (``AKID/YYYYMMDD/region/service/aws4_request``): whose key signed,
+    and the scope its signing key is derived for."""
 
-    kind: Literal["header", "query"]
     access_key: str
     scope_date: str  # YYYYMMDD
     region: str
     service: str
+
+    @property
+    def scope(self) -> str:
+        return f"{self.scope_date}/{self.region}/{self.service}/aws4_request"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthInfo:
+    """What a request claims about its signature. Parsed, not yet verified."""
+
+    kind: Literal["header", "query"]
+    credential: RequestCredential
     signed_headers: tuple[str, ...]
     signature: str  # lower-case hex
     amz_date: str  # YYYYMMDDTHHMMSSZ
@@ -147,8 +159,12 @@ class AuthInfo:
     payload_hash: str  # x-amz-content-sha256, or UNSIGNED-PAYLOAD for a presigned URL without it
 
     @property
+    def access_key(self) -> str:
+        return self.credential.access_key
+
+    @property
     def scope(self) -> str:
-        return f"{self.scope_date}/{self.region}/{self.service}/aws4_request"
+        return self.credential.scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,20 +307,16 @@ def _signed_headers(
 
 def _auth_info(
     kind: Literal["header", "query"],
-    credential: tuple[str, str, str, str],
+    credential: RequestCredential,
     signed_headers: tuple[str, ...],
     signature: str,
     amz_date: str,
     expires_s: int | None,
     payload_hash: str,
 ) -> AuthInfo:
-    access_key, scope_date, region, service = credential
     return AuthInfo(
         kind=kind,
-        access_key=access_key,
-        scope_date=scope_date,
-        region=region,
-        service=service,
+        credential=credential,
         signed_headers=signed_headers,
         signature=signature.lower(),
         amz_date=amz_date,
@@ -314,7 +326,7 @@ def _auth_info(
 
 
 @functools.lru_cache(maxsize=256)  # one text per key, day and region: requests of a day share it
-def _parse_credential(text: str) -> tuple[str, str, str, str] | None:
+def _parse_credential(text: str) -> RequestCredential | None:
     """``AKID/YYYYMMDD/region/service/aws4_request`` -> its parts; ``None`` if malformed."""
     parts = text.rsplit("/", 4)
     if len(parts) != 5:
@@ -324,7 +336,7 @@ def _parse_credential(text: str) -> tuple[str, str, str, str] | None:
         return None
     if not _SCOPE_DATE.fullmatch(scope_date) or _amz_date_epoch(scope_date + "T000000Z") is None:
         return None
-    return access_key, scope_date, region, service
+    return RequestCredential(access_key=access_key, scope_date=scope_date, region=region, service=service)
 
 
 @functools.lru_cache(maxsize=256)  # a client signs the same few header sets over and over
@@ -379,7 +391,7 @@ def verify(
     request_time = _amz_date_epoch(auth.amz_date)
     if request_time is None:
         raise AccessDenied(_MSG_NO_DATE)
-    if auth.scope_date != auth.amz_date[:8]:
+    if auth.credential.scope_date != auth.amz_date[:8]:
         message = "Invalid credential date. Date is not the same as X-Amz-Date."
         if auth.kind == "query":
             raise AuthorizationQueryParametersError(message)
@@ -414,7 +426,8 @@ def verify(
     if unsigned:
         raise AccessDenied(_MSG_NOT_SIGNED, HeadersNotSigned=", ".join(unsigned))
 
-    key = signing_key(secret_key, auth.scope_date, auth.region, auth.service)
+    credential = auth.credential
+    key = signing_key(secret_key, credential.scope_date, credential.region, credential.service)
     scope = auth.scope
     exclude = _EXCLUDE_SIGNATURE if auth.kind == "query" else frozenset()
     provided = _utf8(auth.signature)

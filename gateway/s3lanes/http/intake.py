@@ -39,6 +39,7 @@ from s3lanes.core.sigv4 import (
     UNSIGNED_PAYLOAD,
     AuthInfo,
     ChunkSignatureChain,
+    RequestCredential,
     RequestView,
     Verified,
     parse_auth,
@@ -119,10 +120,7 @@ _NOBODY = Credential(access_key="", secret_key="", backend_access_key="", backen
 def _anonymous_context(request_id: str, target: S3Target, view: RequestView) -> RequestContext:
     auth = AuthInfo(
         kind="header",
-        access_key="",
-        scope_date="",
-        region="",
-        service="s3",
+        credential=RequestCredential(access_key="", scope_date="", region="", service="s3"),
         signed_headers=(),
         signature="",
         amz_date="",

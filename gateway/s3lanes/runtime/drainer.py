@@ -119,10 +119,11 @@ class SpoolFileBody(Payload):
     the lane piece by piece, sent with ``sendfile(2)`` when the drainer may and the connection is plain TCP
     whose transport has nothing buffered once the request headers are out, else copied."""
 
+    _size: int  # Payload's, known here: the file's length
+
     def __init__(self, drainer: Drainer, entry: Entry, file_id: str, size: int, *, commits: bool) -> None:
         super().__init__(None)
         self._size = size
-        self._length = size
         self._drainer = drainer
         self._entry = entry
         self._file_id = file_id
@@ -136,7 +137,7 @@ class SpoolFileBody(Payload):
 
     async def write_with_length(self, writer: AbstractStreamWriter, content_length: int | None) -> None:
         drainer = self._drainer
-        size = self._length if content_length is None else min(content_length, self._length)
+        size = self._size if content_length is None else min(content_length, self._size)
         sock = None
         if drainer.zero_copy and size:
             send_headers = getattr(writer, "send_headers", None)
