@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from s3lanes.config import ClusterConfig, Config
 from s3lanes.core.cluster_budget import Mode
 from s3lanes.core.node_lanes import LANE_FLOOR
 from s3lanes.core.scheduler import CEILING_DEPTH_S, SHARE_WINDOW_S, Scheduler, external_paced_bps
-from s3lanes.runtime.cluster import ClusterMember
+from s3lanes.runtime.cluster import BoardRound, ClusterMember
 from s3lanes.runtime.wiring import scheduler_config
 from s3lanes.runtime.workers import FileBoard, clear_board
 
@@ -48,6 +49,18 @@ def workers(
             node_share=node_share,
         )
     return members
+
+
+def _rounds(members: dict[str, ClusterMember], clock: FakeClock) -> Callable[[int], Awaitable[None]]:
+    """``await rounds(n)``: n rounds of every member still in ``members``, one interval apart."""
+
+    async def rounds(n: int) -> None:
+        for _ in range(n):
+            for m in members.values():
+                await m.step()
+            clock.advance(INTERVAL)
+
+    return rounds
 
 
 def limit(member: ClusterMember, clock: FakeClock) -> float | None:
@@ -133,11 +146,7 @@ async def test_workers_carry_the_read_guard_to_the_node_on_the_file_board(tmp_pa
     members = workers(tmp_path, clock, {"n.w0": 0, "n.w1": 10**10}, readers={"n.w0"}, node_share=True)
     readers, writers = members["n.w0"], members["n.w1"]
 
-    async def rounds(n: int) -> None:
-        for _ in range(n):
-            for m in members.values():
-                await m.step()
-            clock.advance(INTERVAL)
+    rounds = _rounds(members, clock)
 
     await rounds(4)
     assert writers._scheduler.snapshot(clock.monotonic()).node_guard_multiplier == 1.0
@@ -163,3 +172,54 @@ async def test_workers_carry_the_read_guard_to_the_node_on_the_file_board(tmp_pa
     await rounds(4)
     assert writers._scheduler.snapshot(clock.monotonic()).node_guard_multiplier == 1.0
     assert writers.status()["node_guard_multiplier"] == 1.0
+
+
+class _FailingBoard(FileBoard):
+    """A FileBoard whose exchange fails while ``down`` (the state directory unwritable, say)."""
+
+    down = False
+
+    async def exchange(self, node_id: str, payload: bytes, ttl_s: float, score: float) -> BoardRound:
+        if self.down:
+            raise OSError("board unwritable")
+        return await super().exchange(node_id, payload, ttl_s, score)
+
+
+async def test_a_failed_file_board_expires_the_node_rules_after_the_ttl(tmp_path: Path) -> None:
+    clock = FakeClock()
+    members = workers(tmp_path, clock, {"n.w0": 0, "n.w1": 10**10}, readers={"n.w0"}, node_share=True)
+    boards = {}
+    for node, m in members.items():
+        boards[node] = m._board = _FailingBoard(tmp_path, clock)
+    readers, writers = members["n.w0"], members["n.w1"]
+
+    rounds = _rounds(members, clock)
+
+    await rounds(4)
+    guard = readers._scheduler._guard
+    guard.multiplier, guard.last_read_at = 0.25, clock.monotonic()
+    await rounds(1)
+    assert writers.status()["node_rules_mode"] == "node"
+    assert writers._scheduler.snapshot(clock.monotonic()).node_guard_multiplier == 0.25
+    for b in boards.values():
+        b.down = True
+    await rounds(2)  # within the ttl (1.5 s): the last split holds
+    assert writers.status()["node_rules_mode"] == "held"
+    assert writers._scheduler.snapshot(clock.monotonic()).node_guard_multiplier == 0.25
+    await rounds(2)
+    status = writers.status()
+    assert status["node_rules_mode"] == "safe"
+    assert status["node_board_age_s"] >= writers.cfg.ttl_s
+    assert status["node_guard_multiplier"] == 1.0
+    assert status["capacity_share"] == 0.5
+    snap = writers._scheduler.snapshot(clock.monotonic())
+    assert snap.node_guard_multiplier == 1.0  # its own guard
+    assert snap.capacity_bps == pytest.approx(C / 2)
+    lane = snap.lane("checkpoint")
+    # half the node's cap, or tighter still: the write budget's own safe mode
+    assert lane.external_limit_bps is not None and lane.external_limit_bps <= 0.27 * C / 2 * (1 + 1e-9)
+    for b in boards.values():
+        b.down = False
+    await rounds(4)  # the exchange's backoff passes
+    assert writers.status()["node_rules_mode"] == "node"
+    assert writers.capacity_share > 0.5 or readers.capacity_share > 0.5

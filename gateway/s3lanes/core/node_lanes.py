@@ -51,10 +51,23 @@ lets go, once those reads stop, or once that worker's report goes stale.
 A report without per-lane demands (an older version's) wants the whole capacity in every lane. The node's
 capacity is the median of the reports' figures (they describe one store). Deterministic and pure: the same
 reports give the same split on every worker; no I/O, no clock (``now`` is the board's).
+
+**A board that fails** (:class:`NodeRulesLease`) does not freeze the node's rules. A worker that has no
+fresh split (the board's exchange failed, or its own report is not in it) keeps applying the last one for
+``ttl_s``, as long as the others keep its report; after that, when they have dropped it from their split
+and it may no longer count on theirs, it falls back to a safe local rule (:func:`safe_worker_rules`): its
+own read-latency guard (the node's multiplier lets go), the configured floors, ``1 / N`` of the node
+(``N`` the configured workers, or the last split's if more) and ``1 / N`` of each lane's cap as it stands
+while reads are active (the others' readers may be active: a worker that cannot see them must assume so).
+If the board fails for every worker at once (it is one directory), their parts of each cap add up to the
+node's cap, never more. A fresh split applies again at once. Like the cluster budget's ``SAFE`` mode
+(:class:`~s3lanes.core.cluster_budget.NodeLease`), but without the decay: a worker's part of a cap can be
+far above ``1 / N`` of it, and it is held for one TTL already.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -231,3 +244,118 @@ def _floor_part(floor: float, part_bps: float, lane_bps: float, share: float) ->
     if floor <= 0.0 or lane_bps <= 0.0:
         return 0.0
     return min(1.0, floor * (part_bps / lane_bps) / share)
+
+
+# -- when the board fails -----------------------------------------------------------------------------------
+
+
+class NodeRulesMode(enum.Enum):
+    STARTING = "starting"  # no split yet (and not ttl_s old): nothing applied, the worker runs alone
+    NODE = "node"  # the split of a fresh board
+    HELD = "held"  # no fresh split: the last one, for up to ttl_s
+    SAFE = "safe"  # no fresh split for ttl_s: the safe local rule (safe_worker_rules)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRules:
+    """What one worker applies of the node's rules in one round (``s3lanes.runtime.cluster`` carries it
+    out): its part of the node, the node's guard multiplier, each lane's external limit (None: its part of
+    the node only), the lanes whose limits are parts of a cap for the reads' sake, and its part of each
+    lane's floor (fractions of its own part of the node)."""
+
+    mode: NodeRulesMode
+    share: float
+    guard_multiplier: float
+    limits: Mapping[str, float | None]
+    for_reads: frozenset[str]
+    floors: Mapping[str, float]
+
+
+def worker_rules(split: NodeLaneSplit, node_id: str, mode: NodeRulesMode) -> WorkerRules:
+    """Worker ``node_id``'s part of ``split`` (it must be in it)."""
+    return WorkerRules(
+        mode=mode,
+        share=split.shares[node_id],
+        guard_multiplier=split.guard_multiplier,
+        limits=dict(split.limits[node_id]),
+        for_reads=split.for_reads,
+        floors=dict((split.floors or {}).get(node_id, {})),
+    )
+
+
+def safe_worker_rules(
+    specs: Sequence[LaneSpec], *, workers: int, capacity_bps: float, strict: bool, cap_headroom: float
+) -> WorkerRules:
+    """The safe local rule of a worker that has had no fresh split for a TTL: ``1 / workers`` of the node
+    and of every lane's cap in force while reads are active (:func:`node_lane_limit`, reads assumed
+    active), its own guard (multiplier 1: the node's does not cut), the configured floors."""
+    n = max(1, workers)
+    limits: dict[str, float | None] = {}
+    for s in specs:
+        f = node_lane_limit(s, reads_active=True, strict=strict, cap_headroom=cap_headroom)
+        limits[s.name] = f * capacity_bps / n if math.isfinite(f) else None
+    return WorkerRules(
+        mode=NodeRulesMode.SAFE,
+        share=1.0 / n,
+        guard_multiplier=1.0,
+        limits=limits,
+        for_reads=frozenset(
+            s.name
+            for s in specs
+            if limits[s.name] is not None
+            and capped_for_reads(s, reads_active=True, strict=strict, cap_headroom=cap_headroom)
+        ),
+        floors={s.name: 0.0 for s in specs},
+    )
+
+
+class NodeRulesLease:
+    """One worker's node rules, round after round: the fresh split, the last one held for ``ttl_s``, then
+    the safe local rule (module docstring). ``now`` is the worker's monotonic clock."""
+
+    def __init__(
+        self,
+        node_id: str,
+        specs: Sequence[LaneSpec],
+        *,
+        ttl_s: float,
+        workers: int,
+        strict: bool,
+        cap_headroom: float,
+        now: float,
+    ) -> None:
+        self.node_id = node_id
+        self.specs = tuple(specs)
+        self.ttl_s = ttl_s
+        self.workers = max(1, workers)
+        self.strict = strict
+        self.cap_headroom = cap_headroom
+        self.mode = NodeRulesMode.STARTING
+        self.fresh_at = now  # the last fresh split (or the start)
+        self.last: NodeLaneSplit | None = None
+
+    def decide(self, split: NodeLaneSplit | None, *, capacity_bps: float, now: float) -> WorkerRules | None:
+        """This round's rules given this round's split (None: the board failed); None: apply nothing."""
+        if split is not None and self.node_id in split.shares:
+            self.fresh_at = now
+            self.last = split
+            self.workers = max(self.workers, len(split.shares))
+            self.mode = NodeRulesMode.NODE
+            return worker_rules(split, self.node_id, self.mode)
+        if now - self.fresh_at < self.ttl_s:
+            if self.last is None:
+                return None
+            self.mode = NodeRulesMode.HELD
+            return worker_rules(self.last, self.node_id, self.mode)
+        self.mode = NodeRulesMode.SAFE
+        return safe_worker_rules(
+            self.specs,
+            workers=self.workers,
+            capacity_bps=capacity_bps,
+            strict=self.strict,
+            cap_headroom=self.cap_headroom,
+        )
+
+    def board_age_s(self, now: float) -> float:
+        """Seconds since the last fresh split (or the start)."""
+        return max(0.0, now - self.fresh_at)

@@ -169,6 +169,7 @@ def build_app(
             backlog_bytes=backlog,
             wake=dispatcher.wake,
             node_share=cluster_board is not None,
+            node_workers=cfg.server.workers,
         )
         metrics.add_snapshot_collector(cluster.collector())
         app[CLUSTER_KEY] = cluster

@@ -61,7 +61,7 @@ from s3lanes.core.cluster_budget import (
     encode_report,
     lane_demand_bps,
 )
-from s3lanes.core.node_lanes import NodeLaneSplit, split_node_lanes
+from s3lanes.core.node_lanes import NodeLaneSplit, NodeRulesLease, WorkerRules, split_node_lanes
 from s3lanes.core.scheduler import LaneSnapshot, Scheduler, external_paced_bps
 from s3lanes.runtime.spool import Spool
 
@@ -171,6 +171,7 @@ class ClusterMember:
         backlog_bytes: Callable[[str], int] | None = None,
         wake: Callable[[], None] | None = None,
         node_share: bool = False,
+        node_workers: int = 1,
     ) -> None:
         if cfg.redis_url is None and board is None:
             raise ValueError("a cluster member needs [cluster].redis_url (or a board)")
@@ -191,6 +192,16 @@ class ClusterMember:
         self.node_share = node_share
         self.capacity_share = 1.0
         self.node_split: NodeLaneSplit | None = None  # the last per-lane split of the node (node_share)
+        self.node_applied: WorkerRules | None = None  # what this worker applies of the node's rules
+        self.node_rules = NodeRulesLease(
+            self.node_id,
+            scheduler.config.lanes,
+            ttl_s=cfg.ttl_s,
+            workers=node_workers,
+            strict=scheduler.config.write_cap_mode == "strict",
+            cap_headroom=scheduler.config.cap_headroom,
+            now=clock.monotonic(),
+        )
         specs = {s.name: s for s in scheduler.config.lanes}
         strict = scheduler.config.write_cap_mode == "strict"
         self.shared = tuple(
@@ -247,20 +258,26 @@ class ClusterMember:
             verdict.for_reads
         )  # allowances that are a share of the reads' cap: paced with headroom
         node_parts_for_reads: set[str] = set()  # node parts of the reads' cap: their headroom is off already
-        if self.node_share and reports is not None and self._scheduler.config.capacity_bps is not None:
-            split = split_node_lanes(
-                reports,
-                self._scheduler.config.lanes,
-                now=board_now,
-                ttl_s=self.cfg.ttl_s,
-                strict=self._scheduler.config.write_cap_mode == "strict",
-                cap_headroom=self._scheduler.config.cap_headroom,
-            )
+        if self.node_share and self._scheduler.config.capacity_bps is not None:
+            split = None
+            if reports is not None:
+                split = split_node_lanes(
+                    reports,
+                    self._scheduler.config.lanes,
+                    now=board_now,
+                    ttl_s=self.cfg.ttl_s,
+                    strict=self._scheduler.config.write_cap_mode == "strict",
+                    cap_headroom=self._scheduler.config.cap_headroom,
+                )
+            # No fresh split: the last one for a TTL, then the safe local rule (core.node_lanes).
+            rules = self.node_rules.decide(split, capacity_bps=self._scheduler.node_capacity_bps(), now=now)
             if split is not None and self.node_id in split.shares:
                 self.node_split = split
-                self.capacity_share = split.shares[self.node_id]
+            if rules is not None:
+                self.node_applied = rules
+                self.capacity_share = rules.share
                 headroom = self._scheduler.config.cap_headroom
-                for lane, bps in split.limits[self.node_id].items():
+                for lane, bps in rules.limits.items():
                     held = limits.get(lane)
                     if bps is None:
                         # Nobody on the node uses the lane and it has no cap: only the worker's part bounds
@@ -268,7 +285,7 @@ class ClusterMember:
                         limits.setdefault(lane, None)
                         continue
                     # The node's part already has the headroom taken off; an allowance gets it when applied.
-                    part_reads = lane in split.for_reads
+                    part_reads = lane in rules.for_reads
                     paced = external_paced_bps(
                         bps, for_reads=part_reads, headroom_taken=True, cap_headroom=headroom
                     )
@@ -284,8 +301,8 @@ class ClusterMember:
                             node_parts_for_reads.add(lane)
                 self._scheduler.set_node_caps(True, now)
                 self._scheduler.set_capacity_share(self.capacity_share, now)
-                self._scheduler.set_node_guard(split.guard_multiplier, now)
-                for lane, floor in (split.floors or {}).get(self.node_id, {}).items():
+                self._scheduler.set_node_guard(rules.guard_multiplier, now)
+                for lane, floor in rules.floors.items():
                     self._scheduler.set_node_floor(lane, floor, now)
         for lane, bps in limits.items():
             self._scheduler.set_external_limit(
@@ -427,7 +444,14 @@ class ClusterMember:
             # Several workers: this worker's part of the node's capacity (1 otherwise).
             "capacity_share": self.capacity_share,
             # Several workers: the node's read-latency guard multiplier this worker applies (1: no cut).
-            "node_guard_multiplier": None if self.node_split is None else self.node_split.guard_multiplier,
+            "node_guard_multiplier": None
+            if self.node_applied is None
+            else self.node_applied.guard_multiplier,
+            # Several workers: "node" (a fresh split), "held" (the last one, the board not fresh for up to a
+            # TTL), "safe" (no fresh board for a TTL: 1 / N of the node and its caps, its own guard) or
+            # "starting"; and how long ago the last fresh split was.
+            "node_rules_mode": self.node_rules.mode.value if self.node_share else None,
+            "node_board_age_s": self.node_rules.board_age_s(now) if self.node_share else None,
             # Several workers: the node's allocation per lane and this worker's part of each (bytes/s).
             "node_lanes": None
             if self.node_split is None or self.node_id not in self.node_split.parts
