@@ -413,6 +413,8 @@ class _Node:
         self.node_floors = node_floors  # apply each worker's part of the node's floors (set_node_floor)
         self.read_ttfb_s: dict[str, float] = {}  # workers whose reads report a time to first byte
         self.silent: dict[str, NodeReport] = {}  # workers that stopped reporting: their last report
+        self.scale_caps = True  # the node's caps follow a saturated store (split_node_lanes(scale_caps))
+        self.last_split: NodeLaneSplit | None = None
         self.now = T0
 
     def seconds(self, n: int) -> list[Counter[str]]:
@@ -421,10 +423,16 @@ class _Node:
         for _ in range(n):
             second: Counter[str] = Counter()
             for _ in range(2):
-                reps = [self.silent.get(w) or _report(w, s, self.now) for w, (s, _) in self.workers.items()]
+                reps = [self.silent.get(w) or self.report(w, s) for w, (s, _) in self.workers.items()]
                 sp = split_node_lanes(
-                    reps, CFG.lanes, now=self.now, ttl_s=3 * INTERVAL_S, cap_headroom=CFG.cap_headroom
+                    reps,
+                    CFG.lanes,
+                    now=self.now,
+                    ttl_s=3 * INTERVAL_S,
+                    cap_headroom=CFG.cap_headroom,
+                    scale_caps=self.scale_caps,
                 )
+                self.last_split = sp
                 assert sp is not None
                 for w, (s, _) in self.workers.items():
                     if w not in sp.shares:
@@ -442,10 +450,18 @@ class _Node:
                         s.set_external_limit(
                             lane, bps, self.now, for_reads=lane in sp.for_reads, headroom_taken=True
                         )
-                second += _run(self.workers, self.now, self.now + INTERVAL_S, self.read_ttfb_s)
+                second += self.run(self.now + INTERVAL_S)
                 self.now += INTERVAL_S
             out.append(second)
         return out
+
+    def report(self, w: str, s: Scheduler) -> NodeReport:
+        """Worker ``w``'s report now."""
+        return _report(w, s, self.now)
+
+    def run(self, until: float) -> Counter[str]:
+        """Drive the workers from now until ``until``; the bytes per lane, node-wide."""
+        return _run(self.workers, self.now, until, self.read_ttfb_s)
 
 
 def test_simulation_readers_on_one_worker_writers_on_the_other_keep_70_30_for_the_node() -> None:

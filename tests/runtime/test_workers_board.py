@@ -137,6 +137,8 @@ async def test_workers_split_the_node_per_lane_and_pace_each_lane_to_its_part(tm
     assert snap.capacity_bps == pytest.approx(writers.capacity_share * C)
     status = readers.status()
     assert status["capacity_share"] == readers.capacity_share
+    assert status["node_cap_scale"] == 1.0  # the store is not saturated under its configured capacity
+    assert readers._report(clock.monotonic()).delivered_bps == 0.0  # nothing delivered: no bodies here
     assert status["node_lanes"]["dataset"]["node_bps"] == pytest.approx((1 - cap) * C)
     assert status["node_lanes"]["checkpoint"]["part_bps"] == pytest.approx(cap * C * LANE_FLOOR / 2)
 

@@ -117,6 +117,11 @@ class NodeReport:
     node_lanes: Mapping[str, LaneDemandReport] | None = None
     # Several workers of one node: this worker's read-latency guard multiplier (in (0, 1]; None: not sent).
     guard_multiplier: float | None = None
+    # Several workers of one node: what the store delivered to this worker over the last full second
+    # (bytes/s, all lanes), and the fraction of that second with a read queued or in flight on it; the node's
+    # caps follow a saturated store with them (core.node_lanes.node_cap_scale). None: not sent.
+    delivered_bps: float | None = None
+    reads_busy: float | None = None
 
 
 class ReportError(ValueError):
@@ -153,6 +158,10 @@ def encode_report(r: NodeReport) -> bytes:
         }
     if r.guard_multiplier is not None:
         doc["gm"] = r.guard_multiplier
+    if r.delivered_bps is not None:
+        doc["dlv"] = r.delivered_bps
+    if r.reads_busy is not None:
+        doc["rb"] = r.reads_busy
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -188,7 +197,19 @@ def decode_report(raw: bytes | str) -> NodeReport:
         demand_bps=None if doc.get("dem") is None else float(_num(doc, "dem")),
         node_lanes=_node_lanes(doc.get("nl")),
         guard_multiplier=_guard_multiplier(doc),
+        delivered_bps=None if doc.get("dlv") is None else float(_num(doc, "dlv")),
+        reads_busy=_reads_busy(doc),
     )
+
+
+def _reads_busy(doc: Mapping[str, Any]) -> float | None:
+    """A worker's reads-busy fraction ("rb"); absent in reports of older versions (None)."""
+    if doc.get("rb") is None:
+        return None
+    b = float(_num(doc, "rb"))
+    if b > 1.0:
+        raise ReportError(f"'rb' must be within [0, 1], got {b!r}")
+    return b
 
 
 def _guard_multiplier(doc: Mapping[str, Any]) -> float | None:

@@ -40,6 +40,13 @@ for the reads' sake (:func:`capped_for_reads`) is paced as that cap would be by 
 headroom_taken=True)``: the headroom is off already), so that no second, even one that starts with the
 lane's ceiling bucket full, goes over the part, and the node's lane over its cap.
 
+The caps while reads are active are shares of what a saturated store *delivers*, as in one scheduler
+(:func:`~s3lanes.core.scheduler.saturation_scale`): each worker publishes what the store delivered to it
+over the last second and how busy its reads kept it, and once the readers of some worker kept the store
+busy, the node's caps are scaled by the saturation scale of the workers' sum over the node's configured
+capacity (:func:`node_cap_scale`). A store configured at 40 MB/s that carries 37 MB/s then gives the
+writes their cap of 37 MB/s, not of 40.
+
 The read-latency guard is the node's too. Each worker's scheduler runs its own guard
 (:class:`~s3lanes.core.sched_control.LatencyGuard`) on the reads it serves, and a worker with only writers
 never sees one. So each worker publishes its guard's multiplier, and every worker paces its paced lanes
@@ -75,7 +82,7 @@ from dataclasses import dataclass
 
 from s3lanes.core.cluster_budget import NodeReport, fair_share, live_reports
 from s3lanes.core.sched_alloc import LaneDemand, allocate
-from s3lanes.core.scheduler import LaneSpec
+from s3lanes.core.scheduler import READS_BUSY_FRACTION, LaneSpec, saturation_scale
 
 # Of each lane's node allocation, this much is split equally among the workers before demands count.
 LANE_FLOOR = 0.05
@@ -101,14 +108,36 @@ class NodeLaneSplit:
     # worker id -> lane -> its part of the lane's configured floor, a fraction of the worker's own part of the
     # node (Scheduler.set_node_floor): the floor is the node's, not each worker's
     floors: Mapping[str, Mapping[str, float]] | None = None
+    # what the caps while reads are active were scaled by (node_cap_scale): 1 unless the store is saturated
+    # below the node's configured capacity
+    cap_scale: float = 1.0
 
 
-def node_lane_limit(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_headroom: float) -> float:
-    """A lane's cap in force on the node, a fraction of its capacity (``inf``: none)."""
+def node_lane_limit(
+    spec: LaneSpec, *, reads_active: bool, strict: bool, cap_headroom: float, cap_scale: float = 1.0
+) -> float:
+    """A lane's cap in force on the node, a fraction of its capacity (``inf``: none). ``cap_scale``: what
+    the caps while reads are active are scaled by (:func:`node_cap_scale`)."""
     f = spec.limit if spec.limit is not None else math.inf
     if reads_active and strict and spec.limit_while_reads_active is not None:
-        f = min(f, max(spec.floor, spec.limit_while_reads_active * (1.0 - cap_headroom)))
+        f = min(f, max(spec.floor, spec.limit_while_reads_active * cap_scale * (1.0 - cap_headroom)))
     return f
+
+
+def node_cap_scale(live: Sequence[NodeReport], capacity_bps: float) -> float:
+    """What the node's caps while reads are active are scaled by: the saturation scale
+    (:func:`~s3lanes.core.scheduler.saturation_scale`) of what the store delivered to all the workers
+    together over the last second, as a fraction of the node's configured capacity, once the readers keep
+    it busy (a worker with reads active had a read queued or in flight for
+    :data:`~s3lanes.core.scheduler.READS_BUSY_FRACTION` of that second), as one scheduler scales its own;
+    1 otherwise, or if a report does not say what it delivered (an older one)."""
+    readers = [r.reads_busy or 0.0 for r in live if r.reads_active]
+    if not readers or max(readers) < READS_BUSY_FRACTION or capacity_bps <= 0:
+        return 1.0
+    delivered = [r.delivered_bps for r in live]
+    if any(d is None for d in delivered):
+        return 1.0
+    return saturation_scale(math.fsum(d or 0.0 for d in delivered) / capacity_bps)
 
 
 def capped_for_reads(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_headroom: float) -> bool:
@@ -163,8 +192,11 @@ def split_node_lanes(
     ttl_s: float,
     strict: bool = True,
     cap_headroom: float = 0.0,
+    scale_caps: bool = True,
 ) -> NodeLaneSplit | None:
-    """The node's allocation per lane and each live worker's part of it; None if no report is live."""
+    """The node's allocation per lane and each live worker's part of it; None if no report is live.
+    ``scale_caps``: the caps while reads are active follow a saturated store (:func:`node_cap_scale`; a
+    configured capacity)."""
     live = live_reports(reports, now, ttl_s)
     if not live:
         return None
@@ -172,13 +204,16 @@ def split_node_lanes(
     n = len(live)
     cap = float(statistics.median(r.capacity_bps for r in live))
     reads = any(r.reads_active for r in live)
+    scale = node_cap_scale(live, cap) if scale_caps else 1.0
     wants = {s.name: [_worker_demand(r, s.name, cap) for r in live] for s in specs}
     demand = {
         name: math.inf if any(_backlogged(r, name) for r in live) else math.fsum(w)
         for name, w in wants.items()
     }
     limits = [
-        node_lane_limit(s, reads_active=reads, strict=strict, cap_headroom=cap_headroom) * cap for s in specs
+        node_lane_limit(s, reads_active=reads, strict=strict, cap_headroom=cap_headroom, cap_scale=scale)
+        * cap
+        for s in specs
     ]
     first = allocate(
         cap,
@@ -234,6 +269,7 @@ def split_node_lanes(
         ),
         guard_multiplier=node_guard_multiplier(live),
         floors=floors,
+        cap_scale=scale,
     )
 
 

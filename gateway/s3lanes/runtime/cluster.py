@@ -402,7 +402,10 @@ class ClusterMember:
             )
         demand: float | None = None
         node_lanes: dict[str, LaneDemandReport] | None = None
+        delivered: float | None = None
+        busy: float | None = None
         if self.node_share:
+            delivered, busy = self._scheduler.delivered_last_s(now)
             node_lanes = {
                 ln.name: self._lane_demand(ln, self._scheduler.node_capacity_bps()) for ln in snap.lanes
             }
@@ -418,6 +421,8 @@ class ClusterMember:
             demand_bps=demand,
             node_lanes=node_lanes,
             guard_multiplier=snap.guard_multiplier if self.node_share else None,
+            delivered_bps=delivered,
+            reads_busy=busy,
         )
 
     # -- what an operator sees ----------------------------------------------------------------------------
@@ -451,6 +456,9 @@ class ClusterMember:
             # TTL), "safe" (no fresh board for a TTL: 1 / N of the node and its caps, its own guard) or
             # "starting"; and how long ago the last fresh split was.
             "node_rules_mode": self.node_rules.mode.value if self.node_share else None,
+            # Several workers: what the node's caps while reads are active are scaled by (a saturated store
+            # delivering less than the configured bandwidth; 1 otherwise).
+            "node_cap_scale": None if self.node_split is None else self.node_split.cap_scale,
             "node_board_age_s": self.node_rules.board_age_s(now) if self.node_share else None,
             # Several workers: the node's allocation per lane and this worker's part of each (bytes/s).
             "node_lanes": None
