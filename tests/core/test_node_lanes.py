@@ -366,15 +366,17 @@ def _run(
     now: float,
     until: float,
     read_ttfb_s: Mapping[str, float] | None = None,
+    depth: Mapping[str, int] | None = None,
 ) -> Counter[str]:
     """Drive every worker's scheduler until ``until``, each keeping its lanes in ``set`` backlogged (two
-    pieces queued per lane, grants completed at once). Returns the bytes granted per lane, node-wide. A
-    worker in ``read_ttfb_s`` tells its guard that every read grant took that long to its first byte."""
+    pieces queued per lane, or the worker's ``depth``: one per stream; grants completed at once). Returns
+    the bytes granted per lane, node-wide. A worker in ``read_ttfb_s`` tells its guard that every read grant
+    took that long to its first byte."""
     got: Counter[str] = Counter()
     due = dict.fromkeys(workers, now)
-    for s, lanes in workers.values():
+    for w, (s, lanes) in workers.items():
         for lane in lanes:
-            while s.snapshot(now).lane(lane).queued_bytes < 2 * PIECE:
+            while s.snapshot(now).lane(lane).queued_bytes < (depth or {}).get(w, 2) * PIECE:
                 s.submit(lane, PIECE, now)
     while True:
         w = min(due, key=lambda k: (due[k], k))
@@ -414,6 +416,7 @@ class _Node:
         self.read_ttfb_s: dict[str, float] = {}  # workers whose reads report a time to first byte
         self.silent: dict[str, NodeReport] = {}  # workers that stopped reporting: their last report
         self.scale_caps = True  # the node's caps follow a saturated store (split_node_lanes(scale_caps))
+        self.depth: dict[str, int] = {}  # worker -> streams per lane (pieces kept queued; default 2)
         self.last_split: NodeLaneSplit | None = None
         self.now = T0
 
@@ -461,7 +464,7 @@ class _Node:
 
     def run(self, until: float) -> Counter[str]:
         """Drive the workers from now until ``until``; the bytes per lane, node-wide."""
-        return _run(self.workers, self.now, until, self.read_ttfb_s)
+        return _run(self.workers, self.now, until, self.read_ttfb_s, self.depth)
 
 
 def test_simulation_readers_on_one_worker_writers_on_the_other_keep_70_30_for_the_node() -> None:

@@ -59,6 +59,10 @@ A report without per-lane demands (an older version's) wants the whole capacity 
 capacity is the median of the reports' figures (they describe one store). Deterministic and pure: the same
 reports give the same split on every worker; no I/O, no clock (``now`` is the board's).
 
+The progress floor (``progress_interval_s``) needs nothing of the node: it is one round of a lane's queue
+per interval, and each worker's queue holds its own streams, so the workers' floors add up to one round of
+the node's streams, what one scheduler with all of them would give (within each worker's part of a cap).
+
 **A board that fails** (:class:`NodeRulesLease`) does not freeze the node's rules. A worker that has no
 fresh split (the board's exchange failed, or its own report is not in it) keeps applying the last one for
 ``ttl_s``, as long as the others keep its report; after that, when they have dropped it from their split
