@@ -417,6 +417,7 @@ class _Node:
         self.silent: dict[str, NodeReport] = {}  # workers that stopped reporting: their last report
         self.scale_caps = True  # the node's caps follow a saturated store (split_node_lanes(scale_caps))
         self.depth: dict[str, int] = {}  # worker -> streams per lane (pieces kept queued; default 2)
+        self.estimated = False  # the workers estimate the capacity (split_node_lanes(estimated))
         self.last_split: NodeLaneSplit | None = None
         self.now = T0
 
@@ -434,6 +435,7 @@ class _Node:
                     ttl_s=3 * INTERVAL_S,
                     cap_headroom=CFG.cap_headroom,
                     scale_caps=self.scale_caps,
+                    estimated=self.estimated,
                 )
                 self.last_split = sp
                 assert sp is not None

@@ -92,10 +92,16 @@ class _SlowStore(_Node):
         self.free_at = T0  # when the store has moved everything it was given
         self.done: list[tuple[float, int, str, int, str, int]] = []  # (at, seq, worker, ticket, lane, bytes)
         self.seq = 0
+        self.streams = 2  # pieces each lane keeps outstanding
 
     def report(self, w: str, s: Scheduler) -> NodeReport:
         delivered, busy = s.delivered_last_s(self.now)
-        return replace(_report(w, s, self.now), delivered_bps=delivered, reads_busy=busy)
+        return replace(
+            _report(w, s, self.now),
+            delivered_bps=delivered,
+            reads_busy=busy,
+            store_saturated=s.store_saturated(self.now),
+        )
 
     def run(self, until: float) -> Counter[str]:
         got: Counter[str] = Counter()
@@ -103,7 +109,7 @@ class _SlowStore(_Node):
         for s, lanes in self.workers.values():
             for lane in lanes:
                 ln = s.snapshot(self.now).lane(lane)
-                for _ in range(2 - ln.queued_tickets - ln.inflight_tickets):
+                for _ in range(self.streams - ln.queued_tickets - ln.inflight_tickets):
                     s.submit(lane, PIECE, self.now)
         while True:
             w = min(due, key=lambda k: (due[k], k))

@@ -17,7 +17,13 @@ from s3lanes.clock import FakeClock
 from s3lanes.config import ClusterConfig, Config
 from s3lanes.core.cluster_budget import Mode
 from s3lanes.core.node_lanes import LANE_FLOOR
-from s3lanes.core.scheduler import CEILING_DEPTH_S, SHARE_WINDOW_S, Scheduler, external_paced_bps
+from s3lanes.core.scheduler import (
+    CEILING_DEPTH_S,
+    SHARE_WINDOW_S,
+    LaneSnapshot,
+    Scheduler,
+    external_paced_bps,
+)
 from s3lanes.runtime.cluster import BoardRound, ClusterMember
 from s3lanes.runtime.wiring import scheduler_config
 from s3lanes.runtime.workers import FileBoard, clear_board
@@ -34,10 +40,14 @@ def workers(
     readers: set[str],
     *,
     node_share: bool = False,
+    capacity: float | None = C,
 ) -> dict[str, ClusterMember]:
     members = {}
     for node, backlog in sorted(backlogs.items()):
-        sched = Scheduler(replace(scheduler_config(Config(), C), burst_bytes=MiB), clock.monotonic())
+        cfg = replace(
+            scheduler_config(Config(), C), burst_bytes=MiB, capacity_bps=capacity, initial_capacity_bps=C
+        )
+        sched = Scheduler(cfg, clock.monotonic())
         if node in readers:
             sched.submit("dataset", MiB, clock.monotonic())  # a queued read keeps the worker's reads active
         members[node] = ClusterMember(
@@ -61,6 +71,17 @@ def _rounds(members: dict[str, ClusterMember], clock: FakeClock) -> Callable[[in
             clock.advance(INTERVAL)
 
     return rounds
+
+
+def _paced(lane: LaneSnapshot) -> float:
+    """What the lane is paced at under its external limit alone (which must be set)."""
+    assert lane.external_limit_bps is not None
+    return external_paced_bps(
+        lane.external_limit_bps,
+        for_reads=lane.external_for_reads,
+        headroom_taken=lane.external_headroom_taken,
+        cap_headroom=0.1,
+    )
 
 
 def limit(member: ClusterMember, clock: FakeClock) -> float | None:
@@ -123,13 +144,7 @@ async def test_workers_split_the_node_per_lane_and_pace_each_lane_to_its_part(tm
     # allowance (which, a share of the reads' cap, is paced less its headroom).
     part = cap * C * (1 - LANE_FLOOR / 2)
     lane = writers._scheduler.snapshot(clock.monotonic()).lane("checkpoint")
-    assert lane.external_limit_bps is not None
-    paced = external_paced_bps(
-        lane.external_limit_bps,
-        for_reads=lane.external_for_reads,
-        headroom_taken=lane.external_headroom_taken,
-        cap_headroom=0.1,
-    )
+    paced = _paced(lane)
     at_cap = SHARE_WINDOW_S / (SHARE_WINDOW_S + CEILING_DEPTH_S)
     assert paced <= part * at_cap * (1 + 1e-9)  # the part, paced as the node's cap is: no second over it
     assert paced >= 0.9 * part * at_cap
@@ -225,3 +240,23 @@ async def test_a_failed_file_board_expires_the_node_rules_after_the_ttl(tmp_path
     await rounds(4)  # the exchange's backoff passes
     assert writers.status()["node_rules_mode"] == "node"
     assert writers.capacity_share > 0.5 or readers.capacity_share > 0.5
+
+
+async def test_workers_with_an_estimated_capacity_split_the_node_too(tmp_path: Path) -> None:
+    clock = FakeClock()
+    members = workers(
+        tmp_path, clock, {"n.w0": 0, "n.w1": 10**10}, readers={"n.w0"}, node_share=True, capacity=None
+    )
+    await _rounds(members, clock)(4)
+    readers, writers = members["n.w0"], members["n.w1"]
+    status = writers.status()
+    assert status["node_rules_mode"] == "node"
+    # Nothing delivered yet (no bodies here): the workers' median estimate, their first guess.
+    assert status["node_capacity_bps"] == writers._scheduler.node_capacity_bps()
+    now = clock.monotonic()
+    # The writes are held to their part of the node's cap while the readers' worker reads ...
+    lane = writers._scheduler.snapshot(now).lane("checkpoint")
+    paced = _paced(lane)
+    assert paced <= 0.27 * status["node_capacity_bps"] * (1 + 1e-9)
+    # ... and the reads, a lane without a cap, are paced by the readers' worker's own estimate only.
+    assert readers._scheduler.snapshot(now).lane("dataset").external_limit_bps is None

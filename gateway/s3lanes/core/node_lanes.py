@@ -63,6 +63,17 @@ The progress floor (``progress_interval_s``) needs nothing of the node: it is on
 per interval, and each worker's queue holds its own streams, so the workers' floors add up to one round of
 the node's streams, what one scheduler with all of them would give (within each worker's part of a cap).
 
+**An estimated capacity** (no configured bandwidth) is each worker's own view: its estimator sees only
+the traffic whose connections landed on it, so a worker that has half the readers estimates about half
+the store, and one that has no traffic keeps its first guess. Each worker publishes, besides its estimate,
+what the store delivered to it over the last second and whether its in-flight window was full then (the
+store its bottleneck). While some worker's was, the node's capacity is the sum of what the workers got
+(the measurement a single estimator takes in that case); otherwise that sum, or the median estimate if
+more (:func:`node_capacity_bps`). The split then applies the node's caps as with a configured capacity
+(not scaled again: the estimate follows the store already), but the lanes with no cap in force get no part
+as a limit: a worker paces them to its own estimate, so a node estimate that is low cannot hold the reads
+down and itself with them. Each worker's floors are fractions of its own estimate.
+
 **A board that fails** (:class:`NodeRulesLease`) does not freeze the node's rules. A worker that has no
 fresh split (the board's exchange failed, or its own report is not in it) keeps applying the last one for
 ``ttl_s``, as long as the others keep its report; after that, when they have dropped it from their split
@@ -126,6 +137,23 @@ def node_lane_limit(
     if reads_active and strict and spec.limit_while_reads_active is not None:
         f = min(f, max(spec.floor, spec.limit_while_reads_active * cap_scale * (1.0 - cap_headroom)))
     return f
+
+
+def node_capacity_bps(live: Sequence[NodeReport], *, estimated: bool) -> float:
+    """The node's capacity: the median of the workers' figures (a configured capacity: they all say the
+    same). An estimated one: each worker's estimate sees only its own traffic, so while the store is the
+    bottleneck of some worker (its in-flight window was full within the last second) the node's is what
+    the store delivered to all of them together, the estimate's own measurement; otherwise at least that,
+    and the workers' median estimate if more. A report that does not say what it delivered (an older one)
+    leaves the median."""
+    median = float(statistics.median(r.capacity_bps for r in live))
+    delivered = [r.delivered_bps for r in live]
+    if not estimated or any(d is None for d in delivered):
+        return median
+    total = math.fsum(d or 0.0 for d in delivered)
+    if total > 0 and any(r.store_saturated for r in live):
+        return total
+    return max(median, total)
 
 
 def node_cap_scale(live: Sequence[NodeReport], capacity_bps: float) -> float:
@@ -197,18 +225,20 @@ def split_node_lanes(
     strict: bool = True,
     cap_headroom: float = 0.0,
     scale_caps: bool = True,
+    estimated: bool = False,
 ) -> NodeLaneSplit | None:
     """The node's allocation per lane and each live worker's part of it; None if no report is live.
     ``scale_caps``: the caps while reads are active follow a saturated store (:func:`node_cap_scale`; a
-    configured capacity)."""
+    configured capacity). ``estimated``: the reports' capacities are the workers' estimates
+    (:func:`node_capacity_bps`); only the lanes with a cap in force get a part as their limit."""
     live = live_reports(reports, now, ttl_s)
     if not live:
         return None
     ids = [r.node_id for r in live]
     n = len(live)
-    cap = float(statistics.median(r.capacity_bps for r in live))
+    cap = node_capacity_bps(live, estimated=estimated)
     reads = any(r.reads_active for r in live)
-    scale = node_cap_scale(live, cap) if scale_caps else 1.0
+    scale = node_cap_scale(live, cap) if scale_caps and not estimated else 1.0
     wants = {s.name: [_worker_demand(r, s.name, cap) for r in live] for s in specs}
     demand = {
         name: math.inf if any(_backlogged(r, name) for r in live) else math.fsum(w)
@@ -249,12 +279,24 @@ def split_node_lanes(
     idle: dict[str, float | None] = {}  # the external limit of a lane nobody on the node uses
     for spec, lim in zip(specs, limits, strict=True):
         idle[spec.name] = LANE_FLOOR * lim / n if math.isfinite(lim) else None
+    # An estimated capacity: a lane without a cap is paced by each worker's own estimate only (a part of a
+    # node estimate that is low would hold the reads there, and the estimate with them).
+    uncapped = {s.name for s, lim in zip(specs, limits, strict=True) if estimated and math.isinf(lim)}
     lane_limits = {
-        i: {name: parts[i][name] if demand[name] > 0 else idle[name] for name in per_lane} for i in ids
+        i: {
+            name: parts[i][name] if demand[name] > 0 and name not in uncapped else idle[name]
+            for name in per_lane
+        }
+        for i in ids
+    }
+    # A worker's floors are fractions of its own capacity: its part of the node's, or its own estimate.
+    own = {
+        r.node_id: r.capacity_bps / cap if estimated and cap > 0 and r.capacity_bps > 0 else shares[r.node_id]
+        for r in live
     }
     floors = {
         i: {
-            s.name: _floor_part(s.floor, parts[i][s.name], alloc_bps, shares[i])
+            s.name: _floor_part(s.floor, parts[i][s.name], alloc_bps, own[i])
             for s, alloc_bps in zip(specs, alloc, strict=True)
         }
         for i in ids

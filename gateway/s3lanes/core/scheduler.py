@@ -854,6 +854,15 @@ class Scheduler:
         delivered = sum(sum(ln.hist_delivered) for ln in self._lanes)
         return delivered / (windows * self._cfg.window_s), sum(busy) / len(busy)
 
+    def store_saturated(self, now: float) -> bool:
+        """With an estimated capacity: whether the in-flight window was full in a window of the last second
+        (the store was the bottleneck, so what it delivered was all it could carry); False with a configured
+        one. One of several workers publishes it for the node's estimate
+        (:func:`s3lanes.core.node_lanes.node_capacity_bps`)."""
+        self._advance(now)
+        since = now - SHARE_HISTORY_WINDOWS * self._cfg.window_s
+        return self._estimator is not None and self._estimator.saturated_since(since)
+
     def set_floor(self, lane: str, fraction: float, now: float) -> None:
         """Raise ``lane``'s floor to ``fraction`` of ``C`` from ``now`` on (0 returns it to the configured
         ``floor``). Like the configured floor it bounds the lane's ceiling from below (the latency guard and

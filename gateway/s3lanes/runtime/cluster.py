@@ -258,7 +258,7 @@ class ClusterMember:
             verdict.for_reads
         )  # allowances that are a share of the reads' cap: paced with headroom
         node_parts_for_reads: set[str] = set()  # node parts of the reads' cap: their headroom is off already
-        if self.node_share and self._scheduler.config.capacity_bps is not None:
+        if self.node_share:
             split = None
             if reports is not None:
                 split = split_node_lanes(
@@ -268,6 +268,7 @@ class ClusterMember:
                     ttl_s=self.cfg.ttl_s,
                     strict=self._scheduler.config.write_cap_mode == "strict",
                     cap_headroom=self._scheduler.config.cap_headroom,
+                    estimated=self._scheduler.config.capacity_bps is None,
                 )
             # No fresh split: the last one for a TTL, then the safe local rule (core.node_lanes).
             rules = self.node_rules.decide(split, capacity_bps=self._scheduler.node_capacity_bps(), now=now)
@@ -423,6 +424,7 @@ class ClusterMember:
             guard_multiplier=snap.guard_multiplier if self.node_share else None,
             delivered_bps=delivered,
             reads_busy=busy,
+            store_saturated=self._scheduler.store_saturated(now) if self.node_share else None,
         )
 
     # -- what an operator sees ----------------------------------------------------------------------------
@@ -459,6 +461,9 @@ class ClusterMember:
             # Several workers: what the node's caps while reads are active are scaled by (a saturated store
             # delivering less than the configured bandwidth; 1 otherwise).
             "node_cap_scale": None if self.node_split is None else self.node_split.cap_scale,
+            # Several workers: the node's capacity the split is of (the configured one, or the node's estimate
+            # from the workers' reports: core.node_lanes.node_capacity_bps).
+            "node_capacity_bps": None if self.node_split is None else self.node_split.capacity_bps,
             "node_board_age_s": self.node_rules.board_age_s(now) if self.node_share else None,
             # Several workers: the node's allocation per lane and this worker's part of each (bytes/s).
             "node_lanes": None
