@@ -24,7 +24,7 @@ from s3lanes.core.scheduler import (
     Scheduler,
     external_paced_bps,
 )
-from s3lanes.runtime.cluster import BoardRound, ClusterMember
+from s3lanes.runtime.cluster import BoardRound, ClusterMember, MemoryBoard
 from s3lanes.runtime.wiring import scheduler_config
 from s3lanes.runtime.workers import FileBoard, clear_board
 
@@ -260,3 +260,61 @@ async def test_workers_with_an_estimated_capacity_split_the_node_too(tmp_path: P
     assert paced <= 0.27 * status["node_capacity_bps"] * (1 + 1e-9)
     # ... and the reads, a lane without a cap, are paced by the readers' worker's own estimate only.
     assert readers._scheduler.snapshot(now).lane("dataset").external_limit_bps is None
+
+
+async def test_workers_beside_the_clusters_redis_split_the_node_on_their_board(tmp_path: Path) -> None:
+    """Two workers of node n (readers on w0, writers on w1) in a cluster whose other node m has writers too:
+    the write budget is the cluster's (a MemoryBoard stands in for Redis), the node's split is on the
+    workers' FileBoard, and the writers' worker paces its writes to the tighter of the two."""
+    clock = FakeClock()
+    cluster = MemoryBoard(clock)
+    members: dict[str, ClusterMember] = {}
+    for node, backlog, reads, worker in (
+        ("m", 10**10, False, False),
+        ("n.w0", 0, True, True),
+        ("n.w1", 10**10, False, True),
+    ):
+        sched = Scheduler(replace(scheduler_config(Config(), C), burst_bytes=MiB), clock.monotonic())
+        if reads:
+            sched.submit("dataset", MiB, clock.monotonic())
+        members[node] = ClusterMember(
+            ClusterConfig(redis_url="redis://unused", node_id=node, interval_s=INTERVAL),
+            sched,
+            clock,
+            board=cluster,
+            backlog_bytes=lambda lane, b=backlog: b if lane == "checkpoint" else 0,  # type: ignore[misc]
+            node_share=worker,
+            node_workers=2 if worker else 1,
+            node_board=FileBoard(tmp_path, clock) if worker else None,
+        )
+    await _rounds(members, clock)(6)
+    writers = members["n.w1"]
+    status = writers.status()
+    assert status["node_rules_mode"] == "node"
+    assert status["node_board_errors_total"] == 0
+    assert sorted(os.listdir(tmp_path)) == ["n.w0", "n.w1"]  # node m is not on the node's board
+    assert 0.0 < writers.capacity_share < 1.0
+    assert writers.capacity_share + members["n.w0"].capacity_share == pytest.approx(1.0)
+    now = clock.monotonic()
+    lane = writers._scheduler.snapshot(now).lane("checkpoint")
+    allowance = writers.lease.allowances["checkpoint"]
+    assert writers.node_applied is not None
+    part = writers.node_applied.limits["checkpoint"]
+    assert part is not None
+    # The cluster's 30 % of the store is shared with node m: the allowance (paced less the headroom) is
+    # tighter than the node's part of its 27 % cap, and it is what paces the writes.
+    assert external_paced_bps(allowance, for_reads=True, headroom_taken=False, cap_headroom=0.1) < (
+        external_paced_bps(part, for_reads=True, headroom_taken=True, cap_headroom=0.1)
+    )
+    assert lane.external_limit_bps == pytest.approx(allowance)
+    assert members["m"].node_split is None and members["m"].capacity_share == 1.0
+    # The node's board fails: the workers keep the cluster's budget and, after a TTL, the safe node rule.
+    for m in members.values():
+        if m._node_board is not None:
+            m._node_board = _FailingBoard(tmp_path, clock)
+            m._node_board.down = True
+    await _rounds(members, clock)(4)
+    assert writers.status()["node_rules_mode"] == "safe"
+    assert writers.status()["node_board_errors_total"] >= 4
+    assert writers.status()["redis_up"]
+    await writers.close()

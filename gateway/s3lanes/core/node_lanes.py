@@ -97,7 +97,7 @@ from dataclasses import dataclass
 
 from s3lanes.core.cluster_budget import NodeReport, fair_share, live_reports
 from s3lanes.core.sched_alloc import LaneDemand, allocate
-from s3lanes.core.scheduler import READS_BUSY_FRACTION, LaneSpec, saturation_scale
+from s3lanes.core.scheduler import READS_BUSY_FRACTION, LaneSpec, external_paced_bps, saturation_scale
 
 # Of each lane's node allocation, this much is split equally among the workers before demands count.
 LANE_FLOOR = 0.05
@@ -441,3 +441,49 @@ class NodeRulesLease:
     def board_age_s(self, now: float) -> float:
         """Seconds since the last fresh split (or the start)."""
         return max(0.0, now - self.fresh_at)
+
+
+# -- the node's parts beside the cluster's allowances -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LaneLimit:
+    """One lane's external limit as a worker applies it (``Scheduler.set_external_limit``)."""
+
+    bps: float | None
+    for_reads: bool = False
+    headroom_taken: bool = False
+
+
+def tighter_limits(
+    allowances: Mapping[str, float],
+    allowances_for_reads: frozenset[str],
+    rules: WorkerRules | None,
+    *,
+    cap_headroom: float,
+) -> dict[str, LaneLimit]:
+    """Each lane's external limit for a worker that holds the cluster budget's ``allowances`` (those in
+    ``allowances_for_reads`` shares of the reads' cap, paced less ``cap_headroom``) and, one of several
+    workers, its part of the node (``rules``; None: none): whichever of the two paces the lane lower
+    (:func:`~s3lanes.core.scheduler.external_paced_bps`). A lane the node leaves to the worker's part (a
+    None limit) keeps its allowance, or no limit (a part set in an earlier round must not linger)."""
+    out = {lane: LaneLimit(bps, for_reads=lane in allowances_for_reads) for lane, bps in allowances.items()}
+    if rules is None:
+        return out
+    for lane, bps in rules.limits.items():
+        if bps is None:
+            out.setdefault(lane, LaneLimit(None))
+            continue
+        part_reads = lane in rules.for_reads
+        paced = external_paced_bps(bps, for_reads=part_reads, headroom_taken=True, cap_headroom=cap_headroom)
+        held = out.get(lane)
+        if (
+            held is None
+            or held.bps is None
+            or paced
+            < external_paced_bps(
+                held.bps, for_reads=held.for_reads, headroom_taken=False, cap_headroom=cap_headroom
+            )
+        ):
+            out[lane] = LaneLimit(bps, for_reads=part_reads, headroom_taken=part_reads)
+    return out
