@@ -82,9 +82,11 @@ own read-latency guard (the node's multiplier lets go), the configured floors, `
 (``N`` the configured workers, or the last split's if more) and ``1 / N`` of each lane's cap as it stands
 while reads are active (the others' readers may be active: a worker that cannot see them must assume so).
 If the board fails for every worker at once (it is one directory), their parts of each cap add up to the
-node's cap, never more. A fresh split applies again at once. Like the cluster budget's ``SAFE`` mode
-(:class:`~s3lanes.core.cluster_budget.NodeLease`), but without the decay: a worker's part of a cap can be
-far above ``1 / N`` of it, and it is held for one TTL already.
+node's cap, never more; if it fails for one worker only, the others split the node without it once its
+report is stale, and the node may go over a cap by that worker's ``1 / N`` of it meanwhile. A fresh split
+applies again at once. Like the cluster budget's ``SAFE`` mode
+(:class:`~s3lanes.core.cluster_budget.NodeLease`), but a step, not a decay: after a TTL the others no longer
+count this worker, and its old part of a cap, which can be far above ``1 / N`` of it, would add to theirs.
 """
 
 from __future__ import annotations
