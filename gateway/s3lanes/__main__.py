@@ -569,7 +569,8 @@ def supervise(cfg: Config, ready_file: Path | None) -> int:
             wcfg = replace(
                 cfg, cluster=replace(cfg.cluster, node_id=f"{cfg.cluster.node_id}.w{index}", lanes=shared)
             )
-            board = None if cfg.cluster.enabled or not shared else FileBoard(board_dir, SystemClock())
+            # The node's board; with [cluster] redis_url beside it (the cluster's write budget).
+            board = FileBoard(board_dir, SystemClock()) if shared else None
             return int(
                 uvloop.run(
                     serve(

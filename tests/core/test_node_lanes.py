@@ -366,15 +366,17 @@ def _run(
     now: float,
     until: float,
     read_ttfb_s: Mapping[str, float] | None = None,
+    depth: Mapping[str, int] | None = None,
 ) -> Counter[str]:
     """Drive every worker's scheduler until ``until``, each keeping its lanes in ``set`` backlogged (two
-    pieces queued per lane, grants completed at once). Returns the bytes granted per lane, node-wide. A
-    worker in ``read_ttfb_s`` tells its guard that every read grant took that long to its first byte."""
+    pieces queued per lane, or the worker's ``depth``: one per stream; grants completed at once). Returns
+    the bytes granted per lane, node-wide. A worker in ``read_ttfb_s`` tells its guard that every read grant
+    took that long to its first byte."""
     got: Counter[str] = Counter()
     due = dict.fromkeys(workers, now)
-    for s, lanes in workers.values():
+    for w, (s, lanes) in workers.items():
         for lane in lanes:
-            while s.snapshot(now).lane(lane).queued_bytes < 2 * PIECE:
+            while s.snapshot(now).lane(lane).queued_bytes < (depth or {}).get(w, 2) * PIECE:
                 s.submit(lane, PIECE, now)
     while True:
         w = min(due, key=lambda k: (due[k], k))
@@ -413,6 +415,10 @@ class _Node:
         self.node_floors = node_floors  # apply each worker's part of the node's floors (set_node_floor)
         self.read_ttfb_s: dict[str, float] = {}  # workers whose reads report a time to first byte
         self.silent: dict[str, NodeReport] = {}  # workers that stopped reporting: their last report
+        self.scale_caps = True  # the node's caps follow a saturated store (split_node_lanes(scale_caps))
+        self.depth: dict[str, int] = {}  # worker -> streams per lane (pieces kept queued; default 2)
+        self.estimated = False  # the workers estimate the capacity (split_node_lanes(estimated))
+        self.last_split: NodeLaneSplit | None = None
         self.now = T0
 
     def seconds(self, n: int) -> list[Counter[str]]:
@@ -421,10 +427,17 @@ class _Node:
         for _ in range(n):
             second: Counter[str] = Counter()
             for _ in range(2):
-                reps = [self.silent.get(w) or _report(w, s, self.now) for w, (s, _) in self.workers.items()]
+                reps = [self.silent.get(w) or self.report(w, s) for w, (s, _) in self.workers.items()]
                 sp = split_node_lanes(
-                    reps, CFG.lanes, now=self.now, ttl_s=3 * INTERVAL_S, cap_headroom=CFG.cap_headroom
+                    reps,
+                    CFG.lanes,
+                    now=self.now,
+                    ttl_s=3 * INTERVAL_S,
+                    cap_headroom=CFG.cap_headroom,
+                    scale_caps=self.scale_caps,
+                    estimated=self.estimated,
                 )
+                self.last_split = sp
                 assert sp is not None
                 for w, (s, _) in self.workers.items():
                     if w not in sp.shares:
@@ -442,10 +455,18 @@ class _Node:
                         s.set_external_limit(
                             lane, bps, self.now, for_reads=lane in sp.for_reads, headroom_taken=True
                         )
-                second += _run(self.workers, self.now, self.now + INTERVAL_S, self.read_ttfb_s)
+                second += self.run(self.now + INTERVAL_S)
                 self.now += INTERVAL_S
             out.append(second)
         return out
+
+    def report(self, w: str, s: Scheduler) -> NodeReport:
+        """Worker ``w``'s report now."""
+        return _report(w, s, self.now)
+
+    def run(self, until: float) -> Counter[str]:
+        """Drive the workers from now until ``until``; the bytes per lane, node-wide."""
+        return _run(self.workers, self.now, until, self.read_ttfb_s, self.depth)
 
 
 def test_simulation_readers_on_one_worker_writers_on_the_other_keep_70_30_for_the_node() -> None:

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.conftest import Gateway, start_gateway, stop_gateway
 from tests.e2e.relay import CountingRelay
+from tests.e2e.test_cluster import RedisServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -375,3 +376,46 @@ def _status_index(url: str) -> int:
     with urllib.request.urlopen(f"{url}/_s3lanes/status", timeout=30) as resp:
         doc: dict[str, Any] = json.loads(resp.read())
     return int(doc["worker"]["index"])
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_two_workers_beside_a_clusters_redis_split_the_node_on_their_board(
+    tmp_path: Path, seaweed: Any, redis: RedisServer
+) -> None:
+    """With ``[cluster] redis_url`` the workers are members of the cluster's write budget on Redis and keep
+    their file board for the node's split."""
+    toml = _toml(tmp_path, seaweed) + (
+        f'\n[cluster]\nredis_url = "{redis.url}"\nname = "wr"\nnode_id = "n"\ninterval_s = 0.5\n'
+    )
+    proc, ready, _ = start_gateway(tmp_path, toml)
+    try:
+        url = ready["endpoints"][0]
+        deadline = time.monotonic() + 30
+        while True:
+            with urllib.request.urlopen(f"{url}/_s3lanes/status", timeout=30) as resp:
+                cluster = json.loads(resp.read())["cluster"]
+            nodes = sorted(n["node_id"] for n in cluster["nodes"])
+            split = cluster["node_lanes"] is not None and len(nodes) == 2
+            if (cluster["redis_up"] and split and cluster["node_rules_mode"] == "node") or (
+                time.monotonic() > deadline
+            ):
+                break
+            time.sleep(0.5)
+        assert cluster["redis_up"], cluster
+        assert nodes == ["n.w0", "n.w1"], cluster  # the Redis members
+        assert cluster["node_rules_mode"] == "node", cluster  # the node's split, on the file board
+        assert 0.0 < cluster["capacity_share"] < 1.0, cluster
+        assert cluster["node_board_errors_total"] == 0
+        assert sorted(os.listdir(tmp_path / "state" / "workers-board")) == ["n.w0", "n.w1"]
+    finally:
+        stop_gateway(proc)

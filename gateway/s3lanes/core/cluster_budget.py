@@ -117,6 +117,14 @@ class NodeReport:
     node_lanes: Mapping[str, LaneDemandReport] | None = None
     # Several workers of one node: this worker's read-latency guard multiplier (in (0, 1]; None: not sent).
     guard_multiplier: float | None = None
+    # Several workers of one node: what the store delivered to this worker over the last full second
+    # (bytes/s, all lanes), and the fraction of that second with a read queued or in flight on it; the node's
+    # caps follow a saturated store with them (core.node_lanes.node_cap_scale). None: not sent.
+    delivered_bps: float | None = None
+    reads_busy: float | None = None
+    # Several workers, an estimated capacity: this worker's in-flight window was full within the last second
+    # (the store was its bottleneck: core.node_lanes.node_capacity_bps). None: not sent.
+    store_saturated: bool | None = None
 
 
 class ReportError(ValueError):
@@ -153,6 +161,12 @@ def encode_report(r: NodeReport) -> bytes:
         }
     if r.guard_multiplier is not None:
         doc["gm"] = r.guard_multiplier
+    if r.delivered_bps is not None:
+        doc["dlv"] = r.delivered_bps
+    if r.reads_busy is not None:
+        doc["rb"] = r.reads_busy
+    if r.store_saturated is not None:
+        doc["sat"] = r.store_saturated
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -188,16 +202,36 @@ def decode_report(raw: bytes | str) -> NodeReport:
         demand_bps=None if doc.get("dem") is None else float(_num(doc, "dem")),
         node_lanes=_node_lanes(doc.get("nl")),
         guard_multiplier=_guard_multiplier(doc),
+        delivered_bps=None if doc.get("dlv") is None else float(_num(doc, "dlv")),
+        reads_busy=_reads_busy(doc),
+        store_saturated=_store_saturated(doc.get("sat")),
     )
+
+
+def _store_saturated(raw: Any) -> bool | None:
+    """A worker's "sat" flag; absent in reports of older versions (None)."""
+    if raw is not None and not isinstance(raw, bool):
+        raise ReportError(f"'sat' must be a boolean, got {raw!r}")
+    return raw
+
+
+def _reads_busy(doc: Mapping[str, Any]) -> float | None:
+    """A worker's reads-busy fraction ("rb", within [0, 1]); absent in reports of older versions (None)."""
+    return _fraction(doc, "rb", zero=True)
 
 
 def _guard_multiplier(doc: Mapping[str, Any]) -> float | None:
     """A worker's read-latency guard multiplier ("gm"); absent in reports of older versions (None)."""
-    if doc.get("gm") is None:
+    return _fraction(doc, "gm", zero=False)
+
+
+def _fraction(doc: Mapping[str, Any], key: str, *, zero: bool) -> float | None:
+    """The report's ``key``, a fraction within (0, 1] (``zero``: [0, 1]), or None if absent."""
+    if doc.get(key) is None:
         return None
-    m = float(_num(doc, "gm"))
-    if not 0.0 < m <= 1.0:
-        raise ReportError(f"'gm' must be within (0, 1], got {m!r}")
+    m = float(_num(doc, key))
+    if m > 1.0 or (m == 0.0 and not zero):  # _num refuses a negative one
+        raise ReportError(f"{key!r} must be within {'[' if zero else '('}0, 1], got {m!r}")
     return m
 
 

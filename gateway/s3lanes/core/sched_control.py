@@ -272,6 +272,12 @@ ESTIMATOR_MIN_BPS = 1024.0 * 1024.0
 class CapacityEstimator:
     """Online estimate of the backend's bandwidth (bytes/s), iocost-style. Coasts without evidence."""
 
+    def saturated_since(self, t: float) -> bool:
+        """Whether a window that ended at ``t`` or later had the in-flight window full (the backend was the
+        bottleneck: what it delivered then was a measurement)."""
+        q = self._busy_delivered
+        return bool(q) and q[-1][0] >= t
+
     def __init__(self, initial_bps: float, window_s: float) -> None:
         self.capacity_bps = initial_bps
         self.window_s = window_s

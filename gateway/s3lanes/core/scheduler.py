@@ -846,6 +846,29 @@ class Scheduler:
         assert self._cfg.capacity_bps is not None
         return self._cfg.capacity_bps
 
+    def delivered_last_s(self, now: float) -> tuple[float, float]:
+        """What the store delivered over the last full second (bytes/s, all lanes; 0 before a full second
+        of history or any :meth:`observe_delivered`), and the fraction of that second with a read queued or
+        in flight here: what one of several workers publishes, so that the node's caps while reads are
+        active follow a saturated store as one scheduler's do (:func:`saturation_scale`;
+        :func:`s3lanes.core.node_lanes.node_cap_scale`)."""
+        self._advance(now)
+        busy = self._hist_reads_busy
+        if not self._delivered_seen or len(busy) < SHARE_HISTORY_WINDOWS:
+            return 0.0, 0.0
+        windows = len(self._lanes[0].hist_delivered)
+        delivered = sum(sum(ln.hist_delivered) for ln in self._lanes)
+        return delivered / (windows * self._cfg.window_s), sum(busy) / len(busy)
+
+    def store_saturated(self, now: float) -> bool:
+        """With an estimated capacity: whether the in-flight window was full in a window of the last second
+        (the store was the bottleneck, so what it delivered was all it could carry); False with a configured
+        one. One of several workers publishes it for the node's estimate
+        (:func:`s3lanes.core.node_lanes.node_capacity_bps`)."""
+        self._advance(now)
+        since = now - SHARE_HISTORY_WINDOWS * self._cfg.window_s
+        return self._estimator is not None and self._estimator.saturated_since(since)
+
     def set_floor(self, lane: str, fraction: float, now: float) -> None:
         """Raise ``lane``'s floor to ``fraction`` of ``C`` from ``now`` on (0 returns it to the configured
         ``floor``). Like the configured floor it bounds the lane's ceiling from below (the latency guard and

@@ -89,8 +89,8 @@ def build_app(
     forwarder: Forwarder | None = None,
     summary_path: Path | None = None,
 ) -> web.Application:
-    """The gateway's application. ``cluster_board``: the blackboard of the cluster budget when this process
-    is one of several workers of a node and there is no Redis (s3lanes.runtime.workers.FileBoard).
+    """The gateway's application. ``cluster_board``: the board of the workers of a node when this process is
+    one of them (s3lanes.runtime.workers.FileBoard): the node's split, and without Redis the write budget.
     Several workers with the spool on (s3lanes.http.forward): a worker without the spool gets the
     ``forwarder`` to its owner; the owner publishes the spool summary in ``summary_path``."""
     app = web.Application(
@@ -165,10 +165,13 @@ def build_app(
             cfg.cluster,
             scheduler,
             clock,
-            board=cluster_board,
+            # Several workers with the cluster's Redis: Redis for the write budget, their board for the node.
+            board=None if cfg.cluster.enabled else cluster_board,
             backlog_bytes=backlog,
             wake=dispatcher.wake,
             node_share=cluster_board is not None,
+            node_workers=cfg.server.workers,
+            node_board=cluster_board if cfg.cluster.enabled else None,
         )
         metrics.add_snapshot_collector(cluster.collector())
         app[CLUSTER_KEY] = cluster

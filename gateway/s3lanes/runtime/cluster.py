@@ -38,7 +38,7 @@ import math
 import random
 import secrets
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -61,8 +61,14 @@ from s3lanes.core.cluster_budget import (
     encode_report,
     lane_demand_bps,
 )
-from s3lanes.core.node_lanes import NodeLaneSplit, split_node_lanes
-from s3lanes.core.scheduler import LaneSnapshot, Scheduler, external_paced_bps
+from s3lanes.core.node_lanes import (
+    NodeLaneSplit,
+    NodeRulesLease,
+    WorkerRules,
+    split_node_lanes,
+    tighter_limits,
+)
+from s3lanes.core.scheduler import LaneSnapshot, Scheduler
 from s3lanes.runtime.spool import Spool
 
 log = logging.getLogger("s3lanes.cluster")
@@ -171,6 +177,8 @@ class ClusterMember:
         backlog_bytes: Callable[[str], int] | None = None,
         wake: Callable[[], None] | None = None,
         node_share: bool = False,
+        node_workers: int = 1,
+        node_board: Board | None = None,
     ) -> None:
         if cfg.redis_url is None and board is None:
             raise ValueError("a cluster member needs [cluster].redis_url (or a board)")
@@ -191,6 +199,19 @@ class ClusterMember:
         self.node_share = node_share
         self.capacity_share = 1.0
         self.node_split: NodeLaneSplit | None = None  # the last per-lane split of the node (node_share)
+        self.node_applied: WorkerRules | None = None  # what this worker applies of the node's rules
+        # Several workers beside the cluster's Redis: the node's own board, for the split only (node_share).
+        self._node_board = node_board
+        self.node_board_errors = 0
+        self.node_rules = NodeRulesLease(
+            self.node_id,
+            scheduler.config.lanes,
+            ttl_s=cfg.ttl_s,
+            workers=node_workers,
+            strict=scheduler.config.write_cap_mode == "strict",
+            cap_headroom=scheduler.config.cap_headroom,
+            now=clock.monotonic(),
+        )
         specs = {s.name: s for s in scheduler.config.lanes}
         strict = scheduler.config.write_cap_mode == "strict"
         self.shared = tuple(
@@ -231,6 +252,8 @@ class ClusterMember:
 
     async def close(self) -> None:
         await self._board.close()
+        if self._node_board is not None:
+            await self._node_board.close()
 
     async def step(self) -> None:
         """One round: report, exchange (unless backing off), decide, apply."""
@@ -242,58 +265,41 @@ class ClusterMember:
             reports, board_now = await self._exchange(own, now)
         verdict = self.lease.decide(own, reports, board_now=board_now, now=self._clock.monotonic())
         now = self._clock.monotonic()
-        limits: dict[str, float | None] = dict(verdict.allowances)
-        for_reads = set(
-            verdict.for_reads
-        )  # allowances that are a share of the reads' cap: paced with headroom
-        node_parts_for_reads: set[str] = set()  # node parts of the reads' cap: their headroom is off already
-        if self.node_share and reports is not None and self._scheduler.config.capacity_bps is not None:
-            split = split_node_lanes(
-                reports,
-                self._scheduler.config.lanes,
-                now=board_now,
-                ttl_s=self.cfg.ttl_s,
-                strict=self._scheduler.config.write_cap_mode == "strict",
-                cap_headroom=self._scheduler.config.cap_headroom,
-            )
+        rules = None
+        if self.node_share:
+            node_reports, node_now = reports, board_now
+            if self._node_board is not None:  # the node's own board beside the cluster's Redis
+                node_reports, node_now = await self._exchange_node(own)
+            split = None
+            if node_reports is not None:
+                split = split_node_lanes(
+                    node_reports,
+                    self._scheduler.config.lanes,
+                    now=node_now,
+                    ttl_s=self.cfg.ttl_s,
+                    strict=self._scheduler.config.write_cap_mode == "strict",
+                    cap_headroom=self._scheduler.config.cap_headroom,
+                    estimated=self._scheduler.config.capacity_bps is None,
+                )
+            # No fresh split: the last one for a TTL, then the safe local rule (core.node_lanes).
+            rules = self.node_rules.decide(split, capacity_bps=self._scheduler.node_capacity_bps(), now=now)
             if split is not None and self.node_id in split.shares:
                 self.node_split = split
-                self.capacity_share = split.shares[self.node_id]
-                headroom = self._scheduler.config.cap_headroom
-                for lane, bps in split.limits[self.node_id].items():
-                    held = limits.get(lane)
-                    if bps is None:
-                        # Nobody on the node uses the lane and it has no cap: only the worker's part bounds
-                        # it (a part set in an earlier round must not linger).
-                        limits.setdefault(lane, None)
-                        continue
-                    # The node's part already has the headroom taken off; an allowance gets it when applied.
-                    part_reads = lane in split.for_reads
-                    paced = external_paced_bps(
-                        bps, for_reads=part_reads, headroom_taken=True, cap_headroom=headroom
-                    )
-                    held_paced = None
-                    if held is not None:
-                        held_paced = external_paced_bps(
-                            held, for_reads=lane in for_reads, headroom_taken=False, cap_headroom=headroom
-                        )
-                    if held_paced is None or paced < held_paced:
-                        limits[lane] = bps
-                        for_reads.discard(lane)
-                        if part_reads:
-                            node_parts_for_reads.add(lane)
+            if rules is not None:
+                self.node_applied = rules
+                self.capacity_share = rules.share
                 self._scheduler.set_node_caps(True, now)
                 self._scheduler.set_capacity_share(self.capacity_share, now)
-                self._scheduler.set_node_guard(split.guard_multiplier, now)
-                for lane, floor in (split.floors or {}).get(self.node_id, {}).items():
+                self._scheduler.set_node_guard(rules.guard_multiplier, now)
+                for lane, floor in rules.floors.items():
                     self._scheduler.set_node_floor(lane, floor, now)
-        for lane, bps in limits.items():
+        # The cluster's allowance or the node's part, whichever paces a lane lower.
+        limits = tighter_limits(
+            verdict.allowances, verdict.for_reads, rules, cap_headroom=self._scheduler.config.cap_headroom
+        )
+        for lane, lim in limits.items():
             self._scheduler.set_external_limit(
-                lane,
-                bps,
-                now,
-                for_reads=lane in for_reads or lane in node_parts_for_reads,
-                headroom_taken=lane in node_parts_for_reads,
+                lane, lim.bps, now, for_reads=lim.for_reads, headroom_taken=lim.headroom_taken
             )
         if self._wake is not None:
             self._wake()
@@ -329,13 +335,7 @@ class ClusterMember:
         self.last_ok_at = after
         if not was_up:
             log.info("cluster: Redis reachable, %d report(s) on the board", len(rnd.payloads))
-        reports: list[NodeReport] = []
-        for raw in rnd.payloads:
-            try:
-                reports.append(decode_report(raw))
-            except ReportError as exc:
-                self.bad_reports += 1
-                log.debug("cluster: ignoring a bad report: %s", exc)
+        reports = self._decode(rnd.payloads)
         # Our key held another instance's report: once is a restart (our previous life's report had not
         # expired yet), twice in a row is another live gateway with the same node_id.
         self._foreign_writes = self._foreign_writes + 1 if self._foreign(rnd.previous) else 0
@@ -345,6 +345,33 @@ class ClusterMember:
         self.node_id_conflict = conflict
         self._last_reports = reports
         return reports, rnd.board_now
+
+    async def _exchange_node(self, own: NodeReport) -> tuple[list[NodeReport] | None, float]:
+        """One round on the node's board (several workers beside the cluster's Redis): this worker's report
+        on the board's clock, every live one back; None if the board failed (counted)."""
+        assert self._node_board is not None
+        at = self._clock.wall()
+        try:
+            async with asyncio.timeout(2 * self.cfg.redis_timeout_s):
+                rnd = await self._node_board.exchange(
+                    self.node_id, encode_report(replace(own, reported_at=at)), self.cfg.ttl_s, at
+                )
+        except (OSError, TimeoutError) as exc:
+            self.node_board_errors += 1
+            log.debug("cluster: the node's board failed: %s", exc)
+            return None, at
+        return self._decode(rnd.payloads), rnd.board_now
+
+    def _decode(self, payloads: list[bytes]) -> list[NodeReport]:
+        """The reports among ``payloads``; a bad one is ignored and counted."""
+        reports: list[NodeReport] = []
+        for raw in payloads:
+            try:
+                reports.append(decode_report(raw))
+            except ReportError as exc:
+                self.bad_reports += 1
+                log.debug("cluster: ignoring a bad report: %s", exc)
+        return reports
 
     def _foreign(self, previous: bytes | None) -> bool:
         if previous is None:
@@ -385,7 +412,10 @@ class ClusterMember:
             )
         demand: float | None = None
         node_lanes: dict[str, LaneDemandReport] | None = None
+        delivered: float | None = None
+        busy: float | None = None
         if self.node_share:
+            delivered, busy = self._scheduler.delivered_last_s(now)
             node_lanes = {
                 ln.name: self._lane_demand(ln, self._scheduler.node_capacity_bps()) for ln in snap.lanes
             }
@@ -401,6 +431,9 @@ class ClusterMember:
             demand_bps=demand,
             node_lanes=node_lanes,
             guard_multiplier=snap.guard_multiplier if self.node_share else None,
+            delivered_bps=delivered,
+            reads_busy=busy,
+            store_saturated=self._scheduler.store_saturated(now) if self.node_share else None,
         )
 
     # -- what an operator sees ----------------------------------------------------------------------------
@@ -427,7 +460,22 @@ class ClusterMember:
             # Several workers: this worker's part of the node's capacity (1 otherwise).
             "capacity_share": self.capacity_share,
             # Several workers: the node's read-latency guard multiplier this worker applies (1: no cut).
-            "node_guard_multiplier": None if self.node_split is None else self.node_split.guard_multiplier,
+            "node_guard_multiplier": None
+            if self.node_applied is None
+            else self.node_applied.guard_multiplier,
+            # Several workers: "node" (a fresh split), "held" (the last one, the board not fresh for up to a
+            # TTL), "safe" (no fresh board for a TTL: 1 / N of the node and its caps, its own guard) or
+            # "starting"; and how long ago the last fresh split was.
+            "node_rules_mode": self.node_rules.mode.value if self.node_share else None,
+            # Several workers: what the node's caps while reads are active are scaled by (a saturated store
+            # delivering less than the configured bandwidth; 1 otherwise).
+            "node_cap_scale": None if self.node_split is None else self.node_split.cap_scale,
+            # Several workers: the node's capacity the split is of (the configured one, or the node's estimate
+            # from the workers' reports: core.node_lanes.node_capacity_bps).
+            "node_capacity_bps": None if self.node_split is None else self.node_split.capacity_bps,
+            "node_board_age_s": self.node_rules.board_age_s(now) if self.node_share else None,
+            # Several workers beside the cluster's Redis: failed exchanges with the node's own board.
+            "node_board_errors_total": self.node_board_errors,
             # Several workers: the node's allocation per lane and this worker's part of each (bytes/s).
             "node_lanes": None
             if self.node_split is None or self.node_id not in self.node_split.parts

@@ -24,8 +24,9 @@ The lane budget of the write lanes holds for the node, not per worker: each work
 cluster budget (``s3lanes.runtime.cluster``), named ``<node_id>.w<index>``. Without ``[cluster].redis_url``
 their blackboard is a :class:`FileBoard`, a directory of report files under the state directory that every
 worker reads and writes; with it, the workers join the cluster's Redis like any gateway. On the file board
-they also split the node's configured bandwidth lane by lane (``s3lanes.core.node_lanes``), so every lane's
-guarantee and cap holds for the node whichever worker its connections landed on.
+(with or without Redis) they also split the node's bandwidth lane by lane (``s3lanes.core.node_lanes``), so
+every lane's guarantee and cap holds for the node whichever worker its connections landed on; with Redis,
+each lane is paced to the tighter of the cluster's allowance and the worker's part of the node.
 """
 
 from __future__ import annotations
