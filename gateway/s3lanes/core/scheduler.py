@@ -385,6 +385,14 @@ class SchedulerSnapshot:
 # -- internal state --------------------------------------------------------------------------------------
 
 
+def _fraction(what: str, value: float, *, zero: bool = False) -> float:
+    """``value`` if it is within (0, 1] (``zero``: [0, 1]); else ``ValueError`` naming ``what``."""
+    low_ok = value >= 0.0 if zero else value > 0.0
+    if not low_ok or value > 1.0:
+        raise ValueError(f"{what} must be within {'[' if zero else '('}0, 1], got {value}")
+    return value
+
+
 class _TicketState(enum.Enum):
     WAITING = "queued in its lane"
     GRANTED = "granted, not yet completed"
@@ -798,8 +806,7 @@ class Scheduler:
         ``inflight_requests_max``: ``fraction`` of each, at least one piece and one request). No effect on an
         estimated capacity (each worker's estimate is its own view already).
         Raises ``ValueError`` for a fraction outside (0, 1]."""
-        if not 0.0 < fraction <= 1.0:
-            raise ValueError(f"a capacity share must be within (0, 1], got {fraction}")
+        fraction = _fraction("a capacity share", fraction)
         now = self._advance(now)
         if fraction != self._share:
             self._share = fraction
@@ -825,8 +832,7 @@ class Scheduler:
         while it has reads; the lower of the two wins. As with its own multiplier, a lane is never paced
         under its floor, and the progress floor keeps its queue moving. Raises ``ValueError`` for a
         multiplier outside (0, 1]."""
-        if not 0.0 < multiplier <= 1.0:
-            raise ValueError(f"a guard multiplier must be within (0, 1], got {multiplier}")
+        multiplier = _fraction("a guard multiplier", multiplier)
         now = self._advance(now)
         if multiplier != self._node_guard:
             self._node_guard = multiplier
@@ -882,8 +888,7 @@ class Scheduler:
     def _raise_floor(self, lane: str, fraction: float, now: float, *, node: bool) -> None:
         """:meth:`set_floor` (``node=False``) and :meth:`set_node_floor` (``node=True``)."""
         ln = self._by_name[lane]
-        if not 0.0 <= fraction <= 1.0:
-            raise ValueError(f"a floor must be within [0, 1], got {fraction}")
+        fraction = _fraction("a floor", fraction, zero=True)
         now = self._advance(now)
         if fraction != (ln.floor_node if node else ln.floor_set):
             if node:
