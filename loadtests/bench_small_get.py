@@ -40,8 +40,7 @@ Round = Callable[[], Awaitable[float]]
 
 
 def cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
+    return time.process_time()
 
 
 async def _ok(request: web.Request) -> web.StreamResponse:
@@ -95,6 +94,15 @@ async def _streamed(request: web.Request) -> web.StreamResponse:
     return out
 
 
+async def _prepare_write_eof(request: web.Request) -> web.StreamResponse:
+    out = web.StreamResponse(status=200)
+    out.headers.extend((("ETag", '"0123456789abcdef"'), ("Last-Modified", "Mon, 07 Dec 2026 05:00:00 GMT")))
+    out.content_length = len(BODY)
+    await out.prepare(request)
+    await out.write_eof(BODY)
+    return out
+
+
 async def _one_go(request: web.Request) -> web.StreamResponse:
     out = web.Response(status=200, body=BODY)
     out.headers.extend((("ETag", '"0123456789abcdef"'), ("Last-Modified", "Mon, 07 Dec 2026 05:00:00 GMT")))
@@ -128,7 +136,11 @@ async def _client(port: int, count: int, concurrency: int) -> None:
 
 async def answer_sides(count: int) -> dict[str, Round]:
     sides: dict[str, Round] = {}
-    for name, handler in (("prepare+write+write_eof", _streamed), ("one web.Response", _one_go)):
+    for name, handler in (
+        ("prepare+write+write_eof", _streamed),
+        ("prepare+write_eof(body)", _prepare_write_eof),
+        ("one web.Response", _one_go),
+    ):
         app = web.Application()
         app.router.add_get("/{tail:.*}", handler)
         runner = web.AppRunner(app, access_log=None)
