@@ -84,28 +84,33 @@ async def route_sides(count: int) -> dict[str, Round]:
 BODY = os.urandom(16 * 1024)
 
 
-async def _streamed(request: web.Request) -> web.StreamResponse:
+HEADERS = (("ETag", '"0123456789abcdef"'), ("Last-Modified", "Mon, 07 Dec 2026 05:00:00 GMT"))
+
+
+async def _prepared(request: web.Request) -> web.StreamResponse:
     out = web.StreamResponse(status=200)
-    out.headers.extend((("ETag", '"0123456789abcdef"'), ("Last-Modified", "Mon, 07 Dec 2026 05:00:00 GMT")))
+    out.headers.extend(HEADERS)
     out.content_length = len(BODY)
-    await out.prepare(request)
+    await out.prepare(request)  # a StreamResponse sends its head here
+    return out
+
+
+async def _streamed(request: web.Request) -> web.StreamResponse:
+    out = await _prepared(request)
     await out.write(BODY)
     await out.write_eof()
     return out
 
 
 async def _prepare_write_eof(request: web.Request) -> web.StreamResponse:
-    out = web.StreamResponse(status=200)
-    out.headers.extend((("ETag", '"0123456789abcdef"'), ("Last-Modified", "Mon, 07 Dec 2026 05:00:00 GMT")))
-    out.content_length = len(BODY)
-    await out.prepare(request)
+    out = await _prepared(request)
     await out.write_eof(BODY)
     return out
 
 
 async def _one_go(request: web.Request) -> web.StreamResponse:
     out = web.Response(status=200, body=BODY)
-    out.headers.extend((("ETag", '"0123456789abcdef"'), ("Last-Modified", "Mon, 07 Dec 2026 05:00:00 GMT")))
+    out.headers.extend(HEADERS)
     return out
 
 
