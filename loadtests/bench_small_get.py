@@ -4,11 +4,16 @@
 (``Application._handle``) against :func:`s3lanes.http.fastroute.install_s3_first`, on an application of the
 gateway's shape (its admin paths and the catch-all), a trivial handler, fresh requests.
 
+``state``: the request's id and the lookups of what the request holds (its id, then its context) at the
+start of :meth:`s3lanes.http.router.Router.handle` and :meth:`s3lanes.http.intake.Intake.authenticate`:
+``request.get`` and ``secrets.token_hex`` against :func:`s3lanes.http.intake.stored` and ``os.urandom``.
+
 ``answer``: a 16 KiB answer written by an aiohttp server on uvloop to a keep-alive client on loopback, both
 in this process: ``prepare`` + ``write`` + ``write_eof`` of a ``StreamResponse`` (the per-chunk relay)
 against one ``web.Response`` (head and body in one go); CPU of the process per request (server and client).
 
     PYTHONPATH=. .venv/bin/python -m loadtests.bench_small_get route --rounds 7
+    PYTHONPATH=. .venv/bin/python -m loadtests.bench_small_get state --rounds 7
     PYTHONPATH=. .venv/bin/python -m loadtests.bench_small_get answer --rounds 7
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +40,7 @@ from s3lanes.http.admin import (
     STATUS_PATH,
 )
 from s3lanes.http.fastroute import CATCH_ALL_PATH, install_s3_first
+from s3lanes.http.intake import CTX_KEY, RID_KEY, new_request_id, stored
 from s3lanes.http.status_page import BARE_PATH, PAGE_PATH
 
 Round = Callable[[], Awaitable[float]]
@@ -75,6 +82,29 @@ async def route_sides(count: int) -> dict[str, Round]:
             start = time.thread_time()
             for request in requests:
                 await handle(request)
+            return (time.thread_time() - start) / count * 1e6
+
+        sides[name] = one
+    return sides
+
+
+async def state_sides(count: int) -> dict[str, Round]:
+    def old_way(request: web.Request) -> object:
+        request[RID_KEY] = request.get(RID_KEY) or secrets.token_hex(8).upper()
+        return request.get(CTX_KEY)
+
+    def new_way(request: web.Request) -> object:
+        request[RID_KEY] = stored(request, RID_KEY) or new_request_id()
+        return stored(request, CTX_KEY)
+
+    sides: dict[str, Round] = {}
+    for name, way in (("request.get, token_hex", old_way), ("stored, urandom", new_way)):
+
+        async def one(way: Callable[[web.Request], object] = way) -> float:
+            requests = [make_mocked_request("GET", "/bench/k") for _ in range(count)]
+            start = time.thread_time()
+            for request in requests:
+                way(request)
             return (time.thread_time() - start) / count * 1e6
 
         sides[name] = one
@@ -164,7 +194,7 @@ async def answer_sides(count: int) -> dict[str, Round]:
 
 
 async def main(opts: argparse.Namespace) -> None:
-    sides = await (route_sides if opts.what == "route" else answer_sides)(opts.count)
+    sides = await {"route": route_sides, "state": state_sides, "answer": answer_sides}[opts.what](opts.count)
     results: dict[str, list[float]] = {name: [] for name in sides}
     for r in range(opts.rounds):
         for name, one in sides.items() if r % 2 == 0 else reversed(sides.items()):
@@ -181,7 +211,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", choices=("route", "answer"))
+    parser.add_argument("what", choices=("route", "state", "answer"))
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--count", type=int, default=3000)
     uvloop.run(main(parser.parse_args()))
