@@ -30,6 +30,7 @@ from s3lanes.http.admin import (
     Lifecycle,
     plain,
 )
+from s3lanes.http.fastroute import install_s3_first
 from s3lanes.http.forward import Forwarder
 from s3lanes.http.intake import Intake, new_request_id
 from s3lanes.http.pool_front import PoolFront
@@ -524,6 +525,7 @@ async def start_listeners(
 
 async def _open(cfg: Config, runner: web.AppRunner, sockets: ListenSockets | None) -> list[str]:
     await runner.setup()
+    install_s3_first(runner)
     urls: list[str] = []
     if sockets is not None:
         if sockets.http is not None:

@@ -37,6 +37,7 @@ from s3lanes.http.intake import (
     error_response,
     lane_headers,
     new_request_id,
+    stored,
 )
 from s3lanes.http.peer import client_gone
 from s3lanes.http.pool_front import PoolFront
@@ -77,7 +78,7 @@ class Router:
         return await self.intake.expect_handler(request)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        rid = request.get(RID_KEY) or forwarded_request_id(request) or new_request_id()
+        rid = stored(request, RID_KEY) or forwarded_request_id(request) or new_request_id()
         request[RID_KEY] = rid
         REQUEST_ID.set(rid)
         try:
