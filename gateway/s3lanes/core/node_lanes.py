@@ -149,10 +149,9 @@ def node_capacity_bps(live: Sequence[NodeReport], *, estimated: bool) -> float:
     and the workers' median estimate if more. A report that does not say what it delivered (an older one)
     leaves the median."""
     median = float(statistics.median(r.capacity_bps for r in live))
-    delivered = [r.delivered_bps for r in live]
-    if not estimated or any(d is None for d in delivered):
+    total = _delivered_bps(live)
+    if not estimated or total is None:
         return median
-    total = math.fsum(d or 0.0 for d in delivered)
     if total > 0 and any(r.store_saturated for r in live):
         return total
     return max(median, total)
@@ -168,10 +167,17 @@ def node_cap_scale(live: Sequence[NodeReport], capacity_bps: float) -> float:
     readers = [r.reads_busy or 0.0 for r in live if r.reads_active]
     if not readers or max(readers) < READS_BUSY_FRACTION or capacity_bps <= 0:
         return 1.0
+    total = _delivered_bps(live)
+    return 1.0 if total is None else saturation_scale(total / capacity_bps)
+
+
+def _delivered_bps(live: Sequence[NodeReport]) -> float | None:
+    """What the store delivered to all the workers together over the last second; None if a report does not
+    say (an older one)."""
     delivered = [r.delivered_bps for r in live]
     if any(d is None for d in delivered):
-        return 1.0
-    return saturation_scale(math.fsum(d or 0.0 for d in delivered) / capacity_bps)
+        return None
+    return math.fsum(d for d in delivered if d is not None)
 
 
 def capped_for_reads(spec: LaneSpec, *, reads_active: bool, strict: bool, cap_headroom: float) -> bool:

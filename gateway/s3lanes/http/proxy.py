@@ -222,7 +222,8 @@ class S3Proxy:
         lane = decision.lane
         length = resp.content_length
         # A small body of a 2xx GET is read whole and sent with its head in one write (a web.Response holds
-        # its head back until its body; a StreamResponse sends it on prepare).
+        # its head back until its body; a StreamResponse sends it on prepare), if it is one lane piece at
+        # most (a paced lane's smaller pieces are relayed one by one, below).
         whole = (
             length is not None
             and 0 < length <= WHOLE_ANSWER_BYTES
@@ -230,6 +231,7 @@ class S3Proxy:
             and resp.status != 204
             and request.method == "GET"
             and not 0 < self._cfg.server.zero_copy_min_bytes <= length  # else it may be spliced
+            and length <= answer.dispatcher.scheduler.piece_bytes(lane, self._chunk)
         )
         out = (
             web.Response(status=resp.status, reason=resp.reason)
@@ -245,12 +247,8 @@ class S3Proxy:
         if request.body_exists and not request.content.is_eof():
             out.force_close()
         lane_headers(out, decision)
-        if whole:
-            budget = StreamBudget(answer.dispatcher, lane, self._chunk, length)
-            if length is not None and length <= budget.piece_bytes:  # else paced piece by piece, below
-                assert isinstance(out, web.Response)
-                return await self._relay_whole(answer, out, budget)
-            budget.close()
+        if isinstance(out, web.Response):  # whole
+            return await self._relay_whole(answer, out)
         if (
             resp.status >= 300
             and request.method != "HEAD"
@@ -303,12 +301,11 @@ class S3Proxy:
         await out.write_eof()
         return out
 
-    async def _relay_whole(
-        self, answer: StoreAnswer, out: web.Response, budget: StreamBudget
-    ) -> web.StreamResponse:
-        """A small body read whole, charged to the lane in one take (the tickets of the chunk-by-chunk relay),
-        then sent with its head in one write. A store that fails mid-body: the head and what it sent, then
-        the connection cut, as the relay does; a client gone: raised, as the relay does."""
+    async def _relay_whole(self, answer: StoreAnswer, out: web.Response) -> web.StreamResponse:
+        """A small body (one lane piece at most) read whole, charged to the lane in one take (the ticket of
+        the chunk-by-chunk relay), then sent with its head in one write. A store that fails mid-body: the
+        head and what it sent, then the connection cut, as the relay does; a client gone: raised, as the
+        relay does."""
         request, resp, lane = answer.request, answer.resp, answer.decision.lane
         pieces: list[bytes] = []
         failure: Exception | None = None
@@ -318,6 +315,7 @@ class S3Proxy:
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
             failure = exc  # what the store sent goes out first, then the cut (below)
         data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        budget = StreamBudget(answer.dispatcher, lane, self._chunk, resp.content_length)
         try:
             await budget.take(len(data))
             out.body = data
