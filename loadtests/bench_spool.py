@@ -94,7 +94,7 @@ from loadtests.harness.gateway import (
 from loadtests.harness.machine import CLK_TCK, CpuMeter, machine_facts, python_speed_ns
 from loadtests.harness.phase import progress, time_limited
 from loadtests.harness.rawclient import RawHttp, Reply, expect, signed_head
-from loadtests.harness.stats import GB, MB, MIB, med, percentile, run_all
+from loadtests.harness.stats import GB, MB, MIB, med, percentile, run_all, timed_json
 from loadtests.harness.store import BUCKET, new_weed
 from s3lanes.config import parse_rate
 from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD
@@ -461,15 +461,9 @@ class Sample:
         return self.cpu_s.get("other", 0.0) / self.seconds if self.seconds > 0 else float("nan")
 
     def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "phase": self.phase,
-            "variant": self.variant,
-            "round": self.round,
-            "bytes": self.bytes,
-            "seconds": round(self.seconds, 4),
-            "MBps": round(self.mbps, 1),
-            "cpu_s": self.cpu_s,
-            "other_cores": round(self.other_cores, 3),
+        label = ("variant", self.variant)
+        out = {
+            **timed_json(self.phase, label, self.round, self.bytes, self.seconds, self.cpu_s),
             **self.extra,
         }
         if self.latencies_ms:

@@ -41,23 +41,33 @@ class Round:
         return self.cpu_s[who] / (self.bytes_moved / GB) if self.bytes_moved else float("nan")
 
     def as_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "phase": self.phase,
-            "side": self.side,
-            "round": self.index,
-            "bytes": self.bytes_moved,
-            "seconds": round(self.seconds, 4),
-            "MBps": round(self.mbps, 1),
-            "cpu_s": self.cpu_s,
-            "other_cores": round(self.other_cores, 3),
-            "requests": self.requests,
-        }
+        out = timed_json(
+            self.phase, ("side", self.side), self.index, self.bytes_moved, self.seconds, self.cpu_s
+        )
+        out["requests"] = self.requests
         if self.latencies_ms:
             out["p50_ms"] = round(self.percentile_ms(50), 4)
             out["p99_ms"] = round(self.percentile_ms(99), 4)
             out["mean_ms"] = round(statistics.fmean(self.latencies_ms), 4)
             out["max_ms"] = round(max(self.latencies_ms), 4)
         return out
+
+
+def timed_json(
+    phase: str, label: tuple[str, str], index: int, bytes_moved: int, seconds: float, cpu_s: dict[str, float]
+) -> dict[str, Any]:
+    """What the JSON of every timed round opens with: its phase, what ran (``label``: the key and its value,
+    such as ``("side", "gateway")``), the round's number, and the bytes, time, rate and CPU it measured."""
+    return {
+        "phase": phase,
+        label[0]: label[1],
+        "round": index,
+        "bytes": bytes_moved,
+        "seconds": round(seconds, 4),
+        "MBps": round(bytes_moved / seconds / MB, 1) if seconds > 0 else float("nan"),
+        "cpu_s": cpu_s,
+        "other_cores": round(cpu_s.get("other", 0.0) / seconds, 3) if seconds > 0 else float("nan"),
+    }
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:

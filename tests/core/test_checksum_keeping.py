@@ -24,7 +24,7 @@ from s3lanes.core.checksums import (
 )
 from s3lanes.core.journal_records import Complete
 from s3lanes.core.s3docs import complete_multipart_checksums
-from s3lanes.core.spool_state import MIN_PART_BYTES, SpoolState, object_checksum
+from s3lanes.core.spool_state import MIN_PART_BYTES, Origin, SpoolState, object_checksum
 from s3lanes.errors import BadDigest, InvalidRequest
 from tests.budget import examples
 
@@ -140,9 +140,7 @@ def _upload(state: SpoolState, algorithm: str | None, kind: str | None, *, check
             bucket="b",
             key="k",
             meta=sorted(meta),
-            access_key="AK",
-            lane="checkpoint",
-            now_wall=WALL,
+            origin=Origin("AK", "checkpoint", WALL),
         )
     )
     for number, data in ((1, P1), (2, P2)):

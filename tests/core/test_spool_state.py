@@ -27,6 +27,7 @@ from s3lanes.core.spool_state import (
     Entry,
     EntryState,
     IllegalTransition,
+    Origin,
     PartFile,
     SpoolSpace,
     SpoolState,
@@ -102,17 +103,13 @@ class Spool:
             size=size,
             md5=md5_hex(body),
             meta=(("content-type", "application/octet-stream"),),
-            access_key="AK",
-            lane="checkpoint",
-            now_wall=self.wall(),
+            origin=Origin("AK", "checkpoint", self.wall()),
         )
         self.apply(rec)
         return self.state.entries[rec.seq]
 
     def delete(self, key: str, *, bucket: str = B) -> Entry:
-        rec = self.state.delete_record(
-            bucket=bucket, key=key, access_key="AK", lane="checkpoint", now_wall=self.wall()
-        )
+        rec = self.state.delete_record(bucket=bucket, key=key, origin=Origin("AK", "checkpoint", self.wall()))
         self.apply(rec)
         return self.state.entries[rec.seq]
 
@@ -122,9 +119,7 @@ class Spool:
             bucket=bucket,
             key=key,
             meta=(("x-amz-meta-step", "10"),),
-            access_key="AK",
-            lane="checkpoint",
-            now_wall=self.wall(),
+            origin=Origin("AK", "checkpoint", self.wall()),
         )
         self.apply(rec)
         return self.state.uploads[upload_id]

@@ -28,7 +28,7 @@ from loadtests.harness.gateway import (
     wait_ready,
 )
 from loadtests.harness.machine import machine_facts
-from loadtests.harness.stats import merge_intervals
+from loadtests.harness.stats import Round, merge_intervals, timed_json
 from loadtests.harness.store import ACCESS_KEY, SECRET_KEY
 from s3lanes import __version__
 from s3lanes.config import load_config
@@ -177,3 +177,24 @@ def test_this_checkout_and_a_folder_without_a_gateway(tmp_path: Path) -> None:
     assert gateway_package(GATEWAY_SOURCE) == "s3lanes"
     assert is_gateway_tree(GATEWAY_SOURCE.parent)
     assert not is_gateway_tree(tmp_path)
+
+
+def test_every_timed_round_reports_its_figures_under_the_same_keys_in_the_same_order() -> None:
+    r = Round("large", "gateway", 2, 50_000_000, 0.5, {"gateway": 0.25, "other": 0.1}, [1.0, 3.0], requests=4)
+    out = r.as_json()
+    assert list(out)[:9] == [
+        "phase",
+        "side",
+        "round",
+        "bytes",
+        "seconds",
+        "MBps",
+        "cpu_s",
+        "other_cores",
+        "requests",
+    ]
+    assert (out["side"], out["round"], out["MBps"], out["other_cores"]) == ("gateway", 2, 100.0, 0.2)
+    assert out["p50_ms"] == 2.0 and out["max_ms"] == 3.0
+    spool = timed_json("drain", ("variant", "spool"), 0, 10, 0.0, {})
+    assert spool["variant"] == "spool" and spool["seconds"] == 0.0
+    assert spool["MBps"] != spool["MBps"] and spool["other_cores"] != spool["other_cores"]  # NaN: no time

@@ -24,7 +24,7 @@ import pytest
 
 from s3lanes.clock import FakeClock, SystemClock
 from s3lanes.config import BackendConfig, SpoolConfig
-from s3lanes.core.spool_state import Entry
+from s3lanes.core.spool_state import Entry, Origin
 from s3lanes.metrics import Metrics
 from s3lanes.runtime.backend import TCP_NOTSENT_LOWAT
 from s3lanes.runtime.dispatcher import LaneDispatcher
@@ -367,9 +367,7 @@ async def test_a_superseded_put_whose_last_piece_is_granted_as_it_is_cancelled_n
             dispatcher._pump()  # the grant: the writer is runnable ...
             assert dispatcher.waiting == 0
             applied = spool.state.apply(
-                spool.state.delete_record(
-                    bucket="b", key="k", access_key="AK", lane="checkpoint", now_wall=0.0
-                )
+                spool.state.delete_record(bucket="b", key="k", origin=Origin("AK", "checkpoint", 0.0))
             )
             assert applied.cancel == (entry.seq,) and entry.superseded
             drainer._cancel(entry.seq)  # ... and, in the same step, the DELETE supersedes the entry
@@ -397,7 +395,7 @@ async def test_a_superseded_put_whose_last_piece_is_granted_as_it_is_cancelled_n
 async def _superseded(spool: Spool, entry: Entry) -> None:
     """A DELETE of the entry's key is acknowledged while its upload is in flight."""
     applied = spool.state.apply(
-        spool.state.delete_record(bucket="b", key="k", access_key="AK", lane="checkpoint", now_wall=0.0)
+        spool.state.delete_record(bucket="b", key="k", origin=Origin("AK", "checkpoint", 0.0))
     )
     assert applied.cancel == (entry.seq,) and entry.superseded
 

@@ -22,7 +22,7 @@ from s3lanes.clock import Clock, FakeClock, SystemClock
 from s3lanes.config import SpoolConfig
 from s3lanes.core.journal import file_header, replay
 from s3lanes.core.journal_records import Put
-from s3lanes.core.spool_state import Admission
+from s3lanes.core.spool_state import Admission, Origin
 from s3lanes.runtime.spool import FlushResult, Spool, SpoolWriteFailed
 from s3lanes.runtime.spool.facade import ROOM_STEP_BYTES
 from s3lanes.runtime.spool_metrics import spool_collector
@@ -51,9 +51,7 @@ async def put(spool: Spool, key: str, data: bytes, bucket: str = "b") -> Put:
             size=writer.size,
             md5=md5,
             meta=[("content-type", "application/x-test")],
-            access_key="AK",
-            lane="checkpoint",
-            now_wall=1_700_000_000.0,
+            origin=Origin("AK", "checkpoint", 1_700_000_000.0),
         )
         await room.commit(writer, rec)
     return rec
@@ -193,7 +191,7 @@ async def test_a_failed_journal_sync_takes_the_spool_out_of_service(
         assert spool.state.lookup("b", "during") is None  # never applied, never acknowledged
         with pytest.raises(SpoolWriteFailed):
             await spool.commit(
-                [spool.state.delete_record(bucket="b", key="before", access_key="AK", lane="c", now_wall=0.0)]
+                [spool.state.delete_record(bucket="b", key="before", origin=Origin("AK", "c", 0.0))]
             )
         assert spool.state.lookup("b", "before") is not None  # what was acknowledged is still there
     finally:
@@ -328,9 +326,7 @@ async def test_acks_do_not_queue_behind_readers_and_the_journal_not_behind_write
             bucket="b",
             key="k",
             meta=[],
-            access_key="AK",
-            lane="checkpoint",
-            now_wall=1_700_000_000.0,
+            origin=Origin("AK", "checkpoint", 1_700_000_000.0),
         )
         await asyncio.wait_for(spool.commit([rec]), 10)
         assert "s3lanes-u1" in spool.state.uploads
@@ -406,9 +402,7 @@ async def test_a_reservation_discards_the_file_of_a_commit_that_failed_before_th
                 size=writer.size,
                 md5=md5,
                 meta=[],
-                access_key="AK",
-                lane="checkpoint",
-                now_wall=1_700_000_000.0,
+                origin=Origin("AK", "checkpoint", 1_700_000_000.0),
             )
             spool.degraded = "a test"  # out of service: the commit fails before any append
             with pytest.raises(SpoolWriteFailed):

@@ -171,6 +171,16 @@ class Entry:
 
 
 @dataclass(frozen=True, slots=True)
+class Origin:
+    """Who made an acknowledged request, through which lane, and when (wall clock): what its record carries
+    after the key (:class:`Put`, :class:`Delete`, :class:`CreateUpload`)."""
+
+    access_key: str
+    lane: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class PartFile:
     number: int
     file: str
@@ -520,32 +530,26 @@ class SpoolState:
         *,
         bucket: str,
         key: str,
+        origin: Origin,
         file: str,
         size: int,
         md5: str,
         meta: Sequence[tuple[str, str]],
-        access_key: str,
-        lane: str,
-        now_wall: float,
     ) -> Put:
-        head = (self.next_seq(), bucket, key, access_key, lane, now_wall)
+        head = self._head(bucket, key, origin)
         return Put(*head, files=(file,), size=size, etag=f'"{md5}"', meta=_pairs(meta))
 
-    def delete_record(self, *, bucket: str, key: str, access_key: str, lane: str, now_wall: float) -> Delete:
-        return Delete(self.next_seq(), bucket, key, access_key, lane, now_wall)
+    def delete_record(self, *, bucket: str, key: str, origin: Origin) -> Delete:
+        return Delete(*self._head(bucket, key, origin))
 
     def create_upload_record(
-        self,
-        *,
-        upload_id: str,
-        bucket: str,
-        key: str,
-        meta: Sequence[tuple[str, str]],
-        access_key: str,
-        lane: str,
-        now_wall: float,
+        self, *, bucket: str, key: str, origin: Origin, upload_id: str, meta: Sequence[tuple[str, str]]
     ) -> CreateUpload:
-        return CreateUpload(self.next_seq(), bucket, key, access_key, lane, now_wall, upload_id, _pairs(meta))
+        return CreateUpload(*self._head(bucket, key, origin), upload_id, _pairs(meta))
+
+    def _head(self, bucket: str, key: str, origin: Origin) -> tuple[int, str, str, str, str, float]:
+        """What every acknowledged record starts with: the next seq, the key, and its :class:`Origin`."""
+        return (self.next_seq(), bucket, key, origin.access_key, origin.lane, origin.at)
 
     @staticmethod
     def part_record(

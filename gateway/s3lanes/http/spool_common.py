@@ -21,12 +21,12 @@ from s3lanes.config import Config, Credential
 from s3lanes.core.body import UploadBody
 from s3lanes.core.checksums import Checksum, check_content_md5
 from s3lanes.core.classify import Decision
-from s3lanes.core.journal_records import CreateUpload, Put
+from s3lanes.core.journal_records import Put
 from s3lanes.core.objectread import has_write_preconditions
 from s3lanes.core.s3docs import MAX_XML_BODY_BYTES
 from s3lanes.core.sniff import SNIFF_BYTES, Written, default_content_type
 from s3lanes.core.spool_policy import WRITE_THROUGH_ONLY, write_through_reason
-from s3lanes.core.spool_state import Admission, Upload
+from s3lanes.core.spool_state import Admission, Origin, Upload
 from s3lanes.errors import (
     IncompleteBody,
     MalformedXML,
@@ -269,6 +269,10 @@ class SpoolCommon:
         default = default_content_type(self.cfg.spool.default_content_type, written, head)
         return sorted([*meta, ("content-type", default)])
 
+    def origin(self, ctx: RequestContext, decision: Decision) -> Origin:
+        """Who makes this request, in which lane, stamped now: what its journal record carries."""
+        return Origin(ctx.auth.access_key, decision.lane, self.clock.wall())
+
     def put_record(
         self,
         ctx: RequestContext,
@@ -283,13 +287,11 @@ class SpoolCommon:
         return self.spool.put_record(
             bucket=bucket,
             key=key,
+            origin=self.origin(ctx, decision),
             file=writer.file_id,
             size=writer.size,
             md5=md5,
             meta=meta,
-            access_key=ctx.auth.access_key,
-            lane=decision.lane,
-            now_wall=self.clock.wall(),
         )
 
     async def commit_part(
@@ -313,26 +315,6 @@ class SpoolCommon:
             checksum=value,
         )
         await room.commit(writer, rec)
-
-    def create_upload_record(
-        self,
-        ctx: RequestContext,
-        decision: Decision,
-        bucket: str,
-        key: str,
-        upload_id: str,
-        meta: Sequence[tuple[str, str]],
-    ) -> CreateUpload:
-        """The journal record of a new spooled multipart upload, stamped now."""
-        return self.spool.create_upload_record(
-            upload_id=upload_id,
-            bucket=bucket,
-            key=key,
-            meta=meta,
-            access_key=ctx.auth.access_key,
-            lane=decision.lane,
-            now_wall=self.clock.wall(),
-        )
 
     def acked(
         self,

@@ -141,7 +141,11 @@ class SpoolCopies:
         of the same parts, completed at once (the records a client's upload would journal). Its ETag."""
         state = self.spool  # the spool answers for its state
         upload_id = UPLOAD_ID_PREFIX + secrets.token_hex(20)
-        await self.spool.commit([self._c.create_upload_record(ctx, decision, bucket, key, upload_id, meta)])
+        origin = self._c.origin(ctx, decision)
+        create = self.spool.create_upload_record(
+            bucket=bucket, key=key, origin=origin, upload_id=upload_id, meta=meta
+        )
+        await self.spool.commit([create])
         try:
             upload = state.upload(upload_id)
             assert upload is not None  # just committed

@@ -80,7 +80,6 @@ class SpoolFront:
         # Per bucket, keys whose drain upload is being created (its id not known yet): hidden likewise.
         self._drain_creating = drain_creating
         self._cfg = c.cfg
-        self._clock = c.clock
         self._reads = SpoolReads(c)
         self._listings = SpoolListings(c, drain_uploads=drain_uploads, drain_creating=drain_creating)
         self._writes = SpoolWrites(self._c)
@@ -228,13 +227,7 @@ class SpoolFront:
         bucket: str,
         key: str,
     ) -> web.StreamResponse:
-        rec = self.spool.delete_record(
-            bucket=bucket,
-            key=key,
-            access_key=ctx.auth.access_key,
-            lane=decision.lane,
-            now_wall=self._clock.wall(),
-        )
+        rec = self.spool.delete_record(bucket=bucket, key=key, origin=self._c.origin(ctx, decision))
         await self.spool.commit([rec])
         return self._c.response(ctx, decision, status=204)
 
@@ -289,16 +282,9 @@ class SpoolFront:
                     keys.append(k)
             else:
                 await self._c.wait_clear(bucket, k)  # another version: ordered after the key's spooled data
+        origin = self._c.origin(ctx, decision)
         records = [
-            state.delete_record(
-                bucket=bucket,
-                key=k,
-                access_key=ctx.auth.access_key,
-                lane=decision.lane,
-                now_wall=self._clock.wall(),
-            )
-            for k in keys
-            if state.has_key(bucket, k)
+            state.delete_record(bucket=bucket, key=k, origin=origin) for k in keys if state.has_key(bucket, k)
         ]
         if records:
             await self.spool.commit(records)

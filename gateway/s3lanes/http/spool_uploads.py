@@ -81,7 +81,9 @@ class SpoolUploads:
         meta = self._c.with_content_type(upload_meta(h), Written.MULTIPART)
         if algo is not None:  # kept with the upload, and sent with the drain's CreateMultipartUpload
             meta = sorted([*meta, ("x-amz-checksum-algorithm", algo[0]), ("x-amz-checksum-type", algo[1])])
-        rec = self._c.create_upload_record(ctx, decision, bucket, key, upload_id, meta)
+        rec = self.spool.create_upload_record(
+            bucket=bucket, key=key, origin=self._c.origin(ctx, decision), upload_id=upload_id, meta=meta
+        )
         await self.spool.commit([rec])
         body = xml_document(
             "InitiateMultipartUploadResult", [("Bucket", bucket), ("Key", key), ("UploadId", upload_id)]
