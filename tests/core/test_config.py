@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from s3lanes.config import SECTION_CLASSES, SETTINGS, Listen, load_config, parse_listen
+from s3lanes.core.scheduler import SchedulerConfig
 from s3lanes.errors import ConfigError
 from s3lanes.runtime.wiring import scheduler_config
 
@@ -178,6 +179,35 @@ def test_progress_interval_and_the_spool_deadline_are_read_and_checked(tmp_path:
         load_config(path, env={})
     assert "progress_interval_s" in str(info.value)
     assert "max_age_s" in str(info.value)
+
+
+def test_every_scheduler_setting_reaches_the_scheduler_and_their_defaults_agree(tmp_path: Path):
+    text = """[scheduler]
+write_cap_mode = "work_conserving"
+latency_target_ms = 20
+request_cost_bytes = "32KiB"
+burst_bytes = "8MiB"
+window_ms = 200
+inflight_bytes_max = "64MiB"
+inflight_requests_max = 48
+progress_interval_s = 3
+cap_headroom = 0.05
+"""
+    built = scheduler_config(load_config(write(tmp_path, text), env={}), 40e6)
+    assert (built.write_cap_mode, built.latency_target_s, built.window_s) == ("work_conserving", 0.02, 0.2)
+    assert (built.request_cost_bytes, built.burst_bytes) == (32 * 1024, 8 * 1024 * 1024)
+    assert (built.inflight_bytes_max, built.inflight_requests_max) == (64 * 1024 * 1024, 48)
+    assert (built.progress_interval_s, built.cap_headroom, built.capacity_bps) == (3.0, 0.05, 40e6)
+    assert (
+        scheduler_config(
+            load_config(write(tmp_path, "[scheduler]\nprogress_interval_s = 0\n"), env={}), None
+        ).progress_interval_s
+        is None
+    )  # 0: off
+    # Unconfigured, the gateway runs the scheduler's own defaults.
+    defaults = scheduler_config(load_config(env={}), 40e6)
+    plain = SchedulerConfig(lanes=defaults.lanes, capacity_bps=40e6)
+    assert defaults == plain
 
 
 def test_cap_headroom_is_read_checked_and_reaches_the_scheduler(tmp_path: Path):

@@ -4,6 +4,7 @@ do the tests and the simulations (``scheduler_config(Config(), capacity)``: the 
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 from s3lanes.clock import Clock
@@ -14,25 +15,19 @@ from s3lanes.runtime.backend import Backend
 from s3lanes.runtime.dispatcher import LaneDispatcher
 from s3lanes.runtime.pools import Pools, bottleneck_of
 
+# [scheduler] settings that are not the scheduler's own: the size of the pieces the shells charge.
+_NOT_SCHEDULER_FIELDS = frozenset({"chunk_bytes"})
+
 
 def scheduler_config(cfg: Config, bandwidth_bps: float | None) -> SchedulerConfig:
     """The scheduler of one bottleneck: the configured lanes (``[lanes]`` over
     :func:`s3lanes.core.lanes_config.default_lanes`) and scheduler settings, at that store's bandwidth
-    (None: estimated online)."""
+    (None: estimated online). Each ``[scheduler]`` setting is the :class:`SchedulerConfig` field of its name
+    (``progress_interval_s = 0``: None, off)."""
     s = cfg.scheduler
-    return SchedulerConfig(
-        lanes=tuple(cfg.lanes.values()),
-        capacity_bps=bandwidth_bps,
-        write_cap_mode=s.write_cap_mode,
-        request_cost_bytes=s.request_cost_bytes,
-        burst_bytes=s.burst_bytes,
-        window_s=s.window_s,
-        latency_target_s=s.latency_target_s,
-        inflight_bytes_max=s.inflight_bytes_max,
-        inflight_requests_max=s.inflight_requests_max,
-        progress_interval_s=s.progress_interval_s if s.progress_interval_s > 0 else None,
-        cap_headroom=s.cap_headroom,
-    )
+    tuning = {f.name: getattr(s, f.name) for f in fields(s) if f.name not in _NOT_SCHEDULER_FIELDS}
+    tuning["progress_interval_s"] = s.progress_interval_s if s.progress_interval_s > 0 else None
+    return SchedulerConfig(lanes=tuple(cfg.lanes.values()), capacity_bps=bandwidth_bps, **tuning)
 
 
 def build_pools(cfg: Config, backend: Backend, clock: Clock) -> Pools:
