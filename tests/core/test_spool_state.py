@@ -26,7 +26,6 @@ from s3lanes.core.spool_state import (
     Applied,
     Entry,
     EntryState,
-    IllegalTransition,
     Origin,
     PartFile,
     SpoolSpace,
@@ -34,6 +33,7 @@ from s3lanes.core.spool_state import (
     Upload,
     multipart_etag,
 )
+from s3lanes.core.transitions import IllegalTransition
 from s3lanes.errors import EntityTooSmall, InvalidPart, InvalidPartOrder, MalformedXML, S3Error
 from tests.budget import examples
 

@@ -50,6 +50,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from s3lanes.core.sigv4 import EMPTY_SHA256, ChunkSignatureChain, ChunkSigner
+from s3lanes.core.transitions import Transitions
 from s3lanes.errors import BodyError, IncompleteBody, InvalidChunkSizeError, MalformedTrailerError, S3Error
 
 DEFAULT_MAX_CHUNK_BYTES = 16 * 1024 * 1024
@@ -73,13 +74,15 @@ class _State(enum.Enum):
     DONE = "complete"
 
 
-_TRANSITIONS: dict[_State, frozenset[_State]] = {
-    _State.HEADER: frozenset({_State.DATA, _State.TRAILER}),
-    _State.DATA: frozenset({_State.DATA_CRLF}),
-    _State.DATA_CRLF: frozenset({_State.HEADER}),
-    _State.TRAILER: frozenset({_State.DONE}),
-    _State.DONE: frozenset(),
-}
+_MOVES = Transitions(
+    {
+        _State.HEADER: {_State.DATA, _State.TRAILER},
+        _State.DATA: {_State.DATA_CRLF},
+        _State.DATA_CRLF: {_State.HEADER},
+        _State.TRAILER: {_State.DONE},
+        _State.DONE: (),
+    }
+)
 
 
 def _framing_error(detail: str) -> BodyError:
@@ -182,8 +185,7 @@ class AwsChunkedDecoder:
         )
 
     def _go(self, state: _State) -> None:
-        if state not in _TRANSITIONS[self._state]:  # pragma: no cover - a bug in this module, not an input
-            raise AssertionError(f"illegal transition {self._state.name} -> {state.name}")
+        _MOVES.check(self._state, state, "aws-chunked decoder")
         self._state = state
 
     def _signature_required(self) -> bool:

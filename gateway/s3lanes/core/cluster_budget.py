@@ -69,6 +69,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from s3lanes.core.transitions import Transitions
+
 REPORT_VERSION = 1
 DEMAND_HEADROOM = 1.25  # a lane that is not backlogged may grow by a quarter per round
 SAFE_DECAY_INTERVALS = 4  # safe mode reaches the safe share after this many intervals
@@ -415,12 +417,14 @@ class Mode(enum.Enum):
     SAFE = "safe"
 
 
-_TRANSITIONS: dict[Mode, frozenset[Mode]] = {
-    Mode.STARTING: frozenset({Mode.LEARNING, Mode.SAFE}),
-    Mode.LEARNING: frozenset({Mode.NORMAL, Mode.SAFE}),
-    Mode.NORMAL: frozenset({Mode.SAFE}),
-    Mode.SAFE: frozenset({Mode.LEARNING}),
-}
+_MOVES = Transitions(
+    {
+        Mode.STARTING: {Mode.LEARNING, Mode.SAFE},
+        Mode.LEARNING: {Mode.NORMAL, Mode.SAFE},
+        Mode.NORMAL: {Mode.SAFE},
+        Mode.SAFE: {Mode.LEARNING},
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,8 +460,7 @@ class NodeLease:
         self._safe_from: dict[str, float] = {}
 
     def _to(self, mode: Mode, now: float) -> None:
-        if mode not in _TRANSITIONS[self.mode]:  # pragma: no cover - a bug in this module, not an input
-            raise RuntimeError(f"cluster lease: illegal transition {self.mode.name} -> {mode.name}")
+        _MOVES.check(self.mode, mode, "cluster lease")
         self.mode = mode
         self.since = now
 

@@ -102,6 +102,7 @@ from s3lanes.core.sched_control import (
     SlowdownCut,
     TokenBucket,
 )
+from s3lanes.core.transitions import Transitions
 
 WriteCapMode = Literal["strict", "work_conserving"]
 
@@ -399,11 +400,13 @@ class _TicketState(enum.Enum):
     FINISHED = "completed or cancelled"
 
 
-_TRANSITIONS: dict[_TicketState, frozenset[_TicketState]] = {
-    _TicketState.WAITING: frozenset({_TicketState.GRANTED, _TicketState.FINISHED}),
-    _TicketState.GRANTED: frozenset({_TicketState.FINISHED}),
-    _TicketState.FINISHED: frozenset(),
-}
+_MOVES = Transitions(
+    {
+        _TicketState.WAITING: {_TicketState.GRANTED, _TicketState.FINISHED},
+        _TicketState.GRANTED: {_TicketState.FINISHED},
+        _TicketState.FINISHED: (),
+    }
+)
 
 
 class _Ticket:
@@ -417,8 +420,7 @@ class _Ticket:
         self.reserved = False  # granted in the reservation phase (its unused part goes back to that bucket)
 
     def to(self, new: _TicketState) -> None:
-        if new not in _TRANSITIONS[self.state]:  # pragma: no cover - a bug in this module, not an input
-            raise RuntimeError(f"ticket {self.id}: illegal transition {self.state.name} -> {new.name}")
+        _MOVES.check(self.state, new, "ticket", self.id)
         self.state = new
 
 

@@ -72,6 +72,7 @@ from s3lanes.core.journal_records import (
     Wire,
     decode,
 )
+from s3lanes.core.transitions import Transitions
 from s3lanes.errors import (
     BadDigest,
     EntityTooSmall,
@@ -107,15 +108,13 @@ class EntryState(enum.Enum):
     UPLOADED = "uploaded"
 
 
-_TRANSITIONS: dict[EntryState, frozenset[EntryState]] = {
-    EntryState.PENDING: frozenset({EntryState.UPLOADING}),
-    EntryState.UPLOADING: frozenset({EntryState.PENDING, EntryState.UPLOADED}),
-    EntryState.UPLOADED: frozenset(),
-}
-
-
-class IllegalTransition(AssertionError):
-    pass
+_MOVES = Transitions(
+    {
+        EntryState.PENDING: {EntryState.UPLOADING},
+        EntryState.UPLOADING: {EntryState.PENDING, EntryState.UPLOADED},
+        EntryState.UPLOADED: (),
+    }
+)
 
 
 # What a record of an acknowledged request opens with, and so do the entry or upload it makes (and compaction
@@ -157,8 +156,7 @@ class Entry:
         return (self.seq, self.bucket, self.key, self.access_key, self.lane, self.acked_at)
 
     def move(self, to: EntryState) -> None:
-        if to not in _TRANSITIONS[self.state]:
-            raise IllegalTransition(f"entry {self.seq}: {self.state.value} -> {to.value}")
+        _MOVES.check(self.state, to, "entry", self.seq)
         self.state = to
 
     @property
