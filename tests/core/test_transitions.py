@@ -40,6 +40,8 @@ def test_an_illegal_move_is_a_bug_and_names_its_enum_when_not_told_what_moved() 
 
 
 def test_a_table_must_list_every_state_even_a_final_one() -> None:
+    with pytest.raises(ValueError, match="at least one state"):
+        Transitions({})
     with pytest.raises(ValueError, match=r"\['AMBER'\]"):
         Transitions({Light.RED: {Light.GREEN}, Light.GREEN: {Light.RED}})
     final = Transitions({Light.RED: {Light.AMBER}, Light.GREEN: (), Light.AMBER: ()})

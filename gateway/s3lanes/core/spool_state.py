@@ -545,7 +545,7 @@ class SpoolState:
     ) -> CreateUpload:
         return CreateUpload(*self._head(bucket, key, origin), upload_id, _pairs(meta))
 
-    def _head(self, bucket: str, key: str, origin: Origin) -> tuple[int, str, str, str, str, float]:
+    def _head(self, bucket: str, key: str, origin: Origin) -> _Head:
         """What every acknowledged record starts with: the next seq, the key, and its :class:`Origin`."""
         return (self.next_seq(), bucket, key, origin.access_key, origin.lane, origin.at)
 

@@ -28,6 +28,8 @@ class Transitions(Generic[S]):
 
     def __init__(self, moves: Mapping[S, Iterable[S]]) -> None:
         self._moves = {state: frozenset(targets) for state, targets in moves.items()}
+        if not self._moves:
+            raise ValueError("a table needs at least one state")
         states = set(type(next(iter(self._moves))))
         unlisted = states - self._moves.keys()
         if unlisted:
