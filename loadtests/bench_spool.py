@@ -94,7 +94,7 @@ from loadtests.harness.gateway import (
 from loadtests.harness.machine import CLK_TCK, CpuMeter, machine_facts, python_speed_ns
 from loadtests.harness.phase import progress, time_limited
 from loadtests.harness.rawclient import RawHttp, Reply, expect, signed_head
-from loadtests.harness.stats import GB, MB, MIB, med, percentile, run_all, timed_json
+from loadtests.harness.stats import GB, MB, MIB, med, other_cores, percentile, rate_mbps, run_all, timed_json
 from loadtests.harness.store import BUCKET, new_weed
 from s3lanes.config import parse_rate
 from s3lanes.core.sigv4 import UNSIGNED_PAYLOAD
@@ -454,11 +454,11 @@ class Sample:
 
     @property
     def mbps(self) -> float:
-        return self.bytes / self.seconds / MB if self.seconds > 0 else float("nan")
+        return rate_mbps(self.bytes, self.seconds)
 
     @property
     def other_cores(self) -> float:
-        return self.cpu_s.get("other", 0.0) / self.seconds if self.seconds > 0 else float("nan")
+        return other_cores(self.cpu_s, self.seconds)
 
     def as_json(self) -> dict[str, Any]:
         label = ("variant", self.variant)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ class Round:
 
     @property
     def mbps(self) -> float:
-        return self.bytes_moved / self.seconds / MB
+        return rate_mbps(self.bytes_moved, self.seconds)
 
     def percentile_ms(self, q: float) -> float:
         return percentile(sorted(self.latencies_ms), q)
@@ -35,7 +35,7 @@ class Round:
     @property
     def other_cores(self) -> float:
         """How many cores other processes kept busy during the round, on average."""
-        return self.cpu_s.get("other", 0.0) / self.seconds
+        return other_cores(self.cpu_s, self.seconds)
 
     def cpu_per_gb(self, who: str) -> float:
         return self.cpu_s[who] / (self.bytes_moved / GB) if self.bytes_moved else float("nan")
@@ -64,10 +64,20 @@ def timed_json(
         "round": index,
         "bytes": bytes_moved,
         "seconds": round(seconds, 4),
-        "MBps": round(bytes_moved / seconds / MB, 1) if seconds > 0 else float("nan"),
+        "MBps": round(rate_mbps(bytes_moved, seconds), 1),
         "cpu_s": cpu_s,
-        "other_cores": round(cpu_s.get("other", 0.0) / seconds, 3) if seconds > 0 else float("nan"),
+        "other_cores": round(other_cores(cpu_s, seconds), 3),
     }
+
+
+def rate_mbps(bytes_moved: int, seconds: float) -> float:
+    """MB/s (10^6 bytes); NaN for a round that took no time."""
+    return bytes_moved / seconds / MB if seconds > 0 else float("nan")
+
+
+def other_cores(cpu_s: Mapping[str, float], seconds: float) -> float:
+    """How many cores other processes (``cpu_s["other"]``) kept busy on average; NaN for no time."""
+    return cpu_s.get("other", 0.0) / seconds if seconds > 0 else float("nan")
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float:
